@@ -1,0 +1,95 @@
+// BlockDriver: one opened disk image (raw, qcow2, a snapshot or a window onto a
+// partition) seen as a flat array of guest bytes. fuse/ maps file operations on
+// the mounted raw view onto these calls; qcow2 backing chains are BlockDrivers
+// stacked on BlockDrivers.
+//
+// Contract: callers keep every request inside [0, size()) (fuse/ checks bounds
+// and turns violations into errno replies). Buffers aligned to mem_align() avoid
+// bounce copies. A failed request leaves the image consistent; its Status
+// carries the errno for the reply (EIO, ENOSPC, EROFS, EINVAL).
+//
+// Thread-safety: every method may be called concurrently from any event-loop
+// thread; the coroutine resumes on the calling thread's Engine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/host_file.h"
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::image {
+
+// Allocation status of a range, as `qemu-img map` reports it.
+struct BlockStatus {
+  uint64_t length = 0;  // bytes from the queried offset with the same status (> 0)
+  bool data = false;    // bytes are stored somewhere in the chain (not a hole)
+  bool zero = false;    // bytes are known to read as zeros
+  int depth = 0;        // 0 = this image, 1 = its backing file, ...
+};
+
+struct SnapshotInfo {
+  std::string id;
+  std::string name;
+  uint64_t disk_size = 0;
+  uint64_t vm_state_size = 0;
+  uint64_t date_sec = 0;
+  uint32_t date_nsec = 0;
+  uint64_t vm_clock_ns = 0;
+};
+
+class BlockDriver {
+ public:
+  virtual ~BlockDriver() = default;
+  BlockDriver() = default;
+  BlockDriver(const BlockDriver&) = delete;
+  BlockDriver& operator=(const BlockDriver&) = delete;
+
+  virtual std::string_view format_name() const = 0;  // "raw", "qcow2"
+  virtual uint64_t size() const = 0;                 // guest bytes
+  virtual bool read_only() const = 0;
+  virtual size_t mem_align() const = 0;
+
+  virtual Task<Status> read(uint64_t off, std::span<std::byte> buf) = 0;
+  virtual Task<Status> write(uint64_t off, std::span<const std::byte> buf) = 0;
+  // Makes all completed writes (data and metadata) durable per the cache mode.
+  virtual Task<Status> flush() = 0;
+  // The range may read back as anything afterwards (zeros where possible).
+  virtual Task<Status> discard(uint64_t off, uint64_t len) = 0;
+  // The range reads as zeros afterwards; may_unmap allows freeing host space.
+  virtual Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) = 0;
+  // Resizes the guest disk (EINVAL where the format cannot, e.g. shrinking over data).
+  virtual Task<Status> truncate(uint64_t new_size) = 0;
+  // Status of the range starting at off, up to len bytes (len > 0, off < size()).
+  virtual Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) = 0;
+  // Host bytes used by the image (for st_blocks).
+  virtual uint64_t allocated_bytes() const = 0;
+  // Writes back everything dirty and releases host resources; idempotent. Must
+  // be awaited before destruction on a writable image.
+  virtual Task<Status> close() = 0;
+
+  virtual std::vector<SnapshotInfo> snapshots() const { return {}; }
+};
+
+struct ImageOptions {
+  std::string format;         // "", "raw" or "qcow2"; "" probes
+  io::OpenOptions file;       // access mode and cache mode for the image file
+  bool discard_unmap = false; // discard=unmap: free host space on discard
+  std::string snapshot;       // open this internal snapshot (read-only)
+  uint64_t l2_cache_size = 0; // bytes of L2 cache; 0 = default
+};
+
+// Opens path with the format given or probed. Backing files are opened
+// read-only with their parent's recorded format.
+Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts);
+
+// Probes a file's format from its first bytes: "qcow2" or "raw".
+Task<Result<std::string>> probe_format(io::HostFile& file);
+
+}  // namespace qcowfs::image

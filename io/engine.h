@@ -1,0 +1,129 @@
+// Engine: the per-thread asynchronous host I/O engine and event loop.
+// Each event-loop thread owns exactly one Engine (Engine::current()). Coroutines
+// queue IoRequests on it with co_await; queued requests are submitted together
+// (io_uring: one io_uring_enter per loop iteration) and the awaiting coroutine
+// is resumed on the same thread when its request completes.
+//
+// Engines: UringEngine (io_uring) and ThreadEngine (a worker pool, for hosts where
+// io_uring is disabled or filtered). make_engine() picks one.
+//
+// Thread-safety: everything except post() and wake() must be called on the
+// owning thread. post() may be called from any thread.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <coroutine>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+#include "io/status.h"
+
+namespace qcowfs::io {
+
+struct IoRequest {
+  enum class Op : uint8_t {
+    read,       // pread(fd, buf, len, offset)
+    write,      // pwrite(fd, buf, len, offset)
+    readv,      // preadv(fd, iov, iovcnt, offset)
+    writev,     // pwritev(fd, iov, iovcnt, offset)
+    fsync,      // fsync(fd)
+    fdatasync,  // fdatasync(fd)
+    fallocate,  // fallocate(fd, mode, offset, length)
+    poll_in,    // wait until fd is readable (one-shot)
+    call,       // run `call` on a worker thread (blocking syscalls, CPU work)
+  };
+  Op op = Op::read;
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t length = 0;  // read/write byte count, fallocate length
+  void* buf = nullptr;
+  const struct iovec* iov = nullptr;
+  unsigned iovcnt = 0;
+  int mode = 0;  // fallocate mode
+  std::function<int64_t()> call;  // Op::call: returns >= 0 or -errno
+
+  int64_t result = 0;  // >= 0 on success (bytes for read/write), -errno on failure
+  std::coroutine_handle<> waiter;  // resumed on the engine thread on completion
+};
+
+enum class EngineKind { automatic, io_uring, threads };
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues req; it is submitted at the next run_once(). req must stay alive
+  // until its waiter is resumed.
+  virtual void enqueue(IoRequest* req) = 0;
+  // Submits everything queued (one syscall where the engine allows), waits up
+  // to timeout_ms (-1: forever, 0: poll) for completions or posted work, then
+  // resumes completed requests' waiters and runs posted functions.
+  virtual void run_once(int timeout_ms) = 0;
+  // Runs fn on this engine's thread soon. Thread-safe; wakes run_once().
+  virtual void post(std::function<void()> fn) = 0;
+  virtual std::string_view name() const = 0;
+
+  // The engine of the calling thread (nullptr when none is installed).
+  static Engine* current();
+  // Installs e as the calling thread's engine; returns the previous one.
+  static Engine* set_current(Engine* e);
+};
+
+// Makes an engine for the calling thread. automatic: io_uring, else threads
+// (with a one-line warning saying why io_uring is unavailable).
+Result<std::unique_ptr<Engine>> make_engine(EngineKind kind, unsigned queue_depth = 256);
+
+// Awaitable owning one request, queued on the calling thread's engine.
+//   int64_t r = co_await io::async(IoRequest{...});   // bytes, or -errno
+// The awaiter (and so the request) lives in the coroutine frame while suspended.
+struct IoAwaiter {
+  IoRequest req;
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) {
+    req.waiter = h;
+    Engine::current()->enqueue(&req);
+  }
+  int64_t await_resume() const noexcept { return req.result; }
+};
+inline IoAwaiter async(IoRequest req) { return IoAwaiter{std::move(req)}; }
+
+// Runs fn (blocking syscalls or CPU-heavy work such as decompression) on a
+// worker thread and resumes the caller on its own engine thread.
+//   int64_t r = co_await io::offload([&] { return blocking_work(); });  // >= 0 or -errno
+template <typename F>
+IoAwaiter offload(F fn) {
+  IoRequest req;
+  req.op = IoRequest::Op::call;
+  req.call = std::move(fn);
+  return IoAwaiter{std::move(req)};
+}
+
+// Resumes the calling coroutine on engine `target` (via post()): moves a
+// coroutine to another event-loop thread.
+struct SwitchToAwaiter {
+  Engine* target;
+  bool await_ready() const noexcept { return target == Engine::current(); }
+  void await_suspend(std::coroutine_handle<> h) { target->post([h] { h.resume(); }); }
+  void await_resume() const noexcept {}
+};
+inline SwitchToAwaiter switch_to(Engine* target) { return SwitchToAwaiter{target}; }
+
+// Installs `engine` as current for the scope of the object.
+class ScopedEngine {
+ public:
+  explicit ScopedEngine(Engine* e) : prev_(Engine::set_current(e)) {}
+  ~ScopedEngine() { Engine::set_current(prev_); }
+  ScopedEngine(const ScopedEngine&) = delete;
+  ScopedEngine& operator=(const ScopedEngine&) = delete;
+
+ private:
+  Engine* prev_;
+};
+
+}  // namespace qcowfs::io

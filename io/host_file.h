@@ -1,0 +1,86 @@
+// HostFile: asynchronous access to one host file or block device, the only way
+// image/ reaches the host. Implementations: PosixFile (regular files and block
+// devices, through the calling thread's Engine, handling O_DIRECT alignment with
+// bounce buffers) and MemFile (in memory, with fault injection, for tests).
+//
+// Offsets and lengths may be arbitrary; implementations make them legal for
+// the host (read-modify-write for unaligned writes, serialised against
+// overlapping requests). Buffers aligned to mem_align() and ranges aligned to
+// offset_align() go straight to the host without copies.
+//
+// Thread-safety: all methods may be called concurrently from any event-loop
+// thread (each thread has its own Engine). size() reflects completed writes
+// and truncates.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::io {
+
+enum class CacheMode {
+  none,          // O_DIRECT; flush = fdatasync
+  writethrough,  // O_DSYNC (page cache); flush = fdatasync
+  writeback,     // page cache; flush = fdatasync
+  unsafe,        // page cache; flush is a no-op
+};
+
+std::string_view to_string(CacheMode m);
+Result<CacheMode> parse_cache_mode(std::string_view s);
+
+struct OpenOptions {
+  bool writable = false;
+  CacheMode cache = CacheMode::writeback;
+  // True when the user asked for the cache mode explicitly: a host that refuses
+  // O_DIRECT is then an error instead of a warning and a fall back to writeback.
+  bool cache_explicit = false;
+};
+
+class HostFile {
+ public:
+  virtual ~HostFile() = default;
+  HostFile() = default;
+  HostFile(const HostFile&) = delete;
+  HostFile& operator=(const HostFile&) = delete;
+
+  // Reads up to buf.size() bytes at off. Returns the bytes read: fewer only at
+  // end of file (the rest of buf is left untouched).
+  virtual Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) = 0;
+  // Scatter read; same contract as read().
+  virtual Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) = 0;
+  // Writes all of buf at off (extending the file if needed) or fails.
+  virtual Task<Status> write(std::span<const std::byte> buf, uint64_t off) = 0;
+  virtual Task<Status> writev(std::span<const iovec> iov, uint64_t off) = 0;
+  // Makes completed writes durable according to the cache mode (no-op for unsafe).
+  virtual Task<Status> flush() = 0;
+  // Deallocates [off, off+len): PUNCH_HOLE on files, BLKDISCARD on devices.
+  // Reads of the range afterwards return zeros on files; unspecified on devices.
+  virtual Task<Status> discard(uint64_t off, uint64_t len) = 0;
+  // Makes [off, off+len) read as zeros (ZERO_RANGE/BLKZEROOUT, else writes zeros).
+  virtual Task<Status> write_zeroes(uint64_t off, uint64_t len) = 0;
+  // Changes the file size (regular files only; EINVAL on block devices).
+  virtual Task<Status> truncate(uint64_t size) = 0;
+
+  virtual uint64_t size() const = 0;
+  // Bytes the host really has allocated for the file (st_blocks * 512).
+  virtual uint64_t allocated_bytes() const = 0;
+  virtual size_t mem_align() const = 0;     // buffer alignment for zero-copy I/O (>= 4096)
+  virtual size_t offset_align() const = 0;  // offset/length alignment the host needs (1 if none)
+  virtual bool is_block_device() const = 0;
+  virtual bool writable() const = 0;
+  virtual CacheMode cache_mode() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+// Opens a regular file or block device. Fails with a clear message naming path.
+Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const OpenOptions& opts);
+
+}  // namespace qcowfs::io
