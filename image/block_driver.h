@@ -74,7 +74,11 @@ class BlockDriver {
   // be awaited before destruction on a writable image.
   virtual Task<Status> close() = 0;
 
+  // Internal snapshots (qcow2). open_snapshot() gives a read-only view of one
+  // snapshot, found by id or name; it borrows this driver's files and must be
+  // destroyed before this driver.
   virtual std::vector<SnapshotInfo> snapshots() const { return {}; }
+  virtual Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name);
 };
 
 struct ImageOptions {

@@ -69,6 +69,12 @@ class HostFile {
   // Changes the file size (regular files only; EINVAL on block devices).
   virtual Task<Status> truncate(uint64_t size) = 0;
 
+  // lseek(SEEK_DATA) / lseek(SEEK_HOLE) from off: the next data (or hole)
+  // offset at or after off; size() when there is none. Hosts that cannot tell
+  // report everything as data (seek_data = off, seek_hole = size()).
+  virtual Task<Result<uint64_t>> seek_data(uint64_t off) = 0;
+  virtual Task<Result<uint64_t>> seek_hole(uint64_t off) = 0;
+
   virtual uint64_t size() const = 0;
   // Bytes the host really has allocated for the file (st_blocks * 512).
   virtual uint64_t allocated_bytes() const = 0;
