@@ -13,6 +13,7 @@
 
 #include <sys/uio.h>
 
+#include <cerrno>
 #include <coroutine>
 #include <cstdint>
 #include <functional>
@@ -85,9 +86,17 @@ Result<std::unique_ptr<Engine>> make_engine(EngineKind kind, unsigned queue_dept
 struct IoAwaiter {
   IoRequest req;
   bool await_ready() const noexcept { return false; }
-  void await_suspend(std::coroutine_handle<> h) {
+  // Without an engine on this thread the request fails at once with -EINVAL
+  // (HostFile implementations turn that into "no engine on this thread").
+  bool await_suspend(std::coroutine_handle<> h) {
+    Engine* engine = Engine::current();
+    if (!engine) {
+      req.result = -EINVAL;
+      return false;
+    }
     req.waiter = h;
-    Engine::current()->enqueue(&req);
+    engine->enqueue(&req);
+    return true;
   }
   int64_t await_resume() const noexcept { return req.result; }
 };

@@ -1,0 +1,116 @@
+#include "io/thread_engine.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "io/thread_pool.h"
+
+namespace qcowfs::io {
+namespace {
+
+int64_t execute_once(const IoRequest& req) {
+  using Op = IoRequest::Op;
+  const auto off = static_cast<off_t>(req.offset);
+  const int iovcnt = static_cast<int>(req.iovcnt);
+  ssize_t r = 0;
+  switch (req.op) {
+    case Op::read: r = ::pread(req.fd, req.buf, req.length, off); break;
+    case Op::write: r = ::pwrite(req.fd, req.buf, req.length, off); break;
+    case Op::readv: r = ::preadv(req.fd, req.iov, iovcnt, off); break;
+    case Op::writev: r = ::pwritev(req.fd, req.iov, iovcnt, off); break;
+    case Op::fsync: r = ::fsync(req.fd); break;
+    case Op::fdatasync: r = ::fdatasync(req.fd); break;
+    case Op::fallocate: r = ::fallocate(req.fd, req.mode, off, static_cast<off_t>(req.length)); break;
+    case Op::poll_in: {
+      pollfd p{req.fd, POLLIN, 0};
+      r = ::poll(&p, 1, -1);
+      if (r > 0) r = p.revents;
+      break;
+    }
+    case Op::call: return req.call();
+  }
+  return r < 0 ? -errno : r;
+}
+
+}  // namespace
+
+int64_t execute_blocking(const IoRequest& req) {
+  for (;;) {
+    int64_t r = execute_once(req);
+    if (r != -EINTR && r != -EAGAIN) return r;
+  }
+}
+
+Result<std::unique_ptr<ThreadEngine>> ThreadEngine::create() {
+  auto mailbox = Mailbox::create();
+  if (!mailbox) return mailbox.status();
+  return std::make_unique<ThreadEngine>(std::move(*mailbox));
+}
+
+ThreadEngine::~ThreadEngine() { mailbox_->close(); }
+
+void ThreadEngine::enqueue(IoRequest* req) { queued_.push_back(req); }
+
+void ThreadEngine::post(std::function<void()> fn) {
+  mailbox_->post(std::move(fn), Engine::current() == this);
+}
+
+void ThreadEngine::run_once(int timeout_ms) {
+  submit_queued();
+  wait(mailbox_->has_work() ? 0 : timeout_ms);
+  for (IoRequest* req : ready_) req->waiter.resume();
+  ready_.clear();
+  run_posted();
+}
+
+void ThreadEngine::submit_queued() {
+  for (IoRequest* req : queued_) {
+    if (req->op == IoRequest::Op::poll_in) {
+      polling_.push_back(req);
+      continue;
+    }
+    ThreadPool::shared().submit([mailbox = mailbox_, req] {
+      int64_t r = execute_blocking(*req);
+      mailbox->post(
+          [req, r] {
+            req->result = r;
+            req->waiter.resume();
+          },
+          false);
+    });
+  }
+  queued_.clear();
+}
+
+// poll(2) on the mailbox eventfd and every pending poll_in fd; fired poll_in
+// requests move to ready_ with their revents as result.
+void ThreadEngine::wait(int timeout_ms) {
+  std::vector<pollfd> fds;
+  fds.reserve(polling_.size() + 1);
+  fds.push_back(pollfd{mailbox_->fd(), POLLIN, 0});
+  for (IoRequest* req : polling_) fds.push_back(pollfd{req->fd, POLLIN, 0});
+  int n = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (n <= 0) return;  // timeout or EINTR
+  if (fds[0].revents) mailbox_->drain_wakeups();
+  size_t keep = 0;
+  for (size_t i = 0; i < polling_.size(); ++i) {
+    IoRequest* req = polling_[i];
+    short revents = fds[i + 1].revents;
+    if (revents) {
+      req->result = revents & POLLNVAL ? -EBADF : revents;
+      ready_.push_back(req);
+    } else {
+      polling_[keep++] = req;
+    }
+  }
+  polling_.resize(keep);
+}
+
+void ThreadEngine::run_posted() {
+  for (auto& fn : mailbox_->take()) fn();
+}
+
+}  // namespace qcowfs::io

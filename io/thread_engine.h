@@ -1,0 +1,44 @@
+// ThreadEngine: the Engine for hosts without io_uring (disabled by sysctl,
+// filtered by seccomp, old kernels). run_once() hands the queued requests to
+// ThreadPool::shared(), whose workers run the blocking syscall (pread, pwritev,
+// fdatasync, fallocate, ...) and post the completion back; it then waits in
+// poll(2) on the mailbox eventfd plus the fds of pending Op::poll_in requests.
+//
+// Thread-safety: as Engine: only post() may be called from other threads.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "io/engine.h"
+#include "io/mailbox.h"
+
+namespace qcowfs::io {
+
+class ThreadEngine final : public Engine {
+ public:
+  static Result<std::unique_ptr<ThreadEngine>> create();
+  explicit ThreadEngine(std::shared_ptr<Mailbox> mailbox) : mailbox_(std::move(mailbox)) {}
+  ~ThreadEngine() override;
+
+  void enqueue(IoRequest* req) override;
+  void run_once(int timeout_ms) override;
+  void post(std::function<void()> fn) override;
+  std::string_view name() const override { return "threads"; }
+
+ private:
+  void submit_queued();
+  void wait(int timeout_ms);
+  void run_posted();
+
+  std::shared_ptr<Mailbox> mailbox_;
+  std::vector<IoRequest*> queued_;   // enqueued since the last run_once
+  std::vector<IoRequest*> polling_;  // Op::poll_in requests waiting for readability
+  std::vector<IoRequest*> ready_;    // poll_in requests that fired this round
+};
+
+// Runs one request's syscall synchronously on the calling thread, retrying
+// EINTR/EAGAIN. Returns bytes (or 0) on success, -errno on failure.
+int64_t execute_blocking(const IoRequest& req);
+
+}  // namespace qcowfs::io

@@ -1,0 +1,211 @@
+#include "io/uring_engine.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+
+#include "io/log.h"
+#include "io/thread_pool.h"
+
+namespace qcowfs::io {
+namespace {
+
+// Tags CQEs of the mailbox eventfd poll; requests are tagged with their
+// (aligned, so never 1) address.
+constexpr uint64_t kWakeupTag = 1;
+// The kernel transfers at most this much per read/write call (MAX_RW_COUNT);
+// longer requests simply complete short and HostFile continues them.
+constexpr uint64_t kMaxRwCount = INT_MAX & ~uint64_t{4095};
+
+unsigned clamp_len(uint64_t len) { return static_cast<unsigned>(std::min(len, kMaxRwCount)); }
+
+// Tries the fastest setup first; older kernels reject unknown flags with EINVAL.
+int init_ring(unsigned depth, io_uring* ring, unsigned* flags_out) {
+  const unsigned candidates[] = {
+      IORING_SETUP_R_DISABLED | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+      IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+      0,
+  };
+  int r = -EINVAL;
+  for (unsigned flags : candidates) {
+    io_uring_params p{};
+    p.flags = flags;
+    r = io_uring_queue_init_params(depth, ring, &p);
+    if (r == 0) {
+      *flags_out = flags;
+      return 0;
+    }
+    if (r != -EINVAL) return r;
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<UringEngine>> UringEngine::create(unsigned queue_depth) {
+  auto mailbox = Mailbox::create();
+  if (!mailbox) return mailbox.status();
+  io_uring ring;
+  unsigned flags = 0;
+  int r = init_ring(std::clamp(queue_depth, 8u, 4096u), &ring, &flags);
+  if (r < 0) return Status::from_errno(-r, "io_uring_queue_init");
+  return std::unique_ptr<UringEngine>(new UringEngine(std::move(*mailbox), ring, flags));
+}
+
+UringEngine::UringEngine(std::shared_ptr<Mailbox> mailbox, const io_uring& ring, unsigned setup_flags)
+    : mailbox_(std::move(mailbox)), ring_(ring), setup_flags_(setup_flags) {}
+
+UringEngine::~UringEngine() {
+  mailbox_->close();
+  io_uring_queue_exit(&ring_);
+}
+
+// The first call from the driving thread: enabling a disabled ring makes this
+// thread its single issuer; registering the ring fd saves an fd lookup per enter.
+void UringEngine::start_on_this_thread() {
+  if (started_) return;
+  started_ = true;
+  if (setup_flags_ & IORING_SETUP_R_DISABLED) {
+    // liburing 2.3 declares io_uring_enable_rings() but does not export it.
+    long r = ::syscall(__NR_io_uring_register, ring_.ring_fd, IORING_REGISTER_ENABLE_RINGS, nullptr, 0);
+    if (r < 0) log::error("{}", Status::from_errno(errno, "enabling io_uring").to_string());
+  }
+  io_uring_register_ring_fd(&ring_);  // optional speed-up; failure is harmless
+  arm_wakeup_poll();
+}
+
+void UringEngine::arm_wakeup_poll() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (!sqe) {
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  if (!sqe) return;  // retried after the next reap
+  io_uring_prep_poll_add(sqe, mailbox_->fd(), POLLIN);
+  io_uring_sqe_set_data64(sqe, kWakeupTag);
+  wakeup_armed_ = true;
+}
+
+void UringEngine::enqueue(IoRequest* req) {
+  if (req->op == IoRequest::Op::call) {
+    start_call(req);
+    return;
+  }
+  if (!backlog_.empty() || !try_prepare(req)) backlog_.push_back(req);
+}
+
+bool UringEngine::try_prepare(IoRequest* req) {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (!sqe && started_) {  // SQ full: push what is queued to the kernel, then retry
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  if (!sqe) return false;
+  prepare_sqe(sqe, req);
+  return true;
+}
+
+void UringEngine::prepare_sqe(io_uring_sqe* sqe, IoRequest* req) {
+  using Op = IoRequest::Op;
+  switch (req->op) {
+    case Op::read: io_uring_prep_read(sqe, req->fd, req->buf, clamp_len(req->length), req->offset); break;
+    case Op::write: io_uring_prep_write(sqe, req->fd, req->buf, clamp_len(req->length), req->offset); break;
+    case Op::readv: io_uring_prep_readv(sqe, req->fd, req->iov, req->iovcnt, req->offset); break;
+    case Op::writev: io_uring_prep_writev(sqe, req->fd, req->iov, req->iovcnt, req->offset); break;
+    case Op::fsync: io_uring_prep_fsync(sqe, req->fd, 0); break;
+    case Op::fdatasync: io_uring_prep_fsync(sqe, req->fd, IORING_FSYNC_DATASYNC); break;
+    case Op::fallocate:
+      io_uring_prep_fallocate(sqe, req->fd, req->mode, static_cast<off_t>(req->offset),
+                              static_cast<off_t>(req->length));
+      break;
+    case Op::poll_in: io_uring_prep_poll_add(sqe, req->fd, POLLIN); break;
+    case Op::call: break;  // never reaches the ring (see enqueue)
+  }
+  io_uring_sqe_set_data(sqe, req);
+}
+
+void UringEngine::start_call(IoRequest* req) {
+  ThreadPool::shared().submit([mailbox = mailbox_, req] {
+    int64_t r = req->call();
+    mailbox->post(
+        [req, r] {
+          req->result = r;
+          req->waiter.resume();
+        },
+        false);
+  });
+}
+
+void UringEngine::post(std::function<void()> fn) {
+  mailbox_->post(std::move(fn), Engine::current() == this);
+}
+
+void UringEngine::run_once(int timeout_ms) {
+  start_on_this_thread();
+  refill_from_backlog();
+  if (!wakeup_armed_) arm_wakeup_poll();
+  wait(mailbox_->has_work() ? 0 : timeout_ms);
+  reap();
+  run_posted();
+}
+
+void UringEngine::refill_from_backlog() {
+  while (!backlog_.empty() && try_prepare(backlog_.front())) backlog_.pop_front();
+}
+
+// One io_uring_enter: submits everything queued and waits for a completion.
+// -ETIME (timeout), -EINTR (signal) and -EBUSY (CQ overflow backlog; the reap
+// below makes room) all just end the wait.
+void UringEngine::wait(int timeout_ms) {
+  if (timeout_ms == 0) {
+    io_uring_submit_and_get_events(&ring_);
+  } else if (timeout_ms < 0) {
+    io_uring_submit_and_wait(&ring_, 1);
+  } else {
+    __kernel_timespec ts{};
+    ts.tv_sec = timeout_ms / 1000;
+    ts.tv_nsec = static_cast<long long>(timeout_ms % 1000) * 1000000;
+    io_uring_cqe* cqe = nullptr;
+    io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
+  }
+}
+
+void UringEngine::reap() {
+  unsigned head;
+  unsigned seen = 0;
+  io_uring_cqe* cqe;
+  io_uring_for_each_cqe(&ring_, head, cqe) {
+    ++seen;
+    if (cqe->user_data == kWakeupTag) {
+      mailbox_->drain_wakeups();
+      wakeup_armed_ = false;
+      continue;
+    }
+    complete(static_cast<IoRequest*>(io_uring_cqe_get_data(cqe)), cqe->res);
+  }
+  io_uring_cq_advance(&ring_, seen);
+  if (!wakeup_armed_) arm_wakeup_poll();
+  // Resumed coroutines may enqueue more; they land in the SQ for the next round.
+  resuming_.swap(done_);
+  for (IoRequest* req : resuming_) req->waiter.resume();
+  resuming_.clear();
+}
+
+void UringEngine::complete(IoRequest* req, int res) {
+  if (res == -EINTR || res == -EAGAIN) {  // transient: queue the same request again
+    if (!try_prepare(req)) backlog_.push_back(req);
+    return;
+  }
+  req->result = res;
+  done_.push_back(req);
+}
+
+void UringEngine::run_posted() {
+  for (auto& fn : mailbox_->take()) fn();
+}
+
+}  // namespace qcowfs::io

@@ -1,0 +1,342 @@
+// Engine tests, run against both engines: request completion, poll_in,
+// post() from other threads, offload, switch_to and timeouts.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "io/engine.h"
+#include "io/fd.h"
+#include "io/run_sync.h"
+#include "io/sync.h"
+#include "io/task.h"
+
+namespace qcowfs::io {
+namespace {
+
+class EngineTest : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  void SetUp() override {
+    auto e = make_engine(GetParam());
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    engine_ = std::move(*e);
+  }
+  std::unique_ptr<Engine> engine_;
+};
+
+std::string temp_path(const char* tag) {
+  return fmt::format("/var/tmp/qcowfs_io_engine_{}_{}", tag, ::getpid());
+}
+
+TEST_P(EngineTest, NameMatchesKind) {
+  EXPECT_EQ(engine_->name(), GetParam() == EngineKind::io_uring ? "io_uring" : "threads");
+}
+
+TEST_P(EngineTest, WriteThenReadRoundTrip) {
+  std::string path = temp_path("rw");
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  ASSERT_TRUE(fd.valid());
+  ::unlink(path.c_str());
+  auto task = [&]() -> Task<std::string> {
+    std::string out(5, '\0');
+    char msg[] = "hello";
+    IoRequest w;
+    w.op = IoRequest::Op::write;
+    w.fd = fd.get();
+    w.buf = msg;
+    w.length = 5;
+    w.offset = 3;
+    int64_t wr = co_await io::async(std::move(w));
+    if (wr != 5) co_return "write returned " + std::to_string(wr);
+    IoRequest r;
+    r.op = IoRequest::Op::read;
+    r.fd = fd.get();
+    r.buf = out.data();
+    r.length = 5;
+    r.offset = 3;
+    int64_t rd = co_await io::async(std::move(r));
+    if (rd != 5) co_return "read returned " + std::to_string(rd);
+    co_return out;
+  };
+  EXPECT_EQ(run_sync(*engine_, task()), "hello");
+}
+
+TEST_P(EngineTest, ErrorsComeBackAsNegativeErrno) {
+  auto task = []() -> Task<int64_t> {
+    char b[8];
+    IoRequest r;
+    r.op = IoRequest::Op::read;
+    r.fd = 1 << 20;  // not an open descriptor
+    r.buf = b;
+    r.length = sizeof(b);
+    co_return co_await io::async(std::move(r));
+  };
+  EXPECT_EQ(run_sync(*engine_, task()), -EBADF);
+}
+
+TEST_P(EngineTest, ManyConcurrentRequestsAllComplete) {
+  std::string path = temp_path("many");
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  ASSERT_TRUE(fd.valid());
+  ::unlink(path.c_str());
+  constexpr int kCount = 2000;  // far more than the queue depth
+  std::vector<uint32_t> values(kCount);
+  int done = 0;
+  ScopedEngine scope(engine_.get());
+  for (int i = 0; i < kCount; ++i) {
+    values[static_cast<size_t>(i)] = static_cast<uint32_t>(i * 7 + 1);
+    auto one = [&, i]() -> Task<void> {
+      IoRequest w;
+      w.op = IoRequest::Op::write;
+      w.fd = fd.get();
+      w.buf = &values[static_cast<size_t>(i)];
+      w.length = sizeof(uint32_t);
+      w.offset = static_cast<uint64_t>(i) * sizeof(uint32_t);
+      int64_t r = co_await io::async(std::move(w));
+      EXPECT_EQ(r, 4);
+      ++done;
+    };
+    spawn(one());
+  }
+  while (done < kCount) engine_->run_once(-1);
+  std::vector<uint32_t> back(kCount);
+  ASSERT_EQ(::pread(fd.get(), back.data(), kCount * 4, 0), kCount * 4);
+  EXPECT_EQ(back, values);
+}
+
+TEST_P(EngineTest, PollInCompletesWhenFdBecomesReadable) {
+  UniqueFd efd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  ASSERT_TRUE(efd.valid());
+  std::atomic<bool> fired{false};
+  int64_t result = 0;
+  ScopedEngine scope(engine_.get());
+  auto waiter = [&]() -> Task<void> {
+    IoRequest p;
+    p.op = IoRequest::Op::poll_in;
+    p.fd = efd.get();
+    result = co_await io::async(std::move(p));
+    fired = true;
+  };
+  spawn(waiter());
+  for (int i = 0; i < 3; ++i) engine_->run_once(10);
+  EXPECT_FALSE(fired) << "poll_in completed before the fd was readable";
+  std::thread writer([&] {
+    uint64_t one = 1;
+    ASSERT_EQ(::write(efd.get(), &one, sizeof(one)), 8);
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!fired && std::chrono::steady_clock::now() < deadline) engine_->run_once(100);
+  writer.join();
+  ASSERT_TRUE(fired);
+  EXPECT_TRUE(result & POLLIN) << result;
+}
+
+TEST_P(EngineTest, PostFromOtherThreadWakesBlockedLoop) {
+  std::atomic<int> ran{0};
+  std::thread::id ran_on;
+  std::thread poster([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    engine_->post([&] {
+      ran_on = std::this_thread::get_id();
+      ++ran;
+    });
+  });
+  auto start = std::chrono::steady_clock::now();
+  while (ran == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+    engine_->run_once(-1);  // must be woken by the post, not by a timeout
+  poster.join();
+  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+}
+
+TEST_P(EngineTest, PostsFromManyThreadsAllRunInOrderPerThread) {
+  constexpr int kThreads = 4, kPerThread = 500;
+  std::vector<std::vector<int>> seen(kThreads);
+  std::atomic<int> total{0};
+  std::vector<std::thread> posters;
+  for (int t = 0; t < kThreads; ++t) {
+    posters.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) engine_->post([&, t, i] {
+        seen[static_cast<size_t>(t)].push_back(i);
+        ++total;
+      });
+    });
+  }
+  auto start = std::chrono::steady_clock::now();
+  while (total < kThreads * kPerThread && std::chrono::steady_clock::now() - start < std::chrono::seconds(20))
+    engine_->run_once(100);
+  for (auto& p : posters) p.join();
+  ASSERT_EQ(total, kThreads * kPerThread);
+  for (auto& s : seen) {
+    ASSERT_EQ(s.size(), static_cast<size_t>(kPerThread));
+    for (int i = 0; i < kPerThread; ++i) EXPECT_EQ(s[static_cast<size_t>(i)], i);
+  }
+}
+
+TEST_P(EngineTest, PostFromOwnThreadRunsWithoutBlocking) {
+  ScopedEngine scope(engine_.get());
+  bool ran = false;
+  engine_->post([&] { ran = true; });
+  auto start = std::chrono::steady_clock::now();
+  engine_->run_once(5000);
+  EXPECT_TRUE(ran);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+}
+
+TEST_P(EngineTest, TimeoutReturnsWithoutWork) {
+  auto start = std::chrono::steady_clock::now();
+  engine_->run_once(30);
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, std::chrono::milliseconds(20));
+}
+
+TEST_P(EngineTest, OffloadRunsOnAnotherThreadAndResumesHere) {
+  std::thread::id loop_thread = std::this_thread::get_id();
+  auto task = [&]() -> Task<std::pair<int64_t, bool>> {
+    std::thread::id worker;
+    int64_t r = co_await io::offload([&] {
+      worker = std::this_thread::get_id();
+      return int64_t{42};
+    });
+    bool resumed_here = std::this_thread::get_id() == loop_thread;
+    co_return std::pair{r, worker != loop_thread && resumed_here};
+  };
+  auto [r, threads_ok] = run_sync(*engine_, task());
+  EXPECT_EQ(r, 42);
+  EXPECT_TRUE(threads_ok);
+}
+
+TEST_P(EngineTest, OffloadErrorIsPassedThrough) {
+  auto task = []() -> Task<int64_t> { co_return co_await io::offload([] { return int64_t{-ENOSPC}; }); };
+  EXPECT_EQ(run_sync(*engine_, task()), -ENOSPC);
+}
+
+TEST_P(EngineTest, FdatasyncAndFallocate) {
+  std::string path = temp_path("sync");
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  ASSERT_TRUE(fd.valid());
+  ::unlink(path.c_str());
+  auto task = [&]() -> Task<std::pair<int64_t, int64_t>> {
+    IoRequest f;
+    f.op = IoRequest::Op::fallocate;
+    f.fd = fd.get();
+    f.offset = 0;
+    f.length = 1 << 20;
+    int64_t fr = co_await io::async(std::move(f));
+    IoRequest s;
+    s.op = IoRequest::Op::fdatasync;
+    s.fd = fd.get();
+    int64_t sr = co_await io::async(std::move(s));
+    co_return std::pair{fr, sr};
+  };
+  auto [fr, sr] = run_sync(*engine_, task());
+  EXPECT_EQ(fr, 0);
+  EXPECT_EQ(sr, 0);
+  struct stat st;
+  ASSERT_EQ(::fstat(fd.get(), &st), 0);
+  EXPECT_EQ(st.st_size, 1 << 20);
+}
+
+TEST_P(EngineTest, SwitchToMovesCoroutineBetweenLoops) {
+  auto other = make_engine(GetParam());
+  ASSERT_TRUE(other.is_ok());
+  Engine* second = other->get();
+  std::atomic<bool> stop{false};
+  std::thread::id second_id;
+  std::thread loop([&] {
+    ScopedEngine scope(second);
+    second_id = std::this_thread::get_id();
+    while (!stop) second->run_once(20);
+  });
+  while (second_id == std::thread::id()) std::this_thread::yield();
+  Engine* first = engine_.get();
+  auto task = [&]() -> Task<std::pair<std::thread::id, std::thread::id>> {
+    std::thread::id there;
+    for (int i = 0; i < 200; ++i) {  // many hops: each must be woken promptly, not by a timeout
+      co_await switch_to(second);
+      there = std::this_thread::get_id();
+      co_await switch_to(first);
+    }
+    co_return std::pair{there, std::this_thread::get_id()};
+  };
+  auto [there, back] = run_sync(*first, task());
+  stop = true;
+  loop.join();
+  EXPECT_EQ(there, second_id);
+  EXPECT_EQ(back, std::this_thread::get_id());
+}
+
+TEST_P(EngineTest, AsyncMutexAcrossThreadsKeepsEachCoroutineOnItsLoop) {
+  auto other = make_engine(GetParam());
+  ASSERT_TRUE(other.is_ok());
+  AsyncMutex mu;
+  long counter = 0;
+  constexpr int kIters = 300;
+  auto worker = [&](Engine* e, std::atomic<bool>* wrong_thread) {
+    ScopedEngine scope(e);
+    auto me = std::this_thread::get_id();
+    int finished = 0;
+    for (int i = 0; i < kIters; ++i) {
+      auto one = [&]() -> Task<void> {
+        auto g = co_await mu.lock();
+        long v = counter;
+        co_await io::offload([] { return int64_t{0}; });  // hold the lock across a suspension
+        counter = v + 1;
+        if (std::this_thread::get_id() != me) *wrong_thread = true;
+        ++finished;
+      };
+      spawn(one());
+    }
+    while (finished < kIters) e->run_once(50);
+  };
+  std::atomic<bool> wrong{false};
+  std::thread t2(worker, other->get(), &wrong);
+  worker(engine_.get(), &wrong);
+  t2.join();
+  EXPECT_EQ(counter, 2 * kIters);
+  EXPECT_FALSE(wrong);
+}
+
+TEST(EngineCurrent, AwaitWithoutEngineFailsWithEinval) {
+  ASSERT_EQ(Engine::current(), nullptr);
+  int64_t result = 1;
+  auto task = [&]() -> Task<void> { result = co_await io::offload([] { return int64_t{0}; }); };
+  spawn(task());
+  EXPECT_EQ(result, -EINVAL);
+}
+
+TEST(EngineCurrent, ScopedEngineRestoresPrevious) {
+  auto a = make_engine(EngineKind::threads);
+  auto b = make_engine(EngineKind::threads);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  {
+    ScopedEngine sa(a->get());
+    EXPECT_EQ(Engine::current(), a->get());
+    {
+      ScopedEngine sb(b->get());
+      EXPECT_EQ(Engine::current(), b->get());
+    }
+    EXPECT_EQ(Engine::current(), a->get());
+  }
+  EXPECT_EQ(Engine::current(), nullptr);
+}
+
+std::string engine_name(const ::testing::TestParamInfo<EngineKind>& p) {
+  return p.param == EngineKind::io_uring ? "io_uring" : "threads";
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, EngineTest, ::testing::Values(EngineKind::io_uring, EngineKind::threads),
+                         engine_name);
+
+}  // namespace
+}  // namespace qcowfs::io
