@@ -320,6 +320,24 @@ def write_sparse_raw(path: Path, size: int, rng: random.Random) -> None:
             f.write(rng.randbytes(length) if rng.random() < 0.5 else bytes([off % 251 + 1]) * length)
 
 
+def case_backing_raw_looks_like_qcow2(out: Path) -> Image:
+    """A raw backing file whose guest wrote a qcow2 image into it: the overlay's
+    recorded backing format (raw) must win over the magic at offset 0."""
+    inner = create(out / "inner.qcow2", 8 * MiB, "cluster_size=4k")
+    helpers.qemu_io(inner, "write -q -P 0x5a 0 1M")
+    base = out / "guest-disk.raw"
+    with open(base, "wb") as f:
+        f.write(inner.read_bytes())
+        f.truncate(16 * MiB)
+    inner.unlink()
+    img = create(out / "over.qcow2", 16 * MiB, "cluster_size=64k",
+                 backing=base.name, backing_fmt="raw")
+    w = writer_for(out, "over", 64 * KiB)
+    w.unique(8 * MiB + 300, 200 * KiB)
+    w.run(img)
+    return Image(img, [img, base])
+
+
 def external_data(out: Path, name: str, raw: bool) -> Image:
     data = out / f"{name}.data"
     opts = ["cluster_size=64k", f"data_file={data}"]
