@@ -1,0 +1,120 @@
+// L2Cache: a bounded LRU cache of L2 table slices, shared by every view of one
+// qcow2 image (active image and snapshots; keyed by host offset).
+//
+// A slice is `slice_size` bytes of one L2 table (4 KiB by default, never more
+// than a cluster), loaded with one host read. get() returns a Ref that pins
+// the slice: pinned slices are never evicted, so a Ref stays valid while it is
+// held. Concurrent get()s of a slice that is not yet loaded share one host read
+// (the first caller loads, the others await an AsyncEvent). A failed load is
+// reported to every waiter and forgotten, so a later get() retries.
+//
+// Capacity is counted in slices. When every cached slice is pinned or dirty
+// the cache grows past its capacity rather than block; it shrinks back as Refs
+// are released and slices are loaded.
+//
+// Write-path hooks: a slice's bytes are mutable through a Ref; mark_dirty()
+// keeps a slice out of eviction until clear_dirty() says it was written back.
+//
+// Thread-safety: all methods are thread-safe. The internal mutex is held only
+// in non-suspending code; Refs may be moved between threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "io/buffer.h"
+#include "io/host_file.h"
+#include "io/status.h"
+#include "io/sync.h"
+#include "io/task.h"
+
+namespace qcowfs::image::qcow2 {
+
+class L2Cache {
+  struct Entry;
+
+ public:
+  // Default cache size: enough slices to map the whole disk, at most 32 MiB
+  // (QEMU's default cap), at least 8 slices. QCOWFS_TINY_CACHE builds always
+  // use two slices so eviction runs in every test.
+  static constexpr uint64_t kDefaultMaxBytes = 32ull << 20;
+  static constexpr size_t kDefaultSliceSize = 4096;
+  static uint64_t default_size(uint64_t l2_bytes_for_whole_disk, size_t slice_size);
+
+  // Pinned handle on a loaded slice.
+  class Ref {
+   public:
+    Ref() = default;
+    Ref(Ref&& o) noexcept;
+    Ref& operator=(Ref&& o) noexcept;
+    Ref(const Ref&) = delete;
+    Ref& operator=(const Ref&) = delete;
+    ~Ref();
+    void reset();
+    explicit operator bool() const { return entry_ != nullptr; }
+
+    uint64_t host_offset() const;
+    std::span<const std::byte> bytes() const;
+    std::span<std::byte> mutable_bytes();
+    // First and second 64-bit words of L2 entry i of this slice (host order).
+    uint64_t entry(size_t i, size_t entry_size) const;
+    uint64_t bitmap(size_t i, size_t entry_size) const;
+
+   private:
+    friend class L2Cache;
+    Ref(L2Cache* c, std::shared_ptr<Entry> e) : cache_(c), entry_(std::move(e)) {}
+    L2Cache* cache_ = nullptr;
+    std::shared_ptr<Entry> entry_;
+  };
+
+  // file must outlive the cache. capacity_bytes is rounded down to whole
+  // slices (at least two).
+  L2Cache(io::HostFile& file, size_t slice_size, uint64_t capacity_bytes);
+  L2Cache(const L2Cache&) = delete;
+  L2Cache& operator=(const L2Cache&) = delete;
+
+  // The slice starting at host offset `offset` (aligned to slice_size, inside
+  // the file: the caller validates it).
+  Task<Result<Ref>> get(uint64_t offset);
+
+  void mark_dirty(Ref& ref);
+  void clear_dirty(Ref& ref);
+
+  size_t slice_size() const { return slice_size_; }
+  size_t capacity_slices() const { return capacity_; }
+  size_t cached_slices() const;
+  uint64_t host_reads() const;  // slice loads issued (for tests)
+
+ private:
+  struct Entry {
+    uint64_t offset = 0;
+    io::AlignedBuffer data;
+    io::AsyncEvent loaded;
+    Status load_status;  // written by the loader before loaded.set()
+    // Guarded by L2Cache::mu_:
+    int pins = 0;
+    bool dirty = false;
+    std::list<uint64_t>::iterator lru;
+  };
+
+  Task<Status> load(Entry& e);
+  void evict_locked();
+  void unpin(Entry& e);
+  void forget_locked(const std::shared_ptr<Entry>& e);
+
+  io::HostFile& file_;
+  const size_t slice_size_;
+  const size_t capacity_;
+
+  mutable std::mutex mu_;  // guards map_, lru_, Entry::pins/dirty/lru, host_reads_
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> map_;
+  std::list<uint64_t> lru_;  // front = most recently used
+  uint64_t host_reads_ = 0;
+};
+
+}  // namespace qcowfs::image::qcow2
