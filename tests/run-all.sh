@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine and runs every qcowfs test:
+#   1. installs build and test dependencies (tests/setup-deps.sh);
+#   2. builds build/ with warnings as errors and runs all of ctest there
+#      (the GoogleTest unit tests and every tests/integration/test_*.py file);
+#   3. builds build-tiny/ with -DQCOWFS_TINY_CACHE=ON (metadata caches shrunk to
+#      two slices) and runs the qcow2 tests again, so cache eviction paths run.
+# Needs root (or sudo) for apt, FUSE mounts and loop devices. Ends with one
+# "run-all: N passed, N failed" line; exits non-zero if anything failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=$(nproc)
+log_dir=$(mktemp -d /var/tmp/qcowfs-run-all.XXXXXX)
+trap 'rm -rf "$log_dir"' EXIT
+passed=0
+failed=0
+
+# Runs ctest with the given arguments, keeps its output, and adds its tally.
+run_ctest() {
+  local label=$1; shift
+  local log="$log_dir/$label.log"
+  echo "=== ctest ($label): ctest $*"
+  set +e
+  ctest "$@" --output-on-failure 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  # "100% tests passed, 0 tests failed out of 57"
+  local line total bad
+  line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)
+  if [ -z "$line" ]; then
+    echo "=== ctest ($label) printed no summary (exit $rc): counted as one failure"
+    failed=$((failed + 1))
+    return
+  fi
+  total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")
+  bad=$(sed -E 's/.*passed, ([0-9]+) tests? failed.*/\1/' <<<"$line")
+  passed=$((passed + total - bad))
+  failed=$((failed + bad))
+  if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then
+    failed=$((failed + 1))  # ctest failed without a failing test: still a failure
+  fi
+}
+
+# Configures and builds one tree; a failed build ends the run with the summary line.
+build() {
+  local dir=$1; shift
+  echo "=== configure and build $dir"
+  if ! { cmake -S . -B "$dir" -DQCOWFS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" &&
+         cmake --build "$dir" -j"$jobs"; }; then
+    echo "run-all: $passed passed, $((failed + 1)) failed (the build in $dir failed)"
+    exit 1
+  fi
+}
+
+bash tests/setup-deps.sh
+
+build build
+run_ctest main --test-dir build
+
+build build-tiny -DQCOWFS_TINY_CACHE=ON
+run_ctest tiny-cache --test-dir build-tiny -R qcow2
+
+echo "run-all: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what qcowfs needs on Debian 12 (bookworm): build dependencies, and
+# with no argument also everything the tests use. Idempotent: when every
+# package is already installed it changes nothing and does not touch apt.
+#
+#   tests/setup-deps.sh            build + test dependencies
+#   tests/setup-deps.sh --build    build dependencies only (what run.sh needs)
+set -euo pipefail
+
+build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev libzstd-dev
+            libfmt-dev libgtest-dev)
+# qemu-utils: qemu-img/qemu-io (the referee); qemu-system-common: qemu-storage-daemon (bench);
+# util-linux: losetup; fdisk: sfdisk for the demo disk; e2fsprogs/dosfstools: filesystems on
+# mounted images; kmod: modprobe fuse/loop.
+test_pkgs=(qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
+           e2fsprogs dosfstools kmod)
+
+case "${1:-}" in
+  --build) pkgs=("${build_pkgs[@]}" qemu-utils fdisk e2fsprogs) ;;  # run.sh builds a demo disk
+  "") pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  *) echo "usage: $0 [--build]" >&2; exit 2 ;;
+esac
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+for p in "${pkgs[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = installed ] || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-deps: all ${#pkgs[@]} packages already installed"
+else
+  echo "setup-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -q
+  as_root apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# FUSE needs /dev/fuse; loop-device tests need the loop driver (harmless when built in).
+if [ ! -e /dev/fuse ]; then
+  as_root modprobe fuse || echo "setup-deps: warning: /dev/fuse missing and modprobe fuse failed" >&2
+fi
+if [ -z "${1:-}" ] && [ ! -e /dev/loop-control ]; then
+  as_root modprobe loop || echo "setup-deps: warning: loop devices unavailable" >&2
+fi
