@@ -87,6 +87,10 @@ struct ImageOptions {
   bool discard_unmap = false; // discard=unmap: free host space on discard
   std::string snapshot;       // open this internal snapshot (read-only)
   uint64_t l2_cache_size = 0; // bytes of L2 cache; 0 = default
+  // Real paths of the images above this one in a backing chain, outermost
+  // first. Set by the qcow2 driver when it opens a backing file; an image that
+  // finds itself here is a loop and is refused.
+  std::vector<std::string> backing_chain;
 };
 
 // Opens path with the format given or probed. Backing files are opened

@@ -1,0 +1,104 @@
+// Qcow2Driver: a BlockDriver over one qcow2 image, or over one of its internal
+// snapshots. The image-wide state (header, files, backing driver, caches,
+// snapshot table) lives in a shared Qcow2Image; each driver is a view of it
+// with its own L1 table and guest size, so snapshot views share the host file,
+// data file, backing file and L2 cache with the active image.
+//
+// Reads: a request is mapped into runs (image/qcow2_l2.h); guest-contiguous
+// runs with contiguous host offsets in the same file become one host read,
+// unallocated runs one backing read, zero runs are filled in place, and all
+// the reads of one request are issued together (io::when_all). Data goes
+// straight into the caller's buffer.
+//
+// Writing is not available in this build: open_qcow2 refuses writable opens and
+// the write entry points return EROFS.
+//
+// Thread-safety: as BlockDriver. The header, L1 tables and snapshot table are
+// immutable after open; the caches are internally synchronised.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "image/block_driver.h"
+#include "image/qcow2_compress.h"
+#include "image/qcow2_header.h"
+#include "image/qcow2_l2.h"
+#include "image/qcow2_l2_cache.h"
+#include "image/qcow2_snapshot.h"
+
+namespace qcowfs::image::qcow2 {
+
+// An L1 table in memory (host byte order) and where it lives in the file.
+struct L1Table {
+  uint64_t host_offset = 0;
+  std::vector<uint64_t> entries;
+};
+
+// State shared by every view of one image.
+struct Qcow2Image {
+  Header header;
+  Geometry geometry;
+  std::string path;
+  std::unique_ptr<io::HostFile> file;
+  std::unique_ptr<io::HostFile> data_file_owned;  // external data file, if any
+  io::HostFile* data_file = nullptr;               // where data clusters live
+  std::unique_ptr<BlockDriver> backing;
+  std::vector<Snapshot> snapshots;
+  std::unique_ptr<L2Cache> l2_cache;
+  std::unique_ptr<ClusterCache> cluster_cache;
+
+  size_t l2_slice_entries() const { return l2_cache->slice_size() / geometry.l2_entry_size(); }
+};
+
+class Qcow2Driver final : public BlockDriver {
+ public:
+  Qcow2Driver(std::shared_ptr<Qcow2Image> image, L1Table l1, uint64_t size, bool snapshot_view);
+
+  std::string_view format_name() const override { return "qcow2"; }
+  uint64_t size() const override { return size_; }
+  bool read_only() const override { return true; }
+  size_t mem_align() const override { return image_->data_file->mem_align(); }
+
+  Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
+  Task<Status> flush() override;
+  Task<Status> discard(uint64_t off, uint64_t len) override;
+  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override;
+  Task<Status> truncate(uint64_t new_size) override;
+  Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
+  uint64_t allocated_bytes() const override;
+  Task<Status> close() override;
+
+  std::vector<SnapshotInfo> snapshots() const override;
+  Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name) override;
+
+  const Qcow2Image& image() const { return *image_; }
+  const L1Table& l1_table() const { return l1_; }
+
+ private:
+  struct SubRead;
+  struct Plan;
+  using RunVisitor = std::function<bool(uint64_t guest, const ClusterRun& run)>;
+
+  // Walks the mapping of [off, off+len) in order, calling visit for each run
+  // until it returns false. Corrupt metadata: EIO, logged with the offset.
+  Task<Status> walk(uint64_t off, uint64_t len, const RunVisitor& visit);
+  Result<uint64_t> l2_table_for(uint64_t l1_index, uint64_t guest);
+  Status corrupt(uint64_t guest, const Status& why) const;
+  Task<Status> run_sub_read(SubRead r);
+  Task<Status> read_host(io::HostFile& f, uint64_t host, std::span<std::byte> dst);
+  Task<Status> read_backing(uint64_t guest, std::span<std::byte> dst);
+  Task<Status> read_compressed(CompressedCluster c, uint64_t in_cluster, std::span<std::byte> dst);
+  Task<Result<ClusterCache::Cluster>> load_compressed(CompressedCluster c);
+  Task<Result<BlockStatus>> backing_status(uint64_t off, uint64_t len);
+
+  std::shared_ptr<Qcow2Image> image_;
+  L1Table l1_;
+  uint64_t size_;
+  bool snapshot_view_;
+};
+
+}  // namespace qcowfs::image::qcow2
