@@ -1,0 +1,48 @@
+#include "fuse/buffer_pool.h"
+
+#include <algorithm>
+#include <bit>
+
+namespace qcowfs::fuse {
+
+BufferPool::BufferPool(size_t buffer_size, size_t align, size_t max_idle)
+    : size_(buffer_size), align_(align), max_idle_(max_idle) {}
+
+io::AlignedBuffer BufferPool::take() {
+  if (idle_.empty()) return io::AlignedBuffer(size_, align_, /*zero=*/false);
+  io::AlignedBuffer b = std::move(idle_.back());
+  idle_.pop_back();
+  return b;
+}
+
+void BufferPool::give(io::AlignedBuffer buf) {
+  if (!buf.data() || buf.size() != size_ || idle_.size() >= max_idle_) return;  // freed here
+  idle_.push_back(std::move(buf));
+}
+
+SizedBufferPool::SizedBufferPool(size_t align) : align_(align) {
+  for (size_t s = kMinClass; s <= kMaxPooledSize; s <<= 1)
+    classes_.emplace_back(s, align, std::max<size_t>(2, kIdleBytesPerClass / s));
+}
+
+size_t SizedBufferPool::class_size(size_t size) { return std::bit_ceil(std::max(size, kMinClass)); }
+
+io::AlignedBuffer SizedBufferPool::take(size_t size) {
+  size_t cls = class_size(size);
+  if (cls > kMaxPooledSize) return io::AlignedBuffer(size, align_, /*zero=*/false);
+  return classes_[static_cast<size_t>(std::countr_zero(cls / kMinClass))].take();
+}
+
+void SizedBufferPool::give(io::AlignedBuffer buf) {
+  size_t s = buf.size();
+  if (!buf.data() || s < kMinClass || s > kMaxPooledSize || !std::has_single_bit(s)) return;
+  classes_[static_cast<size_t>(std::countr_zero(s / kMinClass))].give(std::move(buf));
+}
+
+size_t SizedBufferPool::idle_count() const {
+  size_t n = 0;
+  for (const auto& c : classes_) n += c.idle_count();
+  return n;
+}
+
+}  // namespace qcowfs::fuse

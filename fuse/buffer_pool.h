@@ -1,0 +1,61 @@
+// Buffer recycling for one event-loop thread. Every FUSE request needs a
+// request buffer (up to max_write + headers) and every read a result buffer;
+// allocating and faulting in a megabyte per request would cost more than the
+// I/O, so each loop keeps a few idle buffers of each size for reuse.
+//
+// BufferPool holds buffers of one fixed size; SizedBufferPool holds
+// power-of-two size classes from 4 KiB to kMaxPooledSize (larger requests are
+// served unpooled). Both bound the memory they keep idle.
+//
+// Thread-safety: none; a pool belongs to one event-loop thread, and buffers
+// are given back on that thread (a request's coroutine resumes where it began).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "io/buffer.h"
+
+namespace qcowfs::fuse {
+
+class BufferPool {
+ public:
+  BufferPool(size_t buffer_size, size_t align, size_t max_idle);
+
+  // An idle buffer or a new one (not zeroed: callers overwrite it).
+  io::AlignedBuffer take();
+  // Keeps buf for reuse unless enough are idle or it is the wrong shape.
+  void give(io::AlignedBuffer buf);
+
+  size_t buffer_size() const { return size_; }
+  size_t idle_count() const { return idle_.size(); }
+
+ private:
+  size_t size_;
+  size_t align_;
+  size_t max_idle_;
+  std::vector<io::AlignedBuffer> idle_;
+};
+
+class SizedBufferPool {
+ public:
+  static constexpr size_t kMinClass = 4096;
+  static constexpr size_t kMaxPooledSize = size_t{1} << 20;
+  // Idle memory kept per size class (at least two buffers of any class).
+  static constexpr size_t kIdleBytesPerClass = size_t{4} << 20;
+
+  explicit SizedBufferPool(size_t align);
+
+  // A buffer of at least `size` bytes (its size() is the class size).
+  io::AlignedBuffer take(size_t size);
+  void give(io::AlignedBuffer buf);
+
+  size_t idle_count() const;
+  static size_t class_size(size_t size);
+
+ private:
+  size_t align_;
+  std::vector<BufferPool> classes_;  // kMinClass << i
+};
+
+}  // namespace qcowfs::fuse

@@ -1,0 +1,411 @@
+#include "fuse/filesystem.h"
+
+#include <fuse_lowlevel.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <span>
+
+#include "fuse/event_loop.h"
+#include "fuse/ranges.h"
+#include "fuse/request_buffer.h"
+#include "io/align.h"
+#include "io/log.h"
+
+namespace qcowfs::fuse {
+namespace {
+
+constexpr double kAttrTimeout = 1.0;
+constexpr double kEntryTimeout = 1.0;
+// Enough background requests that QD32 async direct I/O is never throttled.
+constexpr unsigned kMaxBackground = 128;
+constexpr unsigned kCongestionThreshold = 96;
+
+Filesystem& fs_of(fuse_req_t req) { return *static_cast<Filesystem*>(fuse_req_userdata(req)); }
+
+void reply_error(fuse_req_t req, const Status& st) {
+  const int err = st.code() != 0 ? st.code() : EIO;  // saved before anything else runs
+  if (err != ENOENT) log::debug("request failed: {}", st.to_string());
+  fuse_reply_err(req, err);
+}
+
+void reply_attr(fuse_req_t req, const Filesystem& fs, const Node& node) {
+  struct stat st = fs.table().attributes(node, fs.attr_context());
+  fuse_reply_attr(req, &st, kAttrTimeout);
+}
+
+// The image node behind ino, or nullptr after replying why there is none.
+const Node* image_node_or_reply(fuse_req_t req, fuse_ino_t ino) {
+  const Node* node = fs_of(req).table().get(ino);
+  if (!node) {
+    fuse_reply_err(req, ENOENT);
+    return nullptr;
+  }
+  if (node->kind != NodeKind::image) {
+    fuse_reply_err(req, EISDIR);
+    return nullptr;
+  }
+  return node;
+}
+
+// The driver of an opened image file, or nullptr after replying EBADF.
+image::BlockDriver* driver_or_reply(fuse_req_t req, fuse_ino_t ino) {
+  const Node* node = image_node_or_reply(req, ino);
+  if (!node) return nullptr;
+  image::BlockDriver* d = node->file->driver();
+  if (!d) fuse_reply_err(req, EBADF);  // the kernel sends I/O only after a successful open
+  return d;
+}
+
+// ---- request tasks: each replies exactly once when its I/O is done ----
+
+Task<void> read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t len) {
+  EventLoop* loop = EventLoop::current();
+  PooledBuffer buf(loop, loop->take_read_buffer(len));
+  Status st = co_await d.read(off, std::span<std::byte>(buf.data(), len));
+  if (!st) {
+    reply_error(req, st);
+    co_return;
+  }
+  fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), len);
+}
+
+// `payload` points into `owner`, the request buffer, kept alive until the write is done.
+Task<void> write_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, std::span<const std::byte> payload,
+                      [[maybe_unused]] PooledBuffer owner) {
+  Status st = co_await d.write(off, payload);
+  if (!st) {
+    reply_error(req, st);
+    co_return;
+  }
+  fuse_reply_write(req, payload.size());
+}
+
+Task<void> flush_task(fuse_req_t req, image::BlockDriver& d) {
+  Status st = co_await d.flush();
+  if (!st) {
+    reply_error(req, st);
+    co_return;
+  }
+  fuse_reply_err(req, 0);
+}
+
+Task<void> zero_task(fuse_req_t req, image::BlockDriver& d, FallocatePlan plan) {
+  bool unmap = plan.action == FallocatePlan::Action::zero_unmap;
+  Status st = co_await d.write_zeroes(plan.offset, plan.length, unmap);
+  if (!st) {
+    reply_error(req, st);
+    co_return;
+  }
+  fuse_reply_err(req, 0);
+}
+
+// The first offset at or after off that is data (want_data) or a hole.
+Task<Result<uint64_t>> seek_extent(image::BlockDriver& d, uint64_t off, uint64_t size, bool want_data) {
+  while (off < size) {
+    auto st = co_await d.block_status(off, size - off);
+    if (!st) co_return st.status();
+    if (st->data == want_data) co_return off;
+    if (st->length == 0) co_return Status::errorf(EIO, "empty block status at offset {}", off);
+    off += st->length;
+  }
+  if (want_data) co_return Status::error(ENXIO, "no data after the offset");
+  co_return size;  // the end of the disk counts as a hole
+}
+
+Task<void> lseek_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, uint64_t size, bool want_data) {
+  auto found = co_await seek_extent(d, off, size, want_data);
+  if (!found) {
+    reply_error(req, found.status());
+    co_return;
+  }
+  fuse_reply_lseek(req, static_cast<off_t>(*found));
+}
+
+Task<void> open_task(fuse_req_t req, ImageFile& file, fuse_file_info fi) {
+  Status st = co_await file.ensure_open();
+  if (!st) {
+    reply_error(req, st);
+    co_return;
+  }
+  fuse_reply_open(req, &fi);
+}
+
+Task<void> truncate_task(fuse_req_t req, const Node& node, uint64_t new_size) {
+  Status st = co_await node.file->ensure_open();
+  if (st) st = co_await node.file->driver()->truncate(new_size);
+  if (!st) {
+    reply_error(req, st);
+    co_return;
+  }
+  reply_attr(req, fs_of(req), node);
+}
+
+// ---- callbacks ----
+
+void op_init(void*, fuse_conn_info* conn) {
+  conn->max_write = kMaxWrite;
+  conn->max_background = kMaxBackground;
+  conn->congestion_threshold = kCongestionThreshold;
+  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_ATOMIC_O_TRUNC |
+                  FUSE_CAP_WRITEBACK_CACHE);
+  for (unsigned cap : {FUSE_CAP_ASYNC_READ, FUSE_CAP_ASYNC_DIO})
+    if (conn->capable & cap) conn->want |= cap;
+  log::debug("FUSE protocol {}.{}: max_write {}, max_background {}", conn->proto_major, conn->proto_minor,
+             conn->max_write, conn->max_background);
+}
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  const Filesystem& fs = fs_of(req);
+  const Node* node = fs.table().lookup(parent, name);
+  if (!node) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  fuse_entry_param e = {};
+  e.ino = node->ino;
+  e.generation = 1;
+  e.attr = fs.table().attributes(*node, fs.attr_context());
+  e.attr_timeout = kAttrTimeout;
+  e.entry_timeout = kEntryTimeout;
+  fuse_reply_entry(req, &e);
+}
+
+void op_forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+
+void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  const Filesystem& fs = fs_of(req);
+  const Node* node = fs.table().get(ino);
+  if (!node) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  reply_attr(req, fs, *node);
+}
+
+void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  const Filesystem& fs = fs_of(req);
+  const Node* node = fs.table().get(ino);
+  if (!node) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  if (!(to_set & FUSE_SET_ATTR_SIZE)) {  // mode, owner, times: fixed; report what they are
+    reply_attr(req, fs, *node);
+    return;
+  }
+  if (node->kind != NodeKind::image) {
+    fuse_reply_err(req, EISDIR);
+    return;
+  }
+  if (!node->file->writable()) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
+  EventLoop::current()->spawn_request(truncate_task(req, *node, static_cast<uint64_t>(attr->st_size)));
+}
+
+void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  const Node* node = image_node_or_reply(req, ino);
+  if (!node) return;
+  const bool for_writing = (fi->flags & O_ACCMODE) != O_RDONLY;
+  if (for_writing && !node->file->writable()) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
+  fi->direct_io = 1;  // no page cache on top of the host's: O_DIRECT opens work too
+  fi->keep_cache = 0;
+  fi->noflush = !for_writing;
+  fi->fh = for_writing ? 1 : 0;  // flush() makes writes durable only for writers
+  if (node->file->driver()) {
+    fuse_reply_open(req, fi);
+    return;
+  }
+  EventLoop::current()->spawn_request(open_task(req, *node->file, *fi));
+}
+
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  image::BlockDriver* d = driver_or_reply(req, ino);
+  if (!d) return;
+  const uint64_t len = readable_bytes(static_cast<uint64_t>(off), size, d->size());
+  if (len == 0) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  EventLoop::current()->spawn_request(read_task(req, *d, static_cast<uint64_t>(off), len));
+}
+
+void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info*) {
+  image::BlockDriver* d = driver_or_reply(req, ino);
+  if (!d) return;
+  if (d->read_only()) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
+  if (Status st = check_write_range(static_cast<uint64_t>(off), size, d->size()); !st) {
+    reply_error(req, st);
+    return;
+  }
+  if (size == 0) {
+    fuse_reply_write(req, 0);
+    return;
+  }
+  EventLoop* loop = EventLoop::current();
+  PooledBuffer owner(loop, loop->take_request_buffer());
+  std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(buf), size);
+  loop->spawn_request(write_task(req, *d, static_cast<uint64_t>(off), payload, std::move(owner)));
+}
+
+void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  image::BlockDriver* d = driver_or_reply(req, ino);
+  if (!d) return;
+  if (fi->fh == 0 || d->read_only()) {
+    fuse_reply_err(req, 0);
+    return;
+  }
+  EventLoop::current()->spawn_request(flush_task(req, *d));
+}
+
+void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
+  image::BlockDriver* d = driver_or_reply(req, ino);
+  if (!d) return;
+  if (d->read_only()) {
+    fuse_reply_err(req, 0);
+    return;
+  }
+  EventLoop::current()->spawn_request(flush_task(req, *d));
+}
+
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  const Node* node = fs_of(req).table().get(ino);
+  if (!node) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  if (node->kind != NodeKind::directory) {
+    fuse_reply_err(req, ENOTDIR);
+    return;
+  }
+  fuse_reply_open(req, fi);
+}
+
+// Entry i of a directory listing: ".", "..", then the children.
+bool dir_entry(const InodeTable& table, const Node& dir, size_t i, const char*& name, struct stat& st) {
+  st = {};
+  if (i < 2) {
+    name = i == 0 ? "." : "..";
+    st.st_ino = i == 0 ? dir.ino : dir.parent;
+    st.st_mode = S_IFDIR;
+    return true;
+  }
+  if (i - 2 >= dir.children.size()) return false;
+  const Node* child = table.get(dir.children[i - 2]);
+  name = child->name.c_str();
+  st.st_ino = child->ino;
+  st.st_mode = child->kind == NodeKind::directory ? S_IFDIR : S_IFREG;
+  return true;
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  const InodeTable& table = fs_of(req).table();
+  const Node* dir = table.get(ino);
+  if (!dir || dir->kind != NodeKind::directory) {
+    fuse_reply_err(req, dir ? ENOTDIR : ENOENT);
+    return;
+  }
+  std::vector<char> buf(size);
+  size_t used = 0;
+  const char* name = nullptr;
+  struct stat st;
+  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); dir_entry(table, *dir, i, name, st); ++i) {
+    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, static_cast<off_t>(i + 1));
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void op_statfs(fuse_req_t req, fuse_ino_t) {
+  const InodeTable& table = fs_of(req).table();
+  uint64_t bytes = 0;
+  for (const ImageFile* f : table.image_files()) bytes += f->size();
+  struct statvfs st = {};
+  st.f_bsize = 4096;
+  st.f_frsize = 4096;
+  st.f_blocks = div_round_up(bytes, 4096);
+  st.f_files = table.node_count();
+  st.f_namemax = 255;
+  fuse_reply_statfs(req, &st);
+}
+
+void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
+  image::BlockDriver* d = driver_or_reply(req, ino);
+  if (!d) return;
+  if (d->read_only()) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
+  auto plan = plan_fallocate(mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len), d->size());
+  if (!plan) {
+    reply_error(req, plan.status());
+    return;
+  }
+  if (plan->action == FallocatePlan::Action::nothing || plan->length == 0) {
+    fuse_reply_err(req, 0);
+    return;
+  }
+  EventLoop::current()->spawn_request(zero_task(req, *d, *plan));
+}
+
+void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  image::BlockDriver* d = driver_or_reply(req, ino);
+  if (!d) return;
+  if (whence != SEEK_DATA && whence != SEEK_HOLE) {
+    fuse_reply_err(req, EINVAL);
+    return;
+  }
+  const uint64_t size = d->size();
+  if (off < 0 || static_cast<uint64_t>(off) >= size) {
+    fuse_reply_err(req, ENXIO);
+    return;
+  }
+  EventLoop::current()->spawn_request(lseek_task(req, *d, static_cast<uint64_t>(off), size, whence == SEEK_DATA));
+}
+
+fuse_lowlevel_ops make_operations() {
+  fuse_lowlevel_ops ops = {};
+  ops.init = op_init;
+  ops.lookup = op_lookup;
+  ops.forget = op_forget;
+  ops.getattr = op_getattr;
+  ops.setattr = op_setattr;
+  ops.open = op_open;
+  ops.read = op_read;
+  ops.write = op_write;
+  ops.flush = op_flush;
+  ops.release = op_release;
+  ops.fsync = op_fsync;
+  ops.opendir = op_opendir;
+  ops.readdir = op_readdir;
+  ops.releasedir = op_releasedir;
+  ops.statfs = op_statfs;
+  ops.fallocate = op_fallocate;
+  ops.lseek = op_lseek;
+  return ops;
+}
+
+}  // namespace
+
+Filesystem::Filesystem(InodeTable table, AttrContext ctx) : table_(std::move(table)), ctx_(ctx) {}
+
+const fuse_lowlevel_ops& Filesystem::operations() {
+  static const fuse_lowlevel_ops ops = make_operations();
+  return ops;
+}
+
+}  // namespace qcowfs::fuse

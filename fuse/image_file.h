@@ -1,0 +1,56 @@
+// ImageFile: one raw view shown by the mount: the main image (opened before
+// mounting) or an internal snapshot (opened read-only on first open(), since
+// most mounts never look at their snapshots). It answers the questions the
+// FUSE handlers ask about a file: its driver, size, allocation, access mode.
+//
+// Thread-safety: every method may be called from any event-loop thread.
+// ensure_open() serialises the lazy open; driver() is valid (non-null) once
+// ensure_open() succeeded and stays valid until close(). A snapshot view
+// borrows its parent driver's files: it must be closed before the parent.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "image/block_driver.h"
+#include "io/status.h"
+#include "io/sync.h"
+#include "io/task.h"
+
+namespace qcowfs::fuse {
+
+class ImageFile {
+ public:
+  // The main view over an opened driver (borrowed, must outlive this object).
+  ImageFile(image::BlockDriver* driver, bool writable);
+  // A read-only snapshot of parent (borrowed), opened lazily by id.
+  ImageFile(image::BlockDriver* parent, std::string snapshot_id, uint64_t snapshot_size);
+  ImageFile(const ImageFile&) = delete;
+  ImageFile& operator=(const ImageFile&) = delete;
+
+  // Opens the snapshot on first use; a no-op for the main view.
+  Task<Status> ensure_open();
+  // The driver, or nullptr for a snapshot not opened yet.
+  image::BlockDriver* driver() const { return driver_.load(std::memory_order_acquire); }
+
+  uint64_t size() const;
+  uint64_t allocated_bytes() const;
+  bool writable() const { return writable_; }
+  uint64_t mem_align() const;
+
+  // Closes a lazily opened snapshot; the main view's driver is closed by its owner.
+  Task<Status> close();
+
+ private:
+  image::BlockDriver* parent_ = nullptr;  // snapshot views only
+  std::string snapshot_id_;
+  uint64_t snapshot_size_ = 0;
+  bool writable_ = false;
+  io::AsyncMutex open_mu_;                         // guards owned_ during the lazy open
+  std::unique_ptr<image::BlockDriver> owned_;      // an opened snapshot
+  std::atomic<image::BlockDriver*> driver_{nullptr};
+};
+
+}  // namespace qcowfs::fuse

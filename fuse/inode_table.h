@@ -1,0 +1,86 @@
+// InodeTable: the fixed tree of nodes a mount shows. Two layouts:
+//   file mode       the root inode is the raw view itself (mounted over a
+//                   regular file, as qemu-storage-daemon does);
+//   directory mode  the root is a directory holding <name>.raw and, when the
+//                   image has internal snapshots, snapshots/<snapshot>.raw.
+// Later layouts (partitions) add directories and image nodes the same way:
+// add_directory() / add_image() under any directory.
+//
+// The tree is built before the mount starts and never changes afterwards, so
+// lookups need no locks; only the ImageFiles behind image nodes change state.
+// Inode numbers are dense, starting at kRootIno (FUSE_ROOT_ID).
+// Thread-safety: building is single-threaded; const methods are thread-safe.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fuse/image_file.h"
+
+namespace qcowfs::fuse {
+
+using Ino = uint64_t;
+constexpr Ino kRootIno = 1;  // FUSE_ROOT_ID
+
+enum class NodeKind { directory, image };
+
+struct Node {
+  Ino ino = 0;
+  Ino parent = 0;
+  NodeKind kind = NodeKind::directory;
+  std::string name;
+  std::vector<Ino> children;          // directories: in readdir order
+  std::unique_ptr<ImageFile> file;    // image nodes
+};
+
+// Who owns the files and when the mount started: the constant parts of stat.
+struct AttrContext {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  struct timespec mount_time = {};
+};
+
+class InodeTable {
+ public:
+  // Makes the root: a directory, or (file mode) the image node `root_file`.
+  static InodeTable directory_root();
+  static InodeTable file_root(std::unique_ptr<ImageFile> root_file);
+
+  InodeTable(InodeTable&&) = default;
+  InodeTable& operator=(InodeTable&&) = default;
+
+  Ino add_directory(Ino parent, std::string name);
+  Ino add_image(Ino parent, std::string name, std::unique_ptr<ImageFile> file);
+
+  const Node* get(Ino ino) const;
+  const Node* lookup(Ino parent, std::string_view name) const;
+  size_t node_count() const { return nodes_.size(); }
+  bool root_is_file() const { return nodes_.front().kind == NodeKind::image; }
+
+  // Every ImageFile in the tree, in inode order (for shutdown and statfs).
+  std::vector<ImageFile*> image_files() const;
+
+  // The attributes of a node: directories 0755 (0555 read-only), image files
+  // 0644 or 0444 by access mode, st_blocks from the host allocation.
+  struct stat attributes(const Node& node, const AttrContext& ctx) const;
+
+ private:
+  InodeTable() = default;
+  Ino add(Ino parent, std::string name, NodeKind kind, std::unique_ptr<ImageFile> file);
+  std::vector<Node> nodes_;  // nodes_[ino - kRootIno]
+};
+
+// DIR/<image basename without .qcow2/.img/.raw>.raw
+std::string raw_view_name(std::string_view image_path);
+
+// A file name for a snapshot: "<name>.raw" when the name is usable as a file
+// name and not taken already, else "snapshot-<id>.raw".
+std::string snapshot_file_name(std::string_view name, std::string_view id,
+                               const std::vector<std::string>& taken);
+
+}  // namespace qcowfs::fuse

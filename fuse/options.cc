@@ -1,0 +1,196 @@
+#include "fuse/options.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <limits>
+#include <vector>
+
+namespace qcowfs::fuse {
+namespace {
+
+// Options mount(8) and mount.fuse3 may pass that mean nothing for us.
+constexpr std::array<std::string_view, 14> kIgnoredOptions = {
+    "dev",  "suid",   "nodev", "nosuid", "exec",    "noexec",   "auto",
+    "noauto", "user", "nouser", "users", "_netdev", "defaults", "nofail",
+};
+
+bool is_ignored(std::string_view opt) {
+  if (opt.empty() || opt.starts_with("x-")) return true;
+  return std::find(kIgnoredOptions.begin(), kIgnoredOptions.end(), opt) != kIgnoredOptions.end();
+}
+
+Status bad_value(std::string_view key, std::string_view value, std::string_view expected) {
+  return Status::errorf(EINVAL, "bad value '{}' for option {} (expected {})", value, key, expected);
+}
+
+Result<unsigned> parse_queues(std::string_view value) {
+  unsigned n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n < 1 || n > kMaxQueues)
+    return bad_value("queues", value, fmt::format("a number from 1 to {}", kMaxQueues));
+  return n;
+}
+
+Result<io::EngineKind> parse_aio(std::string_view value) {
+  if (value == "io_uring") return io::EngineKind::io_uring;
+  if (value == "threads") return io::EngineKind::threads;
+  return bad_value("aio", value, "io_uring or threads");
+}
+
+Status apply_valued(Options& o, std::string_view key, std::string_view value) {
+  if (key == "cache") {
+    auto mode = io::parse_cache_mode(value);
+    if (!mode) return bad_value(key, value, "none, writethrough, writeback or unsafe");
+    o.cache = *mode;
+    o.cache_explicit = true;
+  } else if (key == "aio") {
+    auto kind = parse_aio(value);
+    if (!kind) return kind.status();
+    o.aio = *kind;
+  } else if (key == "queues") {
+    auto n = parse_queues(value);
+    if (!n) return n.status();
+    o.queues = *n;
+  } else if (key == "format") {
+    if (value != "raw" && value != "qcow2") return bad_value(key, value, "raw or qcow2");
+    o.format = std::string(value);
+  } else if (key == "discard") {
+    if (value != "unmap" && value != "ignore") return bad_value(key, value, "unmap or ignore");
+    o.discard_unmap = value == "unmap";
+  } else if (key == "snapshot") {
+    if (value.empty()) return bad_value(key, value, "a snapshot name or id");
+    o.snapshot = std::string(value);
+  } else if (key == "l2_cache_size") {
+    auto size = parse_size(value);
+    if (!size) return bad_value(key, value, "a size such as 4M");
+    o.l2_cache_size = *size;
+  } else {
+    return Status::errorf(EINVAL, "unknown option '{}={}'", key, value);
+  }
+  return Status::ok();
+}
+
+Status apply_flag(Options& o, std::string_view opt) {
+  if (opt == "ro") {
+    o.writable = false;
+  } else if (opt == "rw") {
+    o.writable = true;
+  } else if (opt == "allow_other") {
+    o.allow_other = true;
+  } else if (!is_ignored(opt)) {
+    return Status::errorf(EINVAL, "unknown option '{}'", opt);
+  }
+  return Status::ok();
+}
+
+// Applies one comma-separated -o argument, left to right (later options win).
+Status apply_option_list(Options& o, std::string_view list) {
+  while (true) {
+    size_t comma = list.find(',');
+    std::string_view opt = list.substr(0, comma);
+    size_t eq = opt.find('=');
+    QCOWFS_TRY(eq == std::string_view::npos ? apply_flag(o, opt)
+                                            : apply_valued(o, opt.substr(0, eq), opt.substr(eq + 1)));
+    if (comma == std::string_view::npos) return Status::ok();
+    list.remove_prefix(comma + 1);
+  }
+}
+
+Status check_combination(const Options& o) {
+  if (!o.snapshot.empty() && o.writable)
+    return Status::error(EINVAL, "snapshot=NAME mounts a read-only view: it cannot be combined with rw");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<uint64_t> parse_size(std::string_view text) {
+  uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end == text.data()) return Status::errorf(EINVAL, "bad size '{}'", text);
+  std::string_view suffix(end, static_cast<size_t>(text.data() + text.size() - end));
+  unsigned shift = 0;
+  if (suffix == "K" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "m") shift = 20;
+  else if (suffix == "G" || suffix == "g") shift = 30;
+  else if (suffix == "T" || suffix == "t") shift = 40;
+  else if (!suffix.empty()) return Status::errorf(EINVAL, "bad size suffix in '{}' (use K, M, G or T)", text);
+  if (n > (std::numeric_limits<uint64_t>::max() >> shift)) return Status::errorf(EINVAL, "size '{}' is too large", text);
+  return n << shift;
+}
+
+Result<Options> parse_command_line(std::span<const std::string> args) {
+  Options o;
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+    } else if (a == "-V" || a == "--version") {
+      o.version = true;
+    } else if (a == "-f") {
+      o.foreground = true;
+    } else if (a == "-d" || a == "--debug") {
+      o.debug = true;
+      o.foreground = true;
+    } else if (a == "-o") {
+      if (i + 1 == args.size()) return Status::error(EINVAL, "option -o needs an argument");
+      QCOWFS_TRY(apply_option_list(o, args[++i]));
+    } else if (a.starts_with("-o")) {
+      QCOWFS_TRY(apply_option_list(o, std::string_view(a).substr(2)));
+    } else if (a.size() > 1 && a[0] == '-') {
+      return Status::errorf(EINVAL, "unknown command-line flag '{}'", a);
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (o.help || o.version) return o;
+  if (positional.size() != 2)
+    return Status::errorf(EINVAL, "expected IMAGE and MOUNTPOINT, got {} argument{}", positional.size(),
+                          positional.size() == 1 ? "" : "s");
+  o.image = positional[0];
+  o.mountpoint = positional[1];
+  QCOWFS_TRY(check_combination(o));
+  return o;
+}
+
+unsigned default_queue_count() {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cpus < 1) cpus = 1;
+  return std::min(static_cast<unsigned>(cpus), kMaxDefaultQueues);
+}
+
+std::string usage_text(std::string_view program) {
+  return fmt::format(
+      "usage: {} [-f] [-d] [-o OPTION[,OPTION...]] IMAGE MOUNTPOINT\n"
+      "\n"
+      "Shows a qcow2 or raw disk image as one raw file. MOUNTPOINT may be a regular\n"
+      "file (the raw view replaces it) or a directory (the view is DIR/<name>.raw,\n"
+      "internal snapshots are DIR/snapshots/<snapshot>.raw).\n"
+      "\n"
+      "  -f                   stay in the foreground (log to stderr)\n"
+      "  -d                   debug logging and request tracing (implies -f)\n"
+      "  -h, --help           show this text\n"
+      "  -V, --version        show the version\n"
+      "\n"
+      "options (-o):\n"
+      "  ro                   read-only (the default)\n"
+      "  rw                   read-write\n"
+      "  cache=MODE           none (O_DIRECT), writethrough, writeback (default), unsafe\n"
+      "  aio=ENGINE           io_uring or threads (default: io_uring when available)\n"
+      "  queues=N             event-loop threads (default: one per CPU, at most {})\n"
+      "  format=FMT           raw or qcow2 (default: probed)\n"
+      "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
+      "  snapshot=NAME        show one internal snapshot, read-only\n"
+      "  l2_cache_size=SIZE   qcow2 L2 cache size, with K/M/G suffixes\n"
+      "  allow_other          let other users access the mount\n"
+      "\n"
+      "mount(8) options such as dev, suid, nodev, nosuid, exec, noexec, auto, noauto,\n"
+      "user, nouser, _netdev, defaults, nofail and x-* are accepted and ignored.\n",
+      program, kMaxDefaultQueues);
+}
+
+}  // namespace qcowfs::fuse

@@ -1,0 +1,59 @@
+// Command-line parsing for the qcowfs binary, following FUSE conventions so
+// that `mount -t fuse.qcowfs IMAGE DIR -o OPTS` and fstab entries work:
+//
+//   qcowfs [-f] [-d] [-o OPT[,OPT...]] IMAGE MOUNTPOINT
+//
+// Options may appear before or after the two positional arguments (mount.fuse3
+// puts them last). Unknown options and bad values are errors with a message
+// naming the culprit; nothing here touches the system.
+// Thread-safety: pure functions on values.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "io/engine.h"
+#include "io/host_file.h"
+#include "io/status.h"
+
+namespace qcowfs::fuse {
+
+// Most event-loop threads picked by default (one per CPU up to this).
+constexpr unsigned kMaxDefaultQueues = 4;
+constexpr unsigned kMaxQueues = 64;
+
+struct Options {
+  std::string image;
+  std::string mountpoint;
+  bool foreground = false;  // -f (and implied by -d)
+  bool debug = false;       // -d: debug logging, libfuse request tracing
+  bool help = false;
+  bool version = false;
+
+  bool writable = false;  // ro (default) / rw
+  io::CacheMode cache = io::CacheMode::writeback;
+  bool cache_explicit = false;
+  io::EngineKind aio = io::EngineKind::automatic;
+  unsigned queues = 0;  // 0: default_queue_count()
+  std::string format;   // "", "raw", "qcow2"
+  bool allow_other = false;
+  bool discard_unmap = false;
+  std::string snapshot;
+  uint64_t l2_cache_size = 0;  // 0: driver default
+};
+
+// Parses argv without the program name. --help and --version set their flags
+// and skip the positional-argument check.
+Result<Options> parse_command_line(std::span<const std::string> args);
+
+// "64K", "1M", "2g", "4096" -> bytes (K/M/G/T are binary multiples).
+Result<uint64_t> parse_size(std::string_view text);
+
+// One event-loop thread per CPU, at most kMaxDefaultQueues.
+unsigned default_queue_count();
+
+std::string usage_text(std::string_view program);
+
+}  // namespace qcowfs::fuse

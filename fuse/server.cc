@@ -1,0 +1,262 @@
+#include "fuse/server.h"
+
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "io/log.h"
+#include "io/run_sync.h"
+
+namespace qcowfs::fuse {
+
+// A libfuse session, mounted or not; unmounts and destroys itself.
+class MountedSession {
+ public:
+  explicit MountedSession(fuse_session* se) : se_(se) {}
+  ~MountedSession() {
+    unmount();
+    fuse_session_destroy(se_);
+  }
+  MountedSession(const MountedSession&) = delete;
+  MountedSession& operator=(const MountedSession&) = delete;
+
+  Status mount(const std::string& mountpoint) {
+    if (fuse_session_mount(se_, mountpoint.c_str()) != 0)
+      return Status::errorf(EIO, "cannot mount on {} (see the message above)", mountpoint);
+    mounted_ = true;
+    return Status::ok();
+  }
+  // Lazily detaches the mount (a no-op when the kernel already dropped it).
+  void unmount() {
+    if (mounted_) fuse_session_unmount(se_);
+    mounted_ = false;
+  }
+  fuse_session* get() const { return se_; }
+  int fd() const { return fuse_session_fd(se_); }
+
+ private:
+  fuse_session* se_;
+  bool mounted_ = false;
+};
+
+namespace {
+
+constexpr int kShutdownSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+struct FuseArgs {
+  std::vector<std::string> strings;
+  std::vector<char*> argv;
+  fuse_args args() {
+    argv.clear();
+    for (auto& s : strings) argv.push_back(s.data());
+    return FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  }
+};
+
+std::string kernel_mount_options(const Options& o, bool writable) {
+  std::string s = "fsname=" + escape_fuse_option(o.image) + ",subtype=qcowfs,default_permissions";
+  if (o.allow_other) s += ",allow_other";
+  if (!writable) s += ",ro";
+  if (o.debug) s += ",debug";
+  return s;
+}
+
+Status set_nonblocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
+    return Status::from_errno(errno, "setting /dev/fuse non-blocking");
+  return Status::ok();
+}
+
+// The snapshots of the image as ImageFiles in DIR/snapshots/ (none: no directory).
+void add_snapshot_nodes(InodeTable& table, image::BlockDriver& driver) {
+  std::vector<image::SnapshotInfo> snaps = driver.snapshots();
+  if (snaps.empty()) return;
+  Ino dir = table.add_directory(kRootIno, "snapshots");
+  std::vector<std::string> taken;
+  for (const auto& s : snaps) {
+    std::string name = snapshot_file_name(s.name, s.id, taken);
+    taken.push_back(name);
+    table.add_image(dir, name, std::make_unique<ImageFile>(&driver, s.id, s.disk_size));
+  }
+}
+
+Task<Status> close_all(std::vector<ImageFile*> views, image::BlockDriver& driver) {
+  Status first;
+  for (ImageFile* v : views) {
+    Status st = co_await v->close();
+    if (first.is_ok() && !st.is_ok()) first = st;
+  }
+  Status st = co_await driver.close();
+  co_return first.is_ok() ? st : first;
+}
+
+}  // namespace
+
+std::string escape_fuse_option(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == ',' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+Server::Server(Options opts) : opts_(std::move(opts)) {}
+
+Server::~Server() {
+  loops_.clear();  // joins; normally already done by shutdown()
+}
+
+Result<std::unique_ptr<Server>> Server::start(const Options& opts) {
+  std::unique_ptr<Server> s(new Server(opts));
+  QCOWFS_TRY(s->setup_signals());
+  QCOWFS_TRY(s->open_image());
+  QCOWFS_TRY(s->build_filesystem());
+  QCOWFS_TRY(s->mount());
+  QCOWFS_TRY(s->start_loops());
+  return s;
+}
+
+// Blocks the shutdown signals in this thread (and so in every thread started
+// later) and reads them through a signalfd instead.
+Status Server::setup_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kShutdownSignals) sigaddset(&set, sig);
+  if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return Status::error(EINVAL, "cannot block signals");
+  ::signal(SIGPIPE, SIG_IGN);
+  signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC));
+  if (!signal_fd_.valid()) return Status::from_errno(errno, "signalfd");
+  end_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+  if (!end_fd_.valid()) return Status::from_errno(errno, "eventfd");
+  return Status::ok();
+}
+
+Status Server::open_image() {
+  auto engine = io::make_engine(opts_.aio);
+  if (!engine) return engine.status();
+  main_engine_ = std::move(*engine);
+  image::ImageOptions io_opts;
+  io_opts.format = opts_.format;
+  io_opts.file.writable = opts_.writable;
+  io_opts.file.cache = opts_.cache;
+  io_opts.file.cache_explicit = opts_.cache_explicit;
+  io_opts.discard_unmap = opts_.discard_unmap;
+  io_opts.snapshot = opts_.snapshot;
+  io_opts.l2_cache_size = opts_.l2_cache_size;
+  auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, io_opts));
+  if (!driver) return driver.status();
+  driver_ = std::move(*driver);
+  log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
+             driver_->read_only() ? "read-only" : "read-write");
+  return Status::ok();
+}
+
+Status Server::build_filesystem() {
+  struct stat st;
+  if (::stat(opts_.mountpoint.c_str(), &st) != 0) return Status::from_errno(errno, opts_.mountpoint);
+  const bool writable = opts_.writable && !driver_->read_only();
+  auto main_view = std::make_unique<ImageFile>(driver_.get(), writable);
+  InodeTable table = InodeTable::directory_root();
+  if (S_ISREG(st.st_mode)) {
+    table = InodeTable::file_root(std::move(main_view));
+  } else if (S_ISDIR(st.st_mode)) {
+    table.add_image(kRootIno, raw_view_name(opts_.image), std::move(main_view));
+    add_snapshot_nodes(table, *driver_);
+  } else {
+    return Status::errorf(ENOTDIR, "{}: the mount point must be a regular file or a directory", opts_.mountpoint);
+  }
+  AttrContext ctx;
+  ctx.uid = ::getuid();
+  ctx.gid = ::getgid();
+  ::clock_gettime(CLOCK_REALTIME, &ctx.mount_time);
+  fs_ = std::make_unique<Filesystem>(std::move(table), ctx);
+  return Status::ok();
+}
+
+Status Server::mount() {
+  const bool writable = opts_.writable && !driver_->read_only();
+  FuseArgs a;
+  a.strings = {"qcowfs", "-o", kernel_mount_options(opts_, writable)};
+  fuse_args args = a.args();
+  const fuse_lowlevel_ops& ops = Filesystem::operations();
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
+  fuse_opt_free_args(&args);
+  if (!se) return Status::error(EINVAL, "cannot create the FUSE session (see the message above)");
+  session_ = std::make_unique<MountedSession>(se);
+  QCOWFS_TRY(session_->mount(opts_.mountpoint));
+  return set_nonblocking(session_->fd());
+}
+
+Status Server::start_loops() {
+  unsigned n = opts_.queues ? opts_.queues : default_queue_count();
+  for (unsigned i = 0; i < n; ++i) {
+    EventLoop::Config cfg;
+    cfg.session = session_->get();
+    cfg.fuse_fd = session_->fd();
+    cfg.engine_kind = opts_.aio;
+    cfg.mem_align = driver_->mem_align();
+    cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
+    loops_.push_back(std::make_unique<EventLoop>(std::move(cfg)));
+    QCOWFS_TRY(loops_.back()->start());
+  }
+  log::debug("serving {} on {} with {} queue thread{}", opts_.image, opts_.mountpoint, n, n == 1 ? "" : "s");
+  return Status::ok();
+}
+
+void Server::on_session_end(Status st) {
+  {
+    std::lock_guard lk(end_mu_);
+    if (end_status_.is_ok() && !st.is_ok()) end_status_ = std::move(st);
+  }
+  uint64_t one = 1;
+  ssize_t n = ::write(end_fd_.get(), &one, sizeof one);
+  (void)n;  // the counter cannot overflow with a handful of writers
+}
+
+void Server::wait_for_end() {
+  pollfd fds[2] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}};
+  while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+  }
+  if (fds[0].revents & POLLIN) {
+    signalfd_siginfo info = {};
+    if (::read(signal_fd_.get(), &info, sizeof info) == sizeof info)
+      log::info("{}: unmounting {}", strsignal(static_cast<int>(info.ssi_signo)), opts_.mountpoint);
+  } else {
+    log::debug("{} was unmounted", opts_.mountpoint);
+  }
+}
+
+Status Server::run() {
+  wait_for_end();
+  return shutdown();
+}
+
+Status Server::shutdown() {
+  for (auto& loop : loops_) loop->request_stop();
+  for (auto& loop : loops_) loop->join();
+  loops_.clear();
+  Status closed = close_images();
+  session_->unmount();
+  if (!closed) return closed;
+  std::lock_guard lk(end_mu_);
+  return end_status_;
+}
+
+Status Server::close_images() {
+  Status st = io::run_sync(*main_engine_, close_all(fs_->table().image_files(), *driver_));
+  if (!st) return st.with_context(fmt::format("closing {}", opts_.image));
+  return st;
+}
+
+}  // namespace qcowfs::fuse

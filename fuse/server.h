@@ -1,0 +1,77 @@
+// Server: one qcowfs mount from start to clean exit.
+//
+// start(): opens the image (on the main thread's engine), builds the inode
+// tree, creates the FUSE session, mounts it (the kernel mount options come
+// from Options: ro unless rw, default_permissions, allow_other, fsname) and
+// starts the queue threads (EventLoops). SIGINT/SIGTERM/SIGHUP are blocked
+// in every thread and read through a signalfd by run().
+//
+// run(): waits for a signal or for the session to end (external unmount,
+// seen by a loop as ENODEV), then shuts down in this order:
+//   1. loops stop reading /dev/fuse; in-flight requests finish and reply;
+//   2. snapshot views, then the image, are closed (everything flushed);
+//   3. the mount is removed if it is still there, the session destroyed.
+// No acknowledged write is lost: it was replied to only after its driver
+// write completed, and close() flushes before the process ends.
+//
+// Thread-safety: start(), run() and destruction on the main thread only.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "fuse/event_loop.h"
+#include "fuse/filesystem.h"
+#include "fuse/options.h"
+#include "image/block_driver.h"
+#include "io/engine.h"
+#include "io/fd.h"
+#include "io/status.h"
+
+namespace qcowfs::fuse {
+
+class MountedSession;
+
+class Server {
+ public:
+  // opts.image and opts.mountpoint must be absolute paths.
+  static Result<std::unique_ptr<Server>> start(const Options& opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Serves until a signal or an external unmount; ok after a clean shutdown.
+  Status run();
+
+ private:
+  explicit Server(Options opts);
+  Status setup_signals();
+  Status open_image();
+  Status build_filesystem();
+  Status mount();
+  Status start_loops();
+  void wait_for_end();
+  void on_session_end(Status st);  // from any loop thread
+  Status shutdown();
+  Status close_images();
+
+  Options opts_;
+  io::UniqueFd signal_fd_;
+  io::UniqueFd end_fd_;  // eventfd: a loop saw the session end
+  std::mutex end_mu_;
+  Status end_status_;  // guarded by end_mu_: first /dev/fuse error, if any
+
+  // Destroyed bottom-up: loops before the session, the session before the
+  // filesystem it points to, the filesystem (snapshot views) before the image.
+  std::unique_ptr<io::Engine> main_engine_;
+  std::unique_ptr<image::BlockDriver> driver_;
+  std::unique_ptr<Filesystem> fs_;
+  std::unique_ptr<MountedSession> session_;
+  std::vector<std::unique_ptr<EventLoop>> loops_;
+};
+
+// Escapes ',' and '\' for a libfuse -o option value.
+std::string escape_fuse_option(std::string_view value);
+
+}  // namespace qcowfs::fuse
