@@ -95,3 +95,26 @@ def set_incompatible_bit(path: str | os.PathLike, bit: int, name: str | None = N
     else:
         exts.append((EXT_FEATURE_NAMES, entry))
     write_extensions(path, exts)
+
+
+SNAPSHOT_HEADER = struct.Struct(">QIHHIIQII")  # l1 offset/size, id/name lengths, dates, vm state, extra
+
+
+def read_snapshots(path: str | os.PathLike) -> list[dict]:
+    """The snapshot table: id, name and disk_size of each entry (disk_size None if unrecorded)."""
+    data = Path(path).read_bytes()
+    pos = get_field(path, "snapshots_offset")
+    out = []
+    for _ in range(get_field(path, "nb_snapshots")):
+        (_, _, id_len, name_len, _, _, _, _, extra_len) = SNAPSHOT_HEADER.unpack_from(data, pos)
+        pos += SNAPSHOT_HEADER.size
+        extra = data[pos: pos + extra_len]
+        pos += extra_len
+        disk_size = struct.unpack_from(">Q", extra, 8)[0] if extra_len >= 16 else None
+        sid = data[pos: pos + id_len].decode()
+        pos += id_len
+        name = data[pos: pos + name_len].decode()
+        pos += name_len
+        pos += -pos % 8
+        out.append({"id": sid, "name": name, "disk_size": disk_size})
+    return out

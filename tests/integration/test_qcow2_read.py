@@ -169,10 +169,32 @@ def test_read_only_mount_refuses_writes(workdir):
 # Internal snapshots
 
 
+# `qemu-img convert -l snapshot.name=X` renders a snapshot at the image's
+# *current* virtual size (QEMU loads only the snapshot's L1 table), while qcowfs
+# shows each snapshot with its own disk size from the snapshot table. So a
+# snapshot view must equal the first disk_size bytes of QEMU's rendering, and
+# QEMU's rendering must be all zeros past disk_size (nothing is hidden).
+
+
+def snapshot_refs(image: qcow2_matrix.Image, workdir: Path) -> dict[str, tuple[Path, int]]:
+    """name -> (qemu-img's rendering, the snapshot's disk size from the table)."""
+    sizes = {s["name"]: s["disk_size"] for s in qcow2_header.read_snapshots(image.path)}
+    refs = {}
+    for name in image.snapshots:
+        ref = helpers.convert_to_raw(image.path, workdir / f"{name}.ref", snapshot=name)
+        size = sizes[name]
+        assert size is not None and size <= os.path.getsize(ref)
+        with open(ref, "rb") as f:
+            f.seek(size)
+            while block := f.read(helpers.CHUNK):
+                assert block.count(0) == len(block), f"qemu shows data past {name}'s disk size"
+        refs[name] = (ref, size)
+    return refs
+
+
 def test_snapshots_in_directory_mode(workdir):
     image = build("internal_snapshots", workdir)
-    refs = {s: helpers.convert_to_raw(image.path, workdir / f"{s}.ref", snapshot=s)
-            for s in image.snapshots}
+    refs = snapshot_refs(image, workdir)
     current = helpers.convert_to_raw(image.path, workdir / "current.ref")
     before = fingerprints(image.files)
     mnt = workdir / "mnt"
@@ -180,10 +202,10 @@ def test_snapshots_in_directory_mode(workdir):
     with helpers.mounted(image.path, mnt) as m:
         assert sorted(os.listdir(mnt / "snapshots")) == sorted(f"{s}.raw" for s in refs)
         helpers.files_equal(m.path, current)
-        for name, ref in refs.items():
+        for name, (ref, size) in refs.items():
             snap = m.snapshot_path(name)
-            assert os.path.getsize(snap) == os.path.getsize(ref), f"size of snapshot {name}"
-            helpers.files_equal(snap, ref)
+            assert os.path.getsize(snap) == size, f"size of snapshot {name}"
+            helpers.files_equal(snap, ref, length=size)
         with pytest.raises(OSError) as err:
             os.close(os.open(m.snapshot_path("first"), os.O_WRONLY))
         assert err.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -192,13 +214,12 @@ def test_snapshots_in_directory_mode(workdir):
 
 def test_snapshot_option_mounts_one_snapshot(workdir):
     image = build("internal_snapshots", workdir)
-    sizes = set()
-    for name in image.snapshots:
-        ref = helpers.convert_to_raw(image.path, workdir / f"{name}.ref", snapshot=name)
-        sizes.add(os.path.getsize(ref))
+    refs = snapshot_refs(image, workdir)
+    for name, (ref, size) in refs.items():
         with helpers.mounted(image.path, workdir / f"{name}.view", [f"snapshot={name}"]) as m:
-            helpers.files_equal(m.path, ref)
-    assert len(sizes) == 2, "the snapshots should differ in disk size"
+            assert os.path.getsize(m.path) == size, f"size of snapshot {name}"
+            helpers.files_equal(m.path, ref, length=size)
+    assert len({size for _, size in refs.values()}) == 2, "snapshots should differ in size"
 
 
 def test_snapshot_option_unknown_name_is_refused(workdir):
