@@ -1,0 +1,148 @@
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fuse/options.h"
+
+namespace qcowfs::fuse {
+namespace {
+
+Result<Options> parse(std::vector<std::string> args) { return parse_command_line(args); }
+
+TEST(FuseOptions, DefaultsAreReadOnlyForeground) {
+  auto o = parse({"-f", "disk.qcow2", "/mnt/x"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->image, "disk.qcow2");
+  EXPECT_EQ(o->mountpoint, "/mnt/x");
+  EXPECT_TRUE(o->foreground);
+  EXPECT_FALSE(o->debug);
+  EXPECT_FALSE(o->writable);
+  EXPECT_FALSE(o->cache_explicit);
+  EXPECT_EQ(o->queues, 0u);
+  EXPECT_EQ(o->aio, io::EngineKind::automatic);
+  EXPECT_FALSE(o->discard_unmap);
+}
+
+TEST(FuseOptions, AllValuedOptions) {
+  auto o = parse({"-o", "rw,cache=none,aio=threads,queues=3,format=qcow2,discard=unmap,l2_cache_size=4M,allow_other",
+                  "img", "mnt"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_TRUE(o->writable);
+  EXPECT_EQ(o->cache, io::CacheMode::none);
+  EXPECT_TRUE(o->cache_explicit);
+  EXPECT_EQ(o->aio, io::EngineKind::threads);
+  EXPECT_EQ(o->queues, 3u);
+  EXPECT_EQ(o->format, "qcow2");
+  EXPECT_TRUE(o->discard_unmap);
+  EXPECT_EQ(o->l2_cache_size, 4u << 20);
+  EXPECT_TRUE(o->allow_other);
+}
+
+TEST(FuseOptions, OptionsAfterPositionalsAsMountFuseSendsThem) {
+  auto o = parse({"img", "mnt", "-o", "rw,dev,suid,noauto,_netdev,x-systemd.automount"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_TRUE(o->writable);
+  EXPECT_FALSE(o->foreground);
+}
+
+TEST(FuseOptions, LaterOptionWins) {
+  auto o = parse({"-o", "rw", "-oro", "img", "mnt"});
+  ASSERT_TRUE(o);
+  EXPECT_FALSE(o->writable);
+  o = parse({"-o", "ro,rw", "img", "mnt"});
+  ASSERT_TRUE(o);
+  EXPECT_TRUE(o->writable);
+}
+
+TEST(FuseOptions, DebugImpliesForeground) {
+  auto o = parse({"-d", "img", "mnt"});
+  ASSERT_TRUE(o);
+  EXPECT_TRUE(o->debug);
+  EXPECT_TRUE(o->foreground);
+}
+
+TEST(FuseOptions, SnapshotOption) {
+  auto o = parse({"-o", "snapshot=before upgrade", "img", "mnt"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->snapshot, "before upgrade");
+}
+
+TEST(FuseOptions, SnapshotWithRwIsRejected) {
+  auto o = parse({"-o", "snapshot=s1,rw", "img", "mnt"});
+  ASSERT_FALSE(o);
+  EXPECT_EQ(o.status().code(), EINVAL);
+  EXPECT_NE(o.status().message().find("read-only"), std::string::npos);
+}
+
+struct BadCase {
+  std::vector<std::string> args;
+  std::string must_mention;
+};
+
+TEST(FuseOptions, BadInputNamesTheCulprit) {
+  const std::vector<BadCase> cases = {
+      {{"-o", "bogus", "img", "mnt"}, "bogus"},
+      {{"-o", "bogus=1", "img", "mnt"}, "bogus=1"},
+      {{"-o", "cache=fast", "img", "mnt"}, "fast"},
+      {{"-o", "aio=posix", "img", "mnt"}, "posix"},
+      {{"-o", "queues=0", "img", "mnt"}, "queues"},
+      {{"-o", "queues=65", "img", "mnt"}, "queues"},
+      {{"-o", "queues=2x", "img", "mnt"}, "2x"},
+      {{"-o", "format=vmdk", "img", "mnt"}, "vmdk"},
+      {{"-o", "discard=on", "img", "mnt"}, "discard"},
+      {{"-o", "l2_cache_size=12Q", "img", "mnt"}, "12Q"},
+      {{"-o", "snapshot=", "img", "mnt"}, "snapshot"},
+      {{"--frobnicate", "img", "mnt"}, "--frobnicate"},
+      {{"img"}, "IMAGE and MOUNTPOINT"},
+      {{"img", "mnt", "extra"}, "3 arguments"},
+      {{"img", "mnt", "-o"}, "-o"},
+  };
+  for (const auto& c : cases) {
+    auto o = parse(c.args);
+    ASSERT_FALSE(o) << "accepted: " << c.args[0] << " " << (c.args.size() > 1 ? c.args[1] : "");
+    EXPECT_EQ(o.status().code(), EINVAL);
+    EXPECT_NE(o.status().message().find(c.must_mention), std::string::npos)
+        << "message '" << o.status().message() << "' does not mention '" << c.must_mention << "'";
+  }
+}
+
+TEST(FuseOptions, HelpAndVersionNeedNoPositionals) {
+  auto h = parse({"--help"});
+  ASSERT_TRUE(h);
+  EXPECT_TRUE(h->help);
+  auto v = parse({"-V"});
+  ASSERT_TRUE(v);
+  EXPECT_TRUE(v->version);
+}
+
+TEST(FuseOptions, ParseSize) {
+  EXPECT_EQ(*parse_size("4096"), 4096u);
+  EXPECT_EQ(*parse_size("64K"), 65536u);
+  EXPECT_EQ(*parse_size("64k"), 65536u);
+  EXPECT_EQ(*parse_size("3M"), 3u << 20);
+  EXPECT_EQ(*parse_size("2G"), uint64_t{2} << 30);
+  EXPECT_EQ(*parse_size("1T"), uint64_t{1} << 40);
+  EXPECT_FALSE(parse_size(""));
+  EXPECT_FALSE(parse_size("M"));
+  EXPECT_FALSE(parse_size("1MB"));
+  EXPECT_FALSE(parse_size("-1"));
+  EXPECT_FALSE(parse_size("99999999999999999999"));
+  EXPECT_FALSE(parse_size("17179869184G"));  // 2^34 G overflows 64 bits
+}
+
+TEST(FuseOptions, DefaultQueueCountIsBounded) {
+  unsigned n = default_queue_count();
+  EXPECT_GE(n, 1u);
+  EXPECT_LE(n, kMaxDefaultQueues);
+}
+
+TEST(FuseOptions, UsageListsEveryOption) {
+  std::string u = usage_text("qcowfs");
+  for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
+                          "l2_cache_size=", "allow_other", "-f", "-d", "--help", "--version"})
+    EXPECT_NE(u.find(opt), std::string::npos) << opt;
+}
+
+}  // namespace
+}  // namespace qcowfs::fuse
