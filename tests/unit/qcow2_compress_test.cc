@@ -1,0 +1,113 @@
+// Compressed cluster decoding (raw deflate and zstd) and the decompressed
+// cluster cache.
+#include <gtest/gtest.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <vector>
+
+#include "image/qcow2_compress.h"
+#include "image/qcow2_format.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+Bytes pattern(size_t n) {
+  Bytes b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = std::byte(static_cast<uint8_t>((i * 7) ^ (i >> 9)));
+  return b;
+}
+
+Bytes deflate_raw(const Bytes& in) {
+  z_stream s{};
+  EXPECT_EQ(deflateInit2(&s, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY), Z_OK);
+  Bytes out(in.size() + 1024);
+  s.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data()));
+  s.avail_in = static_cast<uInt>(in.size());
+  s.next_out = reinterpret_cast<Bytef*>(out.data());
+  s.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&s, Z_FINISH), Z_STREAM_END);
+  out.resize(out.size() - s.avail_out);
+  deflateEnd(&s);
+  return out;
+}
+
+Bytes zstd(const Bytes& in) {
+  Bytes out(ZSTD_compressBound(in.size()));
+  size_t n = ZSTD_compress(out.data(), out.size(), in.data(), in.size(), 3);
+  EXPECT_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+TEST(Qcow2Compress, DeflateClusterDecodes) {
+  Bytes plain = pattern(65536);
+  Bytes packed = deflate_raw(plain);
+  packed.resize(packed.size() + 300, std::byte{0x5a});  // bytes of the next stream in the last sector
+  Bytes out(65536);
+  ASSERT_TRUE(decompress_cluster(kCompressionZlib, packed, out).is_ok());
+  EXPECT_EQ(out, plain);
+}
+
+TEST(Qcow2Compress, ZstdClusterDecodes) {
+  Bytes plain = pattern(65536);
+  Bytes packed = zstd(plain);
+  packed.resize(packed.size() + 300, std::byte{0});
+  Bytes out(65536);
+  Status st = decompress_cluster(kCompressionZstd, packed, out);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(out, plain);
+}
+
+TEST(Qcow2Compress, TruncatedDeflateStreamIsEio) {
+  Bytes packed = deflate_raw(pattern(65536));
+  packed.resize(packed.size() / 2);
+  Bytes out(65536);
+  EXPECT_EQ(decompress_cluster(kCompressionZlib, packed, out).code(), EIO);
+}
+
+TEST(Qcow2Compress, TruncatedZstdStreamIsEio) {
+  Bytes packed = zstd(pattern(65536));
+  packed.resize(packed.size() / 2);
+  Bytes out(65536);
+  EXPECT_EQ(decompress_cluster(kCompressionZstd, packed, out).code(), EIO);
+}
+
+TEST(Qcow2Compress, GarbageInputIsEio) {
+  Bytes garbage(4096, std::byte{0xff});
+  Bytes out(65536);
+  EXPECT_EQ(decompress_cluster(kCompressionZlib, garbage, out).code(), EIO);
+  EXPECT_EQ(decompress_cluster(kCompressionZstd, garbage, out).code(), EIO);
+}
+
+TEST(Qcow2Compress, StreamShorterThanClusterIsEio) {
+  Bytes packed = deflate_raw(pattern(4096));
+  Bytes out(65536);
+  EXPECT_EQ(decompress_cluster(kCompressionZlib, packed, out).code(), EIO);
+  Bytes zpacked = zstd(pattern(4096));
+  EXPECT_EQ(decompress_cluster(kCompressionZstd, zpacked, out).code(), EIO);
+}
+
+TEST(Qcow2Compress, ZstdStreamLongerThanClusterIsEio) {
+  Bytes packed = zstd(pattern(131072));
+  Bytes out(65536);
+  EXPECT_EQ(decompress_cluster(kCompressionZstd, packed, out).code(), EIO);
+}
+
+TEST(Qcow2Compress, ClusterCacheEvictsLeastRecentlyUsed) {
+  ClusterCache cache(2);
+  auto mk = [] { return std::make_shared<const io::AlignedBuffer>(512); };
+  cache.insert(1, mk());
+  cache.insert(2, mk());
+  EXPECT_NE(cache.find(1), nullptr);  // 1 becomes most recent
+  cache.insert(3, mk());              // evicts 2
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.find(2), nullptr);
+  EXPECT_NE(cache.find(1), nullptr);
+  EXPECT_NE(cache.find(3), nullptr);
+}
+
+}  // namespace
+}  // namespace qcowfs::image::qcow2

@@ -1,0 +1,203 @@
+// L2 entry decoding: every cluster and subcluster type, compressed
+// descriptors, and one test per corrupt-entry failure mode.
+#include <gtest/gtest.h>
+
+#include "image/qcow2_l2.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+constexpr uint64_t kCs = 65536;
+
+Geometry standard() { return Geometry{16, false, false, 64 * kCs}; }
+Geometry extended() { return Geometry{16, true, false, 64 * kCs}; }
+
+void expect_corrupt(const Result<ClusterRun>& r, std::string_view needle) {
+  ASSERT_FALSE(r.is_ok()) << "expected EIO mentioning '" << needle << "'";
+  EXPECT_EQ(r.status().code(), EIO);
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+}
+
+TEST(Qcow2L2, NormalClusterMapsToHostOffset) {
+  auto r = decode_cluster_run(standard(), kOflagCopied | 5 * kCs, 0, 100, 400);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->kind, RunKind::data);
+  EXPECT_EQ(r->host_offset, 5 * kCs + 100);
+  EXPECT_EQ(r->length, 400u);
+}
+
+TEST(Qcow2L2, UnallocatedClusterReadsFromBacking) {
+  auto r = decode_cluster_run(standard(), 0, 0, 0, kCs);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->kind, RunKind::unallocated);
+  EXPECT_EQ(r->length, kCs);
+}
+
+TEST(Qcow2L2, ZeroPlainAndZeroAllocReadAsZeros) {
+  auto plain = decode_cluster_run(standard(), kOflagZero, 0, 0, kCs);
+  auto alloc = decode_cluster_run(standard(), kOflagZero | kOflagCopied | 7 * kCs, 0, 0, kCs);
+  ASSERT_TRUE(plain.is_ok());
+  ASSERT_TRUE(alloc.is_ok());
+  EXPECT_EQ(plain->kind, RunKind::zero);
+  EXPECT_EQ(alloc->kind, RunKind::zero);
+}
+
+TEST(Qcow2L2, ExternalDataFileOffsetZeroWithCopiedIsData) {
+  Geometry g = standard();
+  g.external_data = true;
+  auto r = decode_cluster_run(g, kOflagCopied, 0, 0, kCs);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->kind, RunKind::data);
+  EXPECT_EQ(r->host_offset, 0u);
+  auto unalloc = decode_cluster_run(g, 0, 0, 0, kCs);
+  ASSERT_TRUE(unalloc.is_ok());
+  EXPECT_EQ(unalloc->kind, RunKind::unallocated);
+}
+
+TEST(Qcow2L2, CompressedDescriptorDecodesOffsetAndSize) {
+  // cluster_bits 16: x = 62 - 8 = 54; 3 additional sectors; offset 0x50123.
+  uint64_t entry = kOflagCompressed | (uint64_t{3} << 54) | 0x50123;
+  CompressedCluster c = decode_compressed(16, entry);
+  EXPECT_EQ(c.host_offset, 0x50123u);
+  EXPECT_EQ(c.size, 4 * 512u - 0x123u);
+  auto r = decode_cluster_run(standard(), entry, 0, 10, 20);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->kind, RunKind::compressed);
+  EXPECT_EQ(r->length, 20u);
+  EXPECT_EQ(r->compressed.host_offset, 0x50123u);
+}
+
+TEST(Qcow2L2, CompressedDescriptorAt512ByteClusters) {
+  // cluster_bits 9: x = 61, one bit of sector count.
+  uint64_t entry = kOflagCompressed | (uint64_t{1} << 61) | 0x1000;
+  CompressedCluster c = decode_compressed(9, entry);
+  EXPECT_EQ(c.host_offset, 0x1000u);
+  EXPECT_EQ(c.size, 1024u);
+}
+
+TEST(Qcow2L2, L1EntryDecodesL2Offset) {
+  auto r = decode_l1_entry(standard(), kOflagCopied | 4 * kCs);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(*r, 4 * kCs);
+  auto none = decode_l1_entry(standard(), 0);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_EQ(*none, 0u);
+}
+
+// ---- corruption ----
+
+TEST(Qcow2L2, L1EntryWithReservedBitsIsCorrupt) {
+  auto r = decode_l1_entry(standard(), 4 * kCs | 1);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), EIO);
+}
+
+TEST(Qcow2L2, MisalignedL2TableIsCorrupt) {
+  auto r = decode_l1_entry(standard(), 4 * kCs + 4096);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("not cluster aligned"), std::string::npos);
+}
+
+TEST(Qcow2L2, L2TableBeyondEndOfFileIsCorrupt) {
+  auto r = decode_l1_entry(standard(), 64 * kCs);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("beyond the end"), std::string::npos);
+}
+
+TEST(Qcow2L2, L2EntryWithReservedBitsIsCorrupt) {
+  expect_corrupt(decode_cluster_run(standard(), 5 * kCs | (1ull << 57), 0, 0, kCs), "reserved bits");
+  expect_corrupt(decode_cluster_run(standard(), 5 * kCs | 2, 0, 0, kCs), "reserved bits");
+}
+
+TEST(Qcow2L2, ZeroFlagWithExtendedL2IsCorrupt) {
+  expect_corrupt(decode_cluster_run(extended(), kOflagZero, 0, 0, kCs), "reserved bits");
+}
+
+TEST(Qcow2L2, MisalignedDataClusterIsCorrupt) {
+  expect_corrupt(decode_cluster_run(standard(), 5 * kCs + 512, 0, 0, kCs), "not cluster aligned");
+}
+
+TEST(Qcow2L2, DataClusterBeyondEndOfFileIsCorrupt) {
+  expect_corrupt(decode_cluster_run(standard(), 100 * kCs, 0, 0, kCs), "beyond the end of the image file");
+}
+
+TEST(Qcow2L2, ZeroAllocPointingPastEndOfFileIsCorrupt) {
+  expect_corrupt(decode_cluster_run(standard(), kOflagZero | 100 * kCs, 0, 0, kCs), "beyond the end");
+}
+
+TEST(Qcow2L2, CompressedClusterInHeaderIsCorrupt) {
+  expect_corrupt(decode_cluster_run(standard(), kOflagCompressed | 0x100, 0, 0, kCs), "into the image header");
+}
+
+TEST(Qcow2L2, CompressedClusterPastEndOfFileIsCorrupt) {
+  // Starts inside the file but its sectors run 3 KiB past the end.
+  uint64_t entry = kOflagCompressed | (uint64_t{7} << 54) | (64 * kCs - 1024);
+  expect_corrupt(decode_cluster_run(standard(), entry, 0, 0, kCs), "past the end of the image file");
+}
+
+TEST(Qcow2L2, CompressedClusterEndingInLastPartialSectorIsFine) {
+  Geometry g = standard();
+  g.image_file_size = 64 * kCs - 100;  // file ends inside the stream's last sector
+  uint64_t entry = kOflagCompressed | (uint64_t{1} << 54) | (64 * kCs - 1024);
+  auto r = decode_cluster_run(g, entry, 0, 0, kCs);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+}
+
+TEST(Qcow2L2, CompressedClusterWithExternalDataFileIsCorrupt) {
+  Geometry g = standard();
+  g.external_data = true;
+  expect_corrupt(decode_cluster_run(g, kOflagCompressed | 5 * kCs, 0, 0, kCs), "external data file");
+}
+
+TEST(Qcow2L2, CompressedClusterWithSubclusterBitmapIsCorrupt) {
+  expect_corrupt(decode_cluster_run(extended(), kOflagCompressed | 5 * kCs, 1, 0, kCs), "subcluster bitmap");
+}
+
+// ---- subclusters (64 KiB clusters: 2 KiB subclusters) ----
+
+TEST(Qcow2L2, SubclustersSplitClusterIntoRuns) {
+  constexpr uint64_t sc = kCs / 32;
+  // Subclusters 0-1 allocated, 2 zero, 3.. unallocated.
+  uint64_t bitmap = 0b11 | (uint64_t{1} << (32 + 2));
+  uint64_t entry = kOflagCopied | 5 * kCs;
+  auto a = decode_cluster_run(extended(), entry, bitmap, 0, kCs);
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  EXPECT_EQ(a->kind, RunKind::data);
+  EXPECT_EQ(a->length, 2 * sc);
+  EXPECT_EQ(a->host_offset, 5 * kCs);
+  auto z = decode_cluster_run(extended(), entry, bitmap, 2 * sc + 10, kCs - 2 * sc - 10);
+  ASSERT_TRUE(z.is_ok());
+  EXPECT_EQ(z->kind, RunKind::zero);
+  EXPECT_EQ(z->length, sc - 10);
+  auto u = decode_cluster_run(extended(), entry, bitmap, 3 * sc, kCs - 3 * sc);
+  ASSERT_TRUE(u.is_ok());
+  EXPECT_EQ(u->kind, RunKind::unallocated);
+  EXPECT_EQ(u->length, kCs - 3 * sc);
+}
+
+TEST(Qcow2L2, SubclusterRunStopsAtMaxLength) {
+  auto r = decode_cluster_run(extended(), kOflagCopied | 5 * kCs, 0xffffffffu, 100, 1000);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->kind, RunKind::data);
+  EXPECT_EQ(r->length, 1000u);
+  EXPECT_EQ(r->host_offset, 5 * kCs + 100);
+}
+
+TEST(Qcow2L2, ZeroSubclustersOfUnallocatedCluster) {
+  auto r = decode_cluster_run(extended(), 0, uint64_t{0xffffffff} << 32, 0, kCs);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->kind, RunKind::zero);
+  EXPECT_EQ(r->length, kCs);
+}
+
+TEST(Qcow2L2, SubclusterBothAllocatedAndZeroIsCorrupt) {
+  uint64_t bitmap = 0b100 | (uint64_t{0b100} << 32);
+  expect_corrupt(decode_cluster_run(extended(), 5 * kCs, bitmap, 0, kCs), "both allocated and zero");
+}
+
+TEST(Qcow2L2, AllocatedSubclusterWithoutHostClusterIsCorrupt) {
+  expect_corrupt(decode_cluster_run(extended(), 0, 1, 0, kCs), "unallocated cluster has allocated subclusters");
+}
+
+}  // namespace
+}  // namespace qcowfs::image::qcow2
