@@ -1,0 +1,482 @@
+#include "io/posix_file.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "io/align.h"
+#include "io/buffer.h"
+#include "io/engine.h"
+#include "io/iov.h"
+#include "io/log.h"
+
+namespace qcowfs::io {
+namespace {
+
+constexpr size_t kMaxSegments = IOV_MAX;
+// write_zeroes falls back to writing this many zero bytes per request.
+constexpr size_t kZeroChunk = size_t{1} << 20;
+
+const AlignedBuffer& zero_buffer() {
+  static const AlignedBuffer buf(kZeroChunk, 64 * 1024);
+  return buf;
+}
+
+size_t page_size() {
+  long p = ::sysconf(_SC_PAGESIZE);
+  return p > 0 ? static_cast<size_t>(p) : 4096;
+}
+
+bool is_unsupported(int64_t r) { return r == -EOPNOTSUPP || r == -ENOTTY; }
+
+IoRequest transfer(IoRequest::Op one, IoRequest::Op many, int fd, std::span<const iovec> segs, uint64_t off) {
+  IoRequest req;
+  req.fd = fd;
+  req.offset = off;
+  if (segs.size() == 1) {
+    req.op = one;
+    req.buf = segs[0].iov_base;
+    req.length = segs[0].iov_len;
+  } else {
+    req.op = many;
+    req.iov = segs.data();
+    req.iovcnt = static_cast<unsigned>(segs.size());
+  }
+  return req;
+}
+
+Result<UniqueFd> open_fd(const std::string& path, bool writable, CacheMode cache) {
+  int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
+  if (cache == CacheMode::none) flags |= O_DIRECT;
+  if (cache == CacheMode::writethrough) flags |= O_DSYNC;
+  int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return Status::from_errno(errno, fmt::format("opening {}", path));
+  return UniqueFd(fd);
+}
+
+// Opens with the requested cache mode; a host refusing O_DIRECT (EINVAL) is an
+// error when the mode was explicit, else a warning and writeback.
+Result<UniqueFd> open_with_cache(const std::string& path, const OpenOptions& opts, CacheMode* cache) {
+  *cache = opts.cache;
+  auto fd = open_fd(path, opts.writable, *cache);
+  if (fd || fd.status().code() != EINVAL || *cache != CacheMode::none) return fd;
+  if (opts.cache_explicit)
+    return Status::errorf(EINVAL, "cache=none: {} does not support O_DIRECT (try cache=writeback)", path);
+  log::warn("{} does not support O_DIRECT: using cache=writeback", path);
+  *cache = CacheMode::writeback;
+  return open_fd(path, opts.writable, *cache);
+}
+
+Result<uint64_t> host_size(int fd, const struct stat& st, const std::string& path) {
+  if (!S_ISBLK(st.st_mode)) return static_cast<uint64_t>(st.st_size);
+  uint64_t size = 0;
+  if (::ioctl(fd, BLKGETSIZE64, &size) < 0) return Status::from_errno(errno, fmt::format("BLKGETSIZE64 {}", path));
+  return size;
+}
+
+size_t logical_block_size(int fd) {
+  int lbs = 0;
+  if (::ioctl(fd, BLKSSZGET, &lbs) < 0 || lbs <= 0) return 512;
+  return static_cast<size_t>(lbs);
+}
+
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+DirectAlignment detect_direct_alignment(int fd, bool block_device, uint64_t size) {
+  struct statx sx {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+      sx.stx_dio_offset_align != 0) {
+    return DirectAlignment{std::max<size_t>(sx.stx_dio_mem_align, 1), sx.stx_dio_offset_align};
+  }
+  if (block_device) {
+    size_t lbs = logical_block_size(fd);
+    return DirectAlignment{lbs, lbs};
+  }
+  // A read at or past EOF succeeds whatever its alignment, so small files tell nothing.
+  if (size >= 4096) {
+    AlignedBuffer probe(4096, 4096, false);
+    for (size_t a = 512; a <= 4096; a *= 2) {
+      if (::pread(fd, probe.data(), a, 0) >= 0) return DirectAlignment{a, a};
+    }
+  }
+  return DirectAlignment{4096, 4096};
+}
+
+Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const OpenOptions& opts) {
+  auto f = PosixFile::open(path, opts);
+  if (!f) return f.status();
+  return std::unique_ptr<HostFile>(std::move(*f));
+}
+
+Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, const OpenOptions& opts) {
+  CacheMode cache;
+  auto fd = open_with_cache(path, opts, &cache);
+  if (!fd) return fd.status();
+  struct stat st;
+  if (::fstat(fd->get(), &st) < 0) return Status::from_errno(errno, fmt::format("fstat {}", path));
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+    return Status::errorf(EINVAL, "{} is {}: only regular files and block devices can be images", path,
+                          file_type_name(st.st_mode));
+  bool blk = S_ISBLK(st.st_mode);
+  auto size = host_size(fd->get(), st, path);
+  if (!size) return size.status();
+  DirectAlignment align;
+  if (cache == CacheMode::none) align = detect_direct_alignment(fd->get(), blk, *size);
+  const size_t logical_block = blk ? logical_block_size(fd->get()) : 1;
+  Params p{std::move(*fd), path, cache, opts.writable, blk, *size, logical_block, align};
+  return std::unique_ptr<PosixFile>(new PosixFile(std::move(p)));
+}
+
+PosixFile::PosixFile(Params p)
+    : fd_(std::move(p.fd)),
+      path_(std::move(p.path)),
+      cache_(p.cache),
+      writable_(p.writable),
+      block_device_(p.block_device),
+      logical_block_(p.logical_block),
+      dio_mem_align_(p.align.mem),
+      mem_align_(std::max({size_t{4096}, page_size(), p.align.mem})),
+      offset_align_(p.align.offset),
+      size_(p.size) {}
+
+uint64_t PosixFile::allocated_bytes() const {
+  if (block_device_) return size();
+  struct stat st;
+  if (::fstat(fd_.get(), &st) < 0) return 0;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+Status PosixFile::check_engine() const {
+  if (!Engine::current()) return Status::errorf(EINVAL, "{}: no engine on this thread", path_);
+  return Status::ok();
+}
+
+Status PosixFile::check_writable() const {
+  if (!writable_) return Status::errorf(EROFS, "{} is open read-only", path_);
+  return Status::ok();
+}
+
+void PosixFile::grow_size(uint64_t end) {
+  uint64_t cur = size_.load(std::memory_order_relaxed);
+  while (cur < end && !size_.compare_exchange_weak(cur, end, std::memory_order_acq_rel)) {
+  }
+}
+
+bool PosixFile::host_can_take(std::span<const iovec> iov, uint64_t off, uint64_t len) const {
+  if (!direct()) return true;
+  if (!is_aligned(off, offset_align_) || !is_aligned(len, offset_align_)) return false;
+  for (const iovec& v : iov) {
+    if (!is_aligned_ptr(v.iov_base, dio_mem_align_) || !is_aligned(v.iov_len, offset_align_)) return false;
+  }
+  return true;
+}
+
+// ---- reads ----
+
+Task<Result<size_t>> PosixFile::read(std::span<std::byte> buf, uint64_t off) {
+  iovec one{buf.data(), buf.size()};
+  co_return co_await read_iov({&one, 1}, off);
+}
+
+Task<Result<size_t>> PosixFile::readv(std::span<const iovec> iov, uint64_t off) {
+  co_return co_await read_iov(iov, off);
+}
+
+Task<Result<size_t>> PosixFile::read_iov(std::span<const iovec> iov, uint64_t off) {
+  QCOWFS_CO_TRY(check_engine());
+  uint64_t len = iov_total(iov);
+  if (len == 0) co_return size_t{0};
+  if (host_can_take(iov, off, len)) co_return co_await read_loop(iov, off);
+  co_return co_await bounce_read(iov, off, len);
+}
+
+// Reads straight into iov, continuing short reads, until done or EOF. On an
+// O_DIRECT file a short read ending inside a host block is EOF.
+Task<Result<size_t>> PosixFile::read_loop(std::span<const iovec> iov, uint64_t off) {
+  const size_t total = iov_total(iov);
+  IovCursor cursor(iov);
+  size_t done = 0;
+  while (done < total) {
+    auto segs = cursor.segments(kMaxSegments);
+    int64_t r = co_await io::async(transfer(IoRequest::Op::read, IoRequest::Op::readv, fd_.get(), segs, off + done));
+    if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("reading {} at offset {}", path_, off + done));
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+    if (done == total || (direct() && !is_aligned(off + done, offset_align_))) break;
+    cursor.advance(static_cast<size_t>(r));
+  }
+  co_return done;
+}
+
+// Reads the covering aligned range into a bounce buffer and copies out the
+// requested part (fewer bytes at EOF).
+Task<Result<size_t>> PosixFile::bounce_read(std::span<const iovec> iov, uint64_t off, uint64_t len) {
+  const uint64_t start = align_down(off, offset_align_);
+  const uint64_t end = align_up(off + len, offset_align_);
+  AlignedBuffer bounce(end - start, mem_align_, false);
+  iovec one{bounce.data(), bounce.size()};
+  auto n = co_await read_loop({&one, 1}, start);
+  if (!n) co_return n.status();
+  const size_t skip = off - start;
+  const size_t avail = *n > skip ? std::min<size_t>(len, *n - skip) : 0;
+  copy_to_iov(iov, bounce.data() + skip, avail);
+  co_return avail;
+}
+
+// ---- writes ----
+
+Task<Status> PosixFile::write(std::span<const std::byte> buf, uint64_t off) {
+  iovec one{const_cast<std::byte*>(buf.data()), buf.size()};
+  co_return co_await write_iov({&one, 1}, off);
+}
+
+Task<Status> PosixFile::writev(std::span<const iovec> iov, uint64_t off) { co_return co_await write_iov(iov, off); }
+
+Task<Status> PosixFile::write_iov(std::span<const iovec> iov, uint64_t off) {
+  QCOWFS_CO_TRY(check_engine());
+  QCOWFS_CO_TRY(check_writable());
+  const uint64_t len = iov_total(iov);
+  if (len == 0) co_return Status::ok();
+  if (off + len < off) co_return Status::errorf(EINVAL, "{}: write at {} overflows", path_, off);
+  if (!host_can_take(iov, off, len)) co_return co_await bounce_write(iov, off, len);
+  RangeLock::Guard guard;
+  if (direct()) guard = co_await locks_.lock(off, off + len, RangeLock::Mode::shared);
+  QCOWFS_CO_TRY(co_await write_loop(iov, off));
+  grow_size(off + len);
+  co_return Status::ok();
+}
+
+// Writes all of iov, continuing short writes.
+Task<Status> PosixFile::write_loop(std::span<const iovec> iov, uint64_t off) {
+  const size_t total = iov_total(iov);
+  IovCursor cursor(iov);
+  size_t done = 0;
+  while (done < total) {
+    auto segs = cursor.segments(kMaxSegments);
+    int64_t r =
+        co_await io::async(transfer(IoRequest::Op::write, IoRequest::Op::writev, fd_.get(), segs, off + done));
+    if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("writing {} at offset {}", path_, off + done));
+    if (r == 0) co_return Status::errorf(EIO, "writing {} at offset {}: no progress", path_, off + done);
+    done += static_cast<size_t>(r);
+    if (done == total) break;
+    if (direct() && !is_aligned(off + done, offset_align_))
+      co_return Status::errorf(EIO, "writing {} at offset {}: short direct write ended mid-block", path_, off + done);
+    cursor.advance(static_cast<size_t>(r));
+  }
+  co_return Status::ok();
+}
+
+// Copies iov into an aligned bounce buffer covering whole host blocks, first
+// reading the partial head and tail blocks (read-modify-write), and writes the
+// blocks. The blocks are locked exclusively for the whole cycle. When the last
+// block reaches past EOF the file must be cut back to the real end afterwards,
+// so the lock then extends to infinity: no other write beyond can be in flight
+// while the file is briefly too long.
+Task<Status> PosixFile::bounce_write(std::span<const iovec> iov, uint64_t off, uint64_t len) {
+  const uint64_t a = offset_align_;
+  const uint64_t end = off + len;
+  const uint64_t start = align_down(off, a);
+  const uint64_t block_end = align_up(end, a);
+  const bool head_partial = !is_aligned(off, a);
+  const bool tail_partial = !is_aligned(end, a);
+  const bool rmw = head_partial || tail_partial;
+  const auto mode = rmw ? RangeLock::Mode::exclusive : RangeLock::Mode::shared;
+  bool past_eof = rmw && !block_device_ && block_end > size();
+  RangeLock::Guard guard = co_await locks_.lock(start, past_eof ? UINT64_MAX : block_end, mode);
+  if (rmw && !block_device_ && !past_eof && block_end > size()) {  // a truncate got in first
+    guard.release();
+    past_eof = true;
+    guard = co_await locks_.lock(start, UINT64_MAX, mode);
+  }
+  AlignedBuffer bounce(block_end - start, mem_align_, false);
+  if (head_partial) QCOWFS_CO_TRY(co_await read_block(bounce.data(), start));
+  const uint64_t last_block = block_end - a;
+  if (tail_partial && !(head_partial && last_block == start))
+    QCOWFS_CO_TRY(co_await read_block(bounce.data() + (last_block - start), last_block));
+  copy_from_iov(bounce.data() + (off - start), iov, len);
+  iovec one{bounce.data(), bounce.size()};
+  QCOWFS_CO_TRY(co_await write_loop({&one, 1}, start));
+  if (past_eof) QCOWFS_CO_TRY(co_await cut_back_to(end));
+  grow_size(end);
+  co_return Status::ok();
+}
+
+// Reads one host block into dst; bytes past EOF read as zeros.
+Task<Status> PosixFile::read_block(std::byte* dst, uint64_t block_off) {
+  iovec one{dst, offset_align_};
+  auto n = co_await read_loop({&one, 1}, block_off);
+  if (!n) co_return n.status();
+  std::memset(dst + *n, 0, offset_align_ - *n);
+  co_return Status::ok();
+}
+
+// After a bounce write whose last block went past EOF: the file now ends at a
+// block boundary; cut it back to the larger of the old size and end.
+Task<Status> PosixFile::cut_back_to(uint64_t end) {
+  const uint64_t target = std::max(size(), end);
+  if (is_aligned(target, offset_align_)) co_return Status::ok();
+  const int fd = fd_.get();
+  int64_t r = co_await io::offload([fd, target] {
+    return ::ftruncate(fd, static_cast<off_t>(target)) < 0 ? int64_t{-errno} : int64_t{0};
+  });
+  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("truncating {} to {}", path_, target));
+  co_return Status::ok();
+}
+
+// ---- flush, discard, zeroes, truncate ----
+
+Task<Status> PosixFile::flush() {
+  QCOWFS_CO_TRY(check_engine());
+  if (cache_ == CacheMode::unsafe) co_return Status::ok();
+  IoRequest req;
+  req.op = IoRequest::Op::fdatasync;
+  req.fd = fd_.get();
+  int64_t r = co_await io::async(std::move(req));
+  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("flushing {}", path_));
+  co_return Status::ok();
+}
+
+Task<RangeLock::Guard> PosixFile::lock_exclusive(uint64_t off, uint64_t end) {
+  if (!direct()) co_return RangeLock::Guard();
+  uint64_t lock_end = end == UINT64_MAX ? end : align_up(end, offset_align_);
+  co_return co_await locks_.lock(align_down(off, offset_align_), lock_end, RangeLock::Mode::exclusive);
+}
+
+// A hint: hosts that cannot deallocate (EOPNOTSUPP) report success.
+Task<Status> PosixFile::discard(uint64_t off, uint64_t len) {
+  QCOWFS_CO_TRY(check_engine());
+  QCOWFS_CO_TRY(check_writable());
+  if (len == 0) co_return Status::ok();
+  int64_t r = 0;
+  if (block_device_) {
+    // BLKDISCARD takes whole logical blocks: keep the aligned part of the range.
+    const uint64_t s = align_up(off, logical_block_);
+    const uint64_t e = align_down(off + len, logical_block_);
+    if (s >= e) co_return Status::ok();
+    const int fd = fd_.get();
+    r = co_await io::offload([fd, s, e] {
+      uint64_t range[2] = {s, e - s};
+      return ::ioctl(fd, BLKDISCARD, range) < 0 ? int64_t{-errno} : int64_t{0};
+    });
+  } else {
+    RangeLock::Guard guard = co_await lock_exclusive(off, off + len);
+    IoRequest req;
+    req.op = IoRequest::Op::fallocate;
+    req.fd = fd_.get();
+    req.mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    req.offset = off;
+    req.length = len;
+    r = co_await io::async(std::move(req));
+  }
+  if (is_unsupported(r)) co_return Status::ok();
+  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("discarding {} at {}+{}", path_, off, len));
+  co_return Status::ok();
+}
+
+Task<Status> PosixFile::write_zeroes(uint64_t off, uint64_t len) {
+  QCOWFS_CO_TRY(check_engine());
+  QCOWFS_CO_TRY(check_writable());
+  if (len == 0) co_return Status::ok();
+  if (off + len < off) co_return Status::errorf(EINVAL, "{}: write_zeroes at {} overflows", path_, off);
+  if (block_device_) co_return co_await device_zeroout(off, len);
+  int64_t r;
+  {
+    RangeLock::Guard guard = co_await lock_exclusive(off, off + len);
+    IoRequest req;
+    req.op = IoRequest::Op::fallocate;
+    req.fd = fd_.get();
+    req.mode = FALLOC_FL_ZERO_RANGE;  // no KEEP_SIZE: zeroing past EOF extends like a write
+    req.offset = off;
+    req.length = len;
+    r = co_await io::async(std::move(req));
+  }
+  if (r == 0) {
+    grow_size(off + len);
+    co_return Status::ok();
+  }
+  if (!is_unsupported(r))
+    co_return Status::from_errno(static_cast<int>(-r), fmt::format("zeroing {} at {}+{}", path_, off, len));
+  co_return co_await write_zero_chunks(off, len);
+}
+
+// BLKZEROOUT on the whole logical blocks inside the range, plain zero writes
+// for the partial blocks at either end (or everywhere if BLKZEROOUT is refused).
+Task<Status> PosixFile::device_zeroout(uint64_t off, uint64_t len) {
+  const uint64_t end = off + len;
+  const uint64_t s = align_up(off, logical_block_);
+  const uint64_t e = align_down(end, logical_block_);
+  if (s >= e) co_return co_await write_zero_chunks(off, len);
+  const int fd = fd_.get();
+  int64_t r = co_await io::offload([fd, s, e] {
+    uint64_t range[2] = {s, e - s};
+    return ::ioctl(fd, BLKZEROOUT, range) < 0 ? int64_t{-errno} : int64_t{0};
+  });
+  if (is_unsupported(r)) co_return co_await write_zero_chunks(off, len);
+  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("BLKZEROOUT {} at {}+{}", path_, s, e - s));
+  if (off < s) QCOWFS_CO_TRY(co_await write_zero_chunks(off, s - off));
+  if (e < end) QCOWFS_CO_TRY(co_await write_zero_chunks(e, end - e));
+  co_return Status::ok();
+}
+
+Task<Status> PosixFile::write_zero_chunks(uint64_t off, uint64_t len) {
+  const AlignedBuffer& zeros = zero_buffer();
+  while (len > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(len, zeros.size()));
+    iovec one{const_cast<std::byte*>(zeros.data()), n};
+    QCOWFS_CO_TRY(co_await write_iov({&one, 1}, off));
+    off += n;
+    len -= n;
+  }
+  co_return Status::ok();
+}
+
+Task<Status> PosixFile::truncate(uint64_t new_size) {
+  QCOWFS_CO_TRY(check_engine());
+  QCOWFS_CO_TRY(check_writable());
+  if (block_device_) co_return Status::errorf(EINVAL, "{} is a block device: its size is fixed", path_);
+  RangeLock::Guard guard = co_await lock_exclusive(std::min(new_size, size()), UINT64_MAX);
+  const int fd = fd_.get();
+  int64_t r = co_await io::offload([fd, new_size] {
+    return ::ftruncate(fd, static_cast<off_t>(new_size)) < 0 ? int64_t{-errno} : int64_t{0};
+  });
+  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("truncating {} to {}", path_, new_size));
+  size_.store(new_size, std::memory_order_release);
+  co_return Status::ok();
+}
+
+// ---- holes ----
+
+Task<Result<uint64_t>> PosixFile::seek(uint64_t off, int whence) {
+  QCOWFS_CO_TRY(check_engine());
+  const uint64_t end = size();
+  if (off >= end) co_return end;
+  const int fd = fd_.get();
+  int64_t r = co_await io::offload([fd, off, whence] {
+    off_t pos = ::lseek(fd, static_cast<off_t>(off), whence);
+    return pos < 0 ? int64_t{-errno} : int64_t{pos};
+  });
+  if (r == -ENXIO) co_return end;
+  if (r == -EINVAL || is_unsupported(r)) co_return whence == SEEK_DATA ? off : end;  // cannot tell: all data
+  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), fmt::format("lseek {} at {}", path_, off));
+  co_return std::min(static_cast<uint64_t>(r), end);
+}
+
+Task<Result<uint64_t>> PosixFile::seek_data(uint64_t off) { co_return co_await seek(off, SEEK_DATA); }
+Task<Result<uint64_t>> PosixFile::seek_hole(uint64_t off) { co_return co_await seek(off, SEEK_HOLE); }
+
+}  // namespace qcowfs::io

@@ -1,0 +1,76 @@
+// RangeLock: byte-range locks held by coroutines across host I/O. PosixFile
+// uses it on O_DIRECT files so that a read-modify-write of a partial host block
+// never races with another write to the same block: RMW writes, discards,
+// write-zeroes and truncates lock their block-aligned range exclusively;
+// aligned writes lock theirs shared (they may overlap each other, but not an
+// exclusive holder). Waiting suspends the coroutine (never the thread) until a
+// conflicting holder releases, then re-checks.
+//
+// Thread-safety: lock() and release may happen on any event-loop thread; a
+// waiter resumes on its own thread's Engine. Holders are few (one per write in
+// flight), so a flat list is scanned.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "io/sync.h"
+#include "io/task.h"
+
+namespace qcowfs::io {
+
+class RangeLock {
+ public:
+  enum class Mode { shared, exclusive };
+
+  class [[nodiscard]] Guard {
+   public:
+    Guard() = default;
+    Guard(RangeLock* owner, uint64_t id) : owner_(owner), id_(id) {}
+    Guard(Guard&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), id_(o.id_) {}
+    Guard& operator=(Guard&& o) noexcept {
+      if (this != &o) {
+        release();
+        owner_ = std::exchange(o.owner_, nullptr);
+        id_ = o.id_;
+      }
+      return *this;
+    }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+    ~Guard() { release(); }
+    void release() {
+      if (owner_) std::exchange(owner_, nullptr)->unlock(id_);
+    }
+
+   private:
+    RangeLock* owner_ = nullptr;
+    uint64_t id_ = 0;
+  };
+
+  // Locks [start, end) in mode once no conflicting holder remains.
+  Task<Guard> lock(uint64_t start, uint64_t end, Mode mode);
+  // Number of ranges currently held (for tests).
+  size_t held();
+
+ private:
+  struct Holder {
+    uint64_t id;
+    uint64_t start, end;
+    Mode mode;
+    std::shared_ptr<AsyncEvent> released;
+  };
+  // Returns the release event of a conflicting holder, or registers the range
+  // (writing its id) and returns nullptr.
+  std::shared_ptr<AsyncEvent> try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* id);
+  void unlock(uint64_t id);
+
+  std::mutex mu_;  // guards holders_ and next_id_
+  std::vector<Holder> holders_;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace qcowfs::io

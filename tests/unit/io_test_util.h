@@ -1,0 +1,88 @@
+// Helpers shared by the io unit tests: temporary files in /var/tmp (a real
+// ext4 file system here, unlike /tmp on some hosts) and loop devices, both
+// removed in their destructors.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace qcowfs::io::testing {
+
+class TempFile {
+ public:
+  explicit TempFile(const std::string& tag, size_t size = 0) {
+    static int counter = 0;
+    path_ = fmt::format("/var/tmp/qcowfs_io_{}_{}_{}", tag, ::getpid(), counter++);
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      if (size && ::ftruncate(fd, static_cast<off_t>(size)) != 0) path_.clear();
+      ::close(fd);
+    }
+  }
+  ~TempFile() { ::unlink(path_.c_str()); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Runs a shell command, returning its stdout (trailing newline removed) and exit status.
+inline int run_command(const std::string& cmd, std::string* out) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[512];
+  out->clear();
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out->append(buf, n);
+  int rc = ::pclose(p);
+  while (!out->empty() && out->back() == '\n') out->pop_back();
+  return rc;
+}
+
+// A loop device over a backing file; detached in the destructor.
+class LoopDevice {
+ public:
+  LoopDevice(const std::string& backing, unsigned sector_size) {
+    std::string out;
+    int rc = run_command(fmt::format("losetup --sector-size {} -f --show {}", sector_size, backing), &out);
+    if (rc == 0 && out.rfind("/dev/", 0) == 0) device_ = out;
+    else error_ = fmt::format("losetup failed (status {}): {}", rc, out);
+  }
+  ~LoopDevice() {
+    if (device_.empty()) return;
+    std::string out;
+    run_command("losetup -d " + device_, &out);
+  }
+  LoopDevice(const LoopDevice&) = delete;
+  LoopDevice& operator=(const LoopDevice&) = delete;
+  bool ok() const { return !device_.empty(); }
+  const std::string& device() const { return device_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string device_;
+  std::string error_;
+};
+
+// Deterministic non-zero test pattern.
+inline std::vector<std::byte> pattern(size_t n, uint32_t seed) {
+  std::vector<std::byte> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<std::byte>(x | 1);
+  }
+  return v;
+}
+
+}  // namespace qcowfs::io::testing
