@@ -1,0 +1,80 @@
+// qcow2 consistency check and repair (`qcowfs check`), following QEMU's
+// qcow2_check_refcounts(): every cluster the metadata references (header, L1
+// and L2 tables of the active image and of every snapshot, data and compressed
+// clusters, the snapshot table, the refcount table and blocks, the bitmap
+// directory, bitmap tables and bitmap data) is counted in memory, and the
+// counts are compared with the refcounts stored in the image:
+//   stored > counted  -> a leak (wasted space, no harm to data)
+//   stored < counted  -> a corruption (a cluster could be reused while in use)
+// Entries pointing past the end of the file, misaligned tables and data
+// clusters, invalid subcluster bitmaps, broken refcount table entries and
+// wrong OFLAG_COPIED flags in the active tables are corruptions too.
+//
+// Repair: RepairMode::leaks lowers leaked refcounts in place; RepairMode::all
+// also fixes OFLAG_COPIED flags and, when any refcount is too low or the
+// refcount structure itself is broken, writes a fresh refcount table and
+// fresh refcount blocks after the last used cluster and switches the header
+// to them in one write (rebuild_refcounts()).
+//
+// Thread-safety: a check owns the HostFile it is given for its duration; no
+// other writer may use the image meanwhile. All I/O goes through the calling
+// thread's Engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "image/qcow2_header.h"
+#include "io/host_file.h"
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::image::qcow2 {
+
+enum class RepairMode { none, leaks, all };
+
+// Counters as QEMU's BdrvCheckResult / `qemu-img check --output=json` name them.
+struct CheckReport {
+  uint64_t corruptions = 0;
+  uint64_t leaks = 0;
+  uint64_t check_errors = 0;
+  uint64_t corruptions_fixed = 0;
+  uint64_t leaks_fixed = 0;
+  uint64_t image_end_offset = 0;
+  uint64_t total_clusters = 0;      // clusters the guest size spans
+  uint64_t allocated_clusters = 0;  // active L2 entries with a host cluster
+  uint64_t fragmented_clusters = 0;
+  uint64_t compressed_clusters = 0;
+  // One line per problem found (and per repair made), in the order found.
+  std::vector<std::string> messages;
+};
+
+struct CheckOptions {
+  RepairMode repair = RepairMode::none;
+  // Called now and then with (L2 tables walked, L2 tables to walk) while walking.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+// Checks (and with opts.repair, repairs) the qcow2 image in `file` (opened
+// writable when repairing). A Status error means the check could not be done
+// at all (unreadable or unparseable header); problems found inside the image
+// are counted in the report, and I/O failures half-way are check_errors.
+// With a repair mode, the report describes the image after the repair (as
+// `qemu-img check -r` does after its "double checking" pass), plus the
+// *_fixed counters.
+Task<Result<CheckReport>> check_image(io::HostFile& file, CheckOptions opts);
+
+// Recomputes every refcount from a walk of all metadata (active and snapshot
+// L1/L2 tables, snapshot table, bitmaps, header) and writes a new refcount
+// table and new refcount blocks at the end of the file (cluster aligned, past
+// every referenced cluster), flushes, then points the header at them with one
+// header write and flushes again. The old refcount structures become free
+// space. `h` is updated in memory (refcount_table_offset and
+// refcount_table_clusters). For the write path: call it on a dirty image
+// opened read-write before any refcount is cached; it does not touch the
+// dirty bit.
+Task<Status> rebuild_refcounts(io::HostFile& file, Header& h);
+
+}  // namespace qcowfs::image::qcow2
