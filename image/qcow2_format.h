@@ -114,6 +114,24 @@ struct CryptoExtLayout {
 };
 static_assert(sizeof(CryptoExtLayout) == 16);
 
+// ---- Bitmap directory (bitmaps extension; entries 8-byte aligned) ----
+struct BitmapDirEntryLayout {
+  uint64_t bitmap_table_offset;
+  uint32_t bitmap_table_size;
+  uint32_t flags;
+  uint8_t type;
+  uint8_t granularity_bits;
+  uint16_t name_size;
+  uint32_t extra_data_size;
+};
+static_assert(offsetof(BitmapDirEntryLayout, flags) == 12);
+static_assert(offsetof(BitmapDirEntryLayout, name_size) == 18);
+static_assert(sizeof(BitmapDirEntryLayout) == 24);
+inline constexpr uint32_t kBitmapFlagInUse = 1u << 0;
+inline constexpr uint32_t kBitmapFlagAuto = 1u << 1;
+inline constexpr uint64_t kBitmapTableOffsetMask = 0x00fffffffffffe00ull;  // bits 9-55
+inline constexpr size_t kBitmapDirEntryAlign = 8;
+
 // ---- Table limits (QEMU's implementation limits; bound every allocation) ----
 inline constexpr uint64_t kMaxL1Bytes = 32ull << 20;        // QCOW_MAX_L1_SIZE
 inline constexpr uint64_t kMaxRefcountTableBytes = 8ull << 20;  // QCOW_MAX_REFTABLE_SIZE
