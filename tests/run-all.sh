@@ -4,7 +4,8 @@
 #   2. builds build/ with warnings as errors and runs all of ctest there
 #      (the GoogleTest unit tests and every tests/integration/test_*.py file);
 #   3. builds build-tiny/ with -DQCOWFS_TINY_CACHE=ON (metadata caches shrunk to
-#      two slices) and runs the qcow2 tests again, so cache eviction paths run.
+#      two slices) and runs the qcow2 tests again (unit and integration), so
+#      cache eviction paths run.
 # Needs root (or sudo) for apt, FUSE mounts and loop devices. Ends with one
 # "run-all: N passed, N failed" line; exits non-zero if anything failed.
 set -euo pipefail
@@ -59,7 +60,7 @@ build build
 run_ctest main --test-dir build
 
 build build-tiny -DQCOWFS_TINY_CACHE=ON
-run_ctest tiny-cache --test-dir build-tiny -R qcow2
+run_ctest tiny-cache --test-dir build-tiny -R '[Qq]cow2'
 
 echo "run-all: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
