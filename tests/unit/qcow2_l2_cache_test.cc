@@ -1,0 +1,190 @@
+// L2Cache over MemFile: one host read per slice, shared concurrent loads,
+// LRU eviction that spares pinned and dirty slices, failed loads retried.
+#include <gtest/gtest.h>
+
+#include "image/endian.h"
+#include "image/qcow2_l2_cache.h"
+#include "io/engine.h"
+#include "io/mem_file.h"
+#include "io/run_sync.h"
+#include "io/sync.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+constexpr size_t kSlice = 4096;
+
+// A HostFile whose reads wait until open() is called: keeps loads in flight.
+class GatedFile final : public io::HostFile {
+ public:
+  explicit GatedFile(io::MemFile& f) : f_(f) {}
+  void open() { gate_.set(); }
+  Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) override {
+    co_await gate_.wait();
+    co_return co_await f_.read(buf, off);
+  }
+  Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) override { return f_.readv(iov, off); }
+  Task<Status> write(std::span<const std::byte> b, uint64_t off) override { return f_.write(b, off); }
+  Task<Status> writev(std::span<const iovec> iov, uint64_t off) override { return f_.writev(iov, off); }
+  Task<Status> flush() override { return f_.flush(); }
+  Task<Status> discard(uint64_t off, uint64_t len) override { return f_.discard(off, len); }
+  Task<Status> write_zeroes(uint64_t off, uint64_t len) override { return f_.write_zeroes(off, len); }
+  Task<Status> truncate(uint64_t size) override { return f_.truncate(size); }
+  Task<Result<uint64_t>> seek_data(uint64_t off) override { return f_.seek_data(off); }
+  Task<Result<uint64_t>> seek_hole(uint64_t off) override { return f_.seek_hole(off); }
+  uint64_t size() const override { return f_.size(); }
+  uint64_t allocated_bytes() const override { return f_.allocated_bytes(); }
+  size_t mem_align() const override { return f_.mem_align(); }
+  size_t offset_align() const override { return f_.offset_align(); }
+  bool is_block_device() const override { return false; }
+  bool writable() const override { return false; }
+  io::CacheMode cache_mode() const override { return f_.cache_mode(); }
+  const std::string& path() const override { return f_.path(); }
+
+ private:
+  io::MemFile& f_;
+  io::AsyncEvent gate_;
+};
+
+class Qcow2L2Cache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = io::make_engine(io::EngineKind::automatic);
+    ASSERT_TRUE(e.is_ok());
+    engine_ = std::move(*e);
+    // 16 slices; entry 0 of slice i holds the value i + 1000.
+    std::vector<std::byte> content(16 * kSlice);
+    for (size_t i = 0; i < 16; ++i) store_be64(content.data() + i * kSlice, i + 1000);
+    file_ = std::make_unique<io::MemFile>(io::MemFileOptions{}, std::move(content));
+  }
+  Result<L2Cache::Ref> get(L2Cache& c, uint64_t off) { return io::run_sync(*engine_, c.get(off)); }
+  uint64_t reads() const { return file_->counters().reads; }
+
+  std::unique_ptr<io::Engine> engine_;
+  std::unique_ptr<io::MemFile> file_;
+};
+
+TEST_F(Qcow2L2Cache, LoadsEachSliceOnce) {
+  L2Cache c(*file_, kSlice, 8 * kSlice);
+  auto a = get(c, 3 * kSlice);
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ(a->entry(0, 8), 1003u);
+  a->reset();
+  auto again = get(c, 3 * kSlice);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->entry(0, 8), 1003u);
+  EXPECT_EQ(reads(), 1u);
+  EXPECT_EQ(c.host_reads(), 1u);
+}
+
+TEST_F(Qcow2L2Cache, ConcurrentLoadsOfOneSliceShareOneRead) {
+  GatedFile gated(*file_);
+  L2Cache c(gated, kSlice, 8 * kSlice);
+  int done = 0;
+  uint64_t seen[3] = {};
+  io::run_sync(*engine_, [&]() -> Task<void> {
+    for (int i = 0; i < 3; ++i)
+      spawn_then(c.get(5 * kSlice), [&, i](Result<L2Cache::Ref> r) {
+        if (r.is_ok()) seen[i] = r->entry(0, 8);
+        ++done;
+      });
+    EXPECT_EQ(done, 0);  // all three wait for the one load
+    gated.open();
+    co_return;
+  }());
+  while (done < 3) engine_->run_once(100);
+  EXPECT_EQ(reads(), 1u);
+  for (uint64_t v : seen) EXPECT_EQ(v, 1005u);
+}
+
+TEST_F(Qcow2L2Cache, EvictsLeastRecentlyUsedSlice) {
+  L2Cache c(*file_, kSlice, 2 * kSlice);
+  EXPECT_EQ(c.capacity_slices(), 2u);
+  ASSERT_TRUE(get(c, 0).is_ok());
+  ASSERT_TRUE(get(c, kSlice).is_ok());
+  ASSERT_TRUE(get(c, 0).is_ok());          // 0 most recent
+  ASSERT_TRUE(get(c, 2 * kSlice).is_ok()); // evicts slice 1
+  EXPECT_EQ(c.cached_slices(), 2u);
+  EXPECT_EQ(reads(), 3u);
+  ASSERT_TRUE(get(c, 0).is_ok());
+  EXPECT_EQ(reads(), 3u);
+  ASSERT_TRUE(get(c, kSlice).is_ok());
+  EXPECT_EQ(reads(), 4u);
+}
+
+TEST_F(Qcow2L2Cache, PinnedSlicesAreNeverEvicted) {
+  L2Cache c(*file_, kSlice, 2 * kSlice);
+  auto pinned = get(c, 7 * kSlice);
+  ASSERT_TRUE(pinned.is_ok());
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(get(c, i * kSlice).is_ok());
+  EXPECT_EQ(pinned->entry(0, 8), 1007u);
+  uint64_t before = reads();
+  ASSERT_TRUE(get(c, 7 * kSlice).is_ok());
+  EXPECT_EQ(reads(), before);  // still cached
+}
+
+TEST_F(Qcow2L2Cache, AllPinnedCacheGrowsInsteadOfBlocking) {
+  L2Cache c(*file_, kSlice, 2 * kSlice);
+  std::vector<L2Cache::Ref> refs;
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto r = get(c, i * kSlice);
+    ASSERT_TRUE(r.is_ok());
+    refs.push_back(std::move(*r));
+  }
+  EXPECT_EQ(c.cached_slices(), 4u);
+  refs.clear();
+  ASSERT_TRUE(get(c, 9 * kSlice).is_ok());
+  EXPECT_LE(c.cached_slices(), 2u);
+}
+
+TEST_F(Qcow2L2Cache, DirtySlicesStayUntilWrittenBack) {
+  L2Cache c(*file_, kSlice, 2 * kSlice);
+  auto d = get(c, 4 * kSlice);
+  ASSERT_TRUE(d.is_ok());
+  store_be64(d->mutable_bytes().data(), 42);
+  c.mark_dirty(*d);
+  d->reset();
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(get(c, i * kSlice).is_ok());
+  auto again = get(c, 4 * kSlice);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->entry(0, 8), 42u);  // the modified copy, not a reload
+  c.clear_dirty(*again);
+  again->reset();
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(get(c, i * kSlice).is_ok());
+  auto reloaded = get(c, 4 * kSlice);
+  ASSERT_TRUE(reloaded.is_ok());
+  EXPECT_EQ(reloaded->entry(0, 8), 1004u);
+}
+
+TEST_F(Qcow2L2Cache, FailedLoadIsReportedAndRetried) {
+  L2Cache c(*file_, kSlice, 4 * kSlice);
+  file_->fail_nth(io::OpKind::read, 1, EIO);
+  auto bad = get(c, 2 * kSlice);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), EIO);
+  EXPECT_EQ(c.cached_slices(), 0u);
+  auto good = get(c, 2 * kSlice);
+  ASSERT_TRUE(good.is_ok()) << good.status().to_string();
+  EXPECT_EQ(good->entry(0, 8), 1002u);
+}
+
+TEST_F(Qcow2L2Cache, SliceTruncatedByEndOfFileIsEio) {
+  L2Cache c(*file_, kSlice, 4 * kSlice);
+  file_->short_once(io::OpKind::read, 100);
+  auto r = get(c, 0);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), EIO);
+}
+
+TEST_F(Qcow2L2Cache, DefaultSizeCoversDiskUpToCap) {
+#ifndef QCOWFS_TINY_CACHE
+  EXPECT_EQ(L2Cache::default_size(1 << 20, kSlice), 1u << 20);
+  EXPECT_EQ(L2Cache::default_size(1ull << 40, kSlice), L2Cache::kDefaultMaxBytes);
+  EXPECT_EQ(L2Cache::default_size(100, kSlice), 8 * kSlice);
+#else
+  EXPECT_EQ(L2Cache::default_size(1ull << 40, kSlice), 2 * kSlice);
+#endif
+}
+
+}  // namespace
+}  // namespace qcowfs::image::qcow2
