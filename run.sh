@@ -144,15 +144,15 @@ Use it like any raw disk file:
   read it all:     dd if=$view of=/dev/null bs=1M iflag=direct status=progress
   random reads:    fio --name=rr --filename=$view --rw=randread --bs=4k --iodepth=32 \\
                        --ioengine=io_uring --direct=1 --runtime=10 --time_based
-  as a block dev:  losetup -f --show -r -P $view     (then mount /dev/loopNp1 somewhere;
-                   losetup -d /dev/loopN when done)
+  as a block dev:  losetup -f --show -r -P $view     (partitions appear as /dev/loopNpM
+                   where udev runs; losetup -d /dev/loopN when done)
   in a VM:         qemu-system-x86_64 ... -drive file=$view,format=raw,cache=none
   unmount:         fusermount3 -u $mountpoint
 EOF
 if [ "$image" = "$demo_dir/demo.qcow2" ]; then
   cat <<EOF
-The demo disk has one ext4 partition (hello.txt, random.bin and its sha256 inside):
-  sudo losetup -f --show -r -P $view && sudo mount -o ro /dev/loopNp1 /mnt && cat /mnt/hello.txt
+The demo disk has one ext4 partition at 1 MiB (hello.txt, random.bin and its sha256):
+  sudo mount -o ro,loop,offset=1048576 $view /mnt && cat /mnt/hello.txt && sudo umount /mnt
 EOF
 fi
 
