@@ -22,7 +22,7 @@ void BufferPool::give(io::AlignedBuffer buf) {
 
 SizedBufferPool::SizedBufferPool(size_t align) : align_(align) {
   for (size_t s = kMinClass; s <= kMaxPooledSize; s <<= 1)
-    classes_.emplace_back(s, align, std::max<size_t>(2, kIdleBytesPerClass / s));
+    classes_.emplace_back(s, align, kIdleBytes / s);
 }
 
 size_t SizedBufferPool::class_size(size_t size) { return std::bit_ceil(std::max(size, kMinClass)); }
@@ -30,13 +30,19 @@ size_t SizedBufferPool::class_size(size_t size) { return std::bit_ceil(std::max(
 io::AlignedBuffer SizedBufferPool::take(size_t size) {
   size_t cls = class_size(size);
   if (cls > kMaxPooledSize) return io::AlignedBuffer(size, align_, /*zero=*/false);
-  return classes_[static_cast<size_t>(std::countr_zero(cls / kMinClass))].take();
+  BufferPool& pool = classes_[static_cast<size_t>(std::countr_zero(cls / kMinClass))];
+  if (pool.idle_count() > 0) idle_bytes_ -= cls;
+  return pool.take();
 }
 
 void SizedBufferPool::give(io::AlignedBuffer buf) {
   size_t s = buf.size();
   if (!buf.data() || s < kMinClass || s > kMaxPooledSize || !std::has_single_bit(s)) return;
-  classes_[static_cast<size_t>(std::countr_zero(s / kMinClass))].give(std::move(buf));
+  if (idle_bytes_ + s > kIdleBytes) return;  // freed here
+  BufferPool& pool = classes_[static_cast<size_t>(std::countr_zero(s / kMinClass))];
+  size_t before = pool.idle_count();
+  pool.give(std::move(buf));
+  if (pool.idle_count() > before) idle_bytes_ += s;
 }
 
 size_t SizedBufferPool::idle_count() const {

@@ -65,7 +65,7 @@ class InodeTable {
   // Every ImageFile in the tree, in inode order (for shutdown and statfs).
   std::vector<ImageFile*> image_files() const;
 
-  // The attributes of a node: directories 0755 (0555 read-only), image files
+  // The attributes of a node: directories 0755, image files
   // 0644 or 0444 by access mode, st_blocks from the host allocation.
   struct stat attributes(const Node& node, const AttrContext& ctx) const;
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "fuse/buffer_pool.h"
 #include "fuse/request_buffer.h"
 #include "io/align.h"
@@ -55,6 +57,20 @@ TEST(FuseSizedBufferPool, TakeGivesAtLeastTheSizeAndRecycles) {
   EXPECT_GE(big.size(), (size_t{1} << 20) + 1);
   pool.give(std::move(big));
   EXPECT_EQ(pool.idle_count(), 0u);
+}
+
+TEST(FuseSizedBufferPool, IdleMemoryIsBoundedAcrossClasses) {
+  SizedBufferPool pool(4096);
+  const size_t mib = size_t{1} << 20;
+  std::vector<io::AlignedBuffer> held;
+  for (size_t i = 0; i < SizedBufferPool::kIdleBytes / mib + 3; ++i) held.push_back(pool.take(mib));
+  for (auto& b : held) pool.give(std::move(b));
+  EXPECT_EQ(pool.idle_count(), SizedBufferPool::kIdleBytes / mib);
+  pool.give(io::AlignedBuffer(4096));  // the budget is spent: even a small buffer is freed
+  EXPECT_EQ(pool.idle_count(), SizedBufferPool::kIdleBytes / mib);
+  auto again = pool.take(mib);
+  pool.give(pool.take(4096));  // one megabyte free again: small buffers fit
+  EXPECT_EQ(pool.idle_count(), SizedBufferPool::kIdleBytes / mib);
 }
 
 TEST(FuseRequestBuffer, WritePayloadLandsAligned) {
