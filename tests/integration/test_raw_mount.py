@@ -11,6 +11,7 @@ import os
 import random
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,62 @@ def test_daemon_mode_reports_startup_errors(workdir: Path, qcowfs: str) -> None:
     assert proc.returncode == 1
     assert b"notqcow2.img" in proc.stderr or b"qcow2" in proc.stderr, proc.stderr
     assert not helpers.is_fuse_mounted(target)
+
+
+def test_mount_over_the_image_itself(workdir: Path) -> None:
+    """As with qemu-storage-daemon: the raw view replaces the image file it shows."""
+    image = make_raw(workdir / "disk.raw", 2 * MiB, seed=9)
+    original = image.read_bytes()
+    with helpers.mounted(image, image, ["rw", "allow_other"]) as m:
+        fields = [l.split() for l in Path("/proc/self/mounts").read_text().splitlines()]
+        opts = [f[3] for f in fields if f[1] == str(image) and f[2] == "fuse.qcowfs"]
+        assert opts and "allow_other" in opts[0].split(","), opts
+        with open(image, "r+b", buffering=0) as f:
+            assert f.read(MiB) == original[:MiB]
+            os.pwrite(f.fileno(), b"through the view", 4096)
+    data = image.read_bytes()
+    assert data[4096:4112] == b"through the view"
+    assert data[:4096] == original[:4096]
+
+
+def daemon_pids_for(image: Path) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"qcowfs") and str(image).encode() in argv:
+                pids.append(int(entry))
+    return pids
+
+
+def test_mount_helper_invocation(workdir: Path, qcowfs: str) -> None:
+    """What `mount -t fuse.qcowfs` and fstab run: mount.fuse3 IMAGE DIR -t qcowfs -o OPTS."""
+    image = make_raw(workdir / "disk.raw", 2 * MiB, seed=10)
+    bindir = workdir / "bin"
+    bindir.mkdir()
+    (bindir / "qcowfs").symlink_to(os.path.abspath(qcowfs))
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    proc = subprocess.run(["mount.fuse3", str(image), str(mnt), "-t", "qcowfs", "-o",
+                           "rw,noauto,nofail,x-systemd.automount,cache=writeback"],
+                          env=env, capture_output=True, timeout=20)
+    try:
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert helpers.is_fuse_mounted(mnt)
+        view = mnt / "disk.raw"
+        assert view.read_bytes() == image.read_bytes()
+        with open(view, "r+b", buffering=0) as f:
+            os.pwrite(f.fileno(), b"via mount.fuse3", 0)
+        pids = daemon_pids_for(image)
+        assert pids, "no qcowfs daemon found"
+    finally:
+        helpers.unmount(mnt)
+    deadline = time.monotonic() + helpers.EXIT_TIMEOUT_S
+    while any(helpers.pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(helpers.pid_alive(p) for p in pids), "the daemon outlived its mount"
+    assert image.read_bytes().startswith(b"via mount.fuse3")
