@@ -162,7 +162,9 @@ if [ $daemon -eq 1 ]; then
   exit 0
 fi
 
+stopping=0
 stop() {
+  stopping=1
   echo
   echo "== unmounting $mountpoint"
   fusermount3 -u "$mountpoint" 2>/dev/null || true
@@ -171,7 +173,10 @@ trap stop INT TERM
 echo "Staying in the foreground; Ctrl-C unmounts."
 status=0
 wait "$pid" || status=$?
-# wait returns early when a trapped signal arrives: wait for qcowfs itself to finish.
-while kill -0 "$pid" 2>/dev/null; do wait "$pid" || status=$?; done
+if [ $stopping -eq 1 ]; then
+  # A trapped signal makes wait return early: wait again for qcowfs's own exit status.
+  status=0
+  wait "$pid" || status=$?
+fi
 echo "qcowfs exited with status $status"
 exit "$status"
