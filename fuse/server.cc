@@ -114,16 +114,25 @@ std::string escape_fuse_option(std::string_view value) {
 Server::Server(Options opts) : opts_(std::move(opts)) {}
 
 Server::~Server() {
-  loops_.clear();  // joins; normally already done by shutdown()
+  if (!shut_down_) {
+    Status st = shutdown();
+    if (!st) log::error("{}", st.to_string());
+  }
 }
 
 Result<std::unique_ptr<Server>> Server::start(const Options& opts) {
   std::unique_ptr<Server> s(new Server(opts));
-  QCOWFS_TRY(s->setup_signals());
-  QCOWFS_TRY(s->open_image());
-  QCOWFS_TRY(s->build_filesystem());
-  QCOWFS_TRY(s->mount());
-  QCOWFS_TRY(s->start_loops());
+  Status st = s->setup_signals();
+  if (st) st = s->open_image();
+  if (st) st = s->build_filesystem();
+  if (st) st = s->mount();
+  if (st) st = s->start_loops();
+  if (!st) {
+    // Loops that did start may have served writes: close everything properly.
+    Status closed = s->shutdown();
+    if (!closed) log::error("{}", closed.to_string());
+    return st;
+  }
   return s;
 }
 
@@ -243,18 +252,22 @@ Status Server::run() {
 }
 
 Status Server::shutdown() {
+  shut_down_ = true;
   for (auto& loop : loops_) loop->request_stop();
   for (auto& loop : loops_) loop->join();
   loops_.clear();
   Status closed = close_images();
-  session_->unmount();
+  if (session_) session_->unmount();
   if (!closed) return closed;
   std::lock_guard lk(end_mu_);
   return end_status_;
 }
 
 Status Server::close_images() {
-  Status st = io::run_sync(*main_engine_, close_all(fs_->table().image_files(), *driver_));
+  if (!driver_) return Status::ok();
+  std::vector<ImageFile*> views;
+  if (fs_) views = fs_->table().image_files();
+  Status st = io::run_sync(*main_engine_, close_all(std::move(views), *driver_));
   if (!st) return st.with_context(fmt::format("closing {}", opts_.image));
   return st;
 }

@@ -57,6 +57,7 @@ class Server {
   Status close_images();
 
   Options opts_;
+  bool shut_down_ = false;
   io::UniqueFd signal_fd_;
   io::UniqueFd end_fd_;  // eventfd: a loop saw the session end
   std::mutex end_mu_;
