@@ -7,7 +7,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+
+#include "io/log.h"
 
 namespace qcowfs::fuse {
 namespace {
@@ -61,9 +64,8 @@ void redirect_stdio_to_null() {
 
 void DaemonReporter::report_mounted() {
   if (!pipe_.valid()) return;
-  if (::chdir("/") != 0) {
-    // Paths were made absolute before forking; staying in the old cwd is harmless.
-  }
+  // Paths were made absolute before forking; leaving the old cwd keeps it unmountable.
+  if (::chdir("/") != 0) log::warn("cannot change directory to /: {}", std::strerror(errno));
   redirect_stdio_to_null();
   write_all(pipe_.get(), std::string(1, kMountedTag));
   pipe_.reset();
