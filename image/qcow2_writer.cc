@@ -1,0 +1,833 @@
+#include "image/qcow2_writer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "image/endian.h"
+#include "image/qcow2_l2.h"
+#include "io/align.h"
+#include "io/log.h"
+#include "io/when_all.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+constexpr uint64_t kZeroChunk = 1ull << 20;
+constexpr uint64_t kAllSubclustersZero = kSubclusterAllocMask << kSubclusterZeroShift;
+
+// Header field offsets written in place.
+constexpr uint64_t kHeaderSizeOffset = 24;         // size .. l1_table_offset: 24 bytes
+constexpr uint64_t kHeaderIncompatOffset = 72;
+constexpr uint64_t kHeaderAutoclearOffset = 88;
+
+// Subcluster bits [first, last] of an extended L2 bitmap.
+uint64_t subcluster_mask(uint64_t first, uint64_t last) {
+  uint64_t n = last - first + 1;
+  return (n >= 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << first;
+}
+
+}  // namespace
+
+// One guest cluster of a request.
+struct Qcow2Writer::Slot {
+  uint64_t cluster = 0;  // guest cluster index
+  Kind kind = Kind::overwrite;
+  uint64_t old_entry = 0, old_bitmap = 0;
+  uint64_t host = 0;                  // host cluster offset (existing or new)
+  uint64_t wr_start = 0, wr_end = 0;  // bytes of the cluster written to the host
+  uint64_t rq_start = 0, rq_end = 0;  // bytes of the cluster the request covers
+  size_t slice = 0;                   // index into Plan::slices
+  size_t index = 0;                   // entry index inside that slice
+  io::AlignedBuffer cow;              // [wr_start, wr_end) when it is wider than the request
+  bool needs_cow() const { return wr_start != rq_start || wr_end != rq_end; }
+};
+
+struct Qcow2Writer::Plan {
+  std::vector<Slot> slots;
+  std::vector<L2Cache::Ref> slices;
+  uint64_t run_first = 0, run_count = 0;  // host clusters allocated for this request
+  bool needs_exclusive = false;
+};
+
+Qcow2Writer::Qcow2Writer(Qcow2Image& image, L1Table& l1, ReadFn read_old, bool discard_unmap)
+    : img_(image), l1_(l1), read_old_(std::move(read_old)), discard_unmap_(discard_unmap), size_(image.header.size) {}
+
+Task<Result<std::unique_ptr<Qcow2Writer>>> Qcow2Writer::open(Qcow2Image& image, L1Table& l1, ReadFn read_old,
+                                                             const ImageOptions& opts) {
+  auto w = std::make_unique<Qcow2Writer>(image, l1, std::move(read_old), opts.discard_unmap);
+  const Header& h = image.header;
+  size_t cache_blocks = std::max<size_t>(16, static_cast<size_t>((4ull << 20) >> h.cluster_bits));
+  auto rt = co_await RefcountTable::load(*image.file, h.cluster_bits, h.refcount_order, h.refcount_table_offset,
+                                         h.refcount_table_clusters, cache_blocks);
+  if (!rt) co_return rt.status();
+  w->refcounts_ = std::move(*rt);
+  auto used = co_await w->refcounts_->end_of_used();
+  if (!used) co_return used.status();
+  uint64_t end = std::max(div_round_up(image.file->size(), h.cluster_size()), *used);
+  w->alloc_ = std::make_unique<ClusterAllocator>(*w->refcounts_, end);
+  if (h.dirty()) {
+    log::info("{}: image was not closed cleanly: rebuilding refcounts before writing", image.path);
+    QCOWFS_CO_TRY(co_await w->rebuild_refcounts());
+  }
+  w->alloc_->set_hint(0);
+  co_return w;
+}
+
+bool Qcow2Writer::has_backing() const { return img_.backing != nullptr; }
+
+// ---- header ----
+
+Task<Status> Qcow2Writer::write_header_bytes(uint64_t off, std::span<const std::byte> bytes) {
+  QCOWFS_CO_TRY(co_await img_.file->write(bytes, off));
+  co_return co_await img_.file->flush();
+}
+
+Task<Status> Qcow2Writer::set_incompatible_bits(uint64_t bits) {
+  std::byte b[8];
+  store_be64(b, bits);
+  QCOWFS_CO_TRY(co_await write_header_bytes(kHeaderIncompatOffset, b));
+  img_.header.incompatible_features = bits;
+  co_return Status::ok();
+}
+
+// Before the first change: clear autoclear bits we do not maintain and, with
+// lazy refcounts, set the dirty bit (each one header write + flush).
+Task<Status> Qcow2Writer::prepare() {
+  auto m = co_await meta_.lock();
+  if (prepared_) co_return Status::ok();
+  Header& h = img_.header;
+  if (h.version >= 3) {
+    uint64_t keep = h.autoclear_features & kAutoclearDataFileRaw;
+    if (keep != h.autoclear_features) {
+      std::byte b[8];
+      store_be64(b, keep);
+      QCOWFS_CO_TRY(co_await write_header_bytes(kHeaderAutoclearOffset, b));
+      log::info("{}: cleared autoclear feature bits {:#x} (not maintained by this writer)", img_.path,
+                h.autoclear_features & ~keep);
+      h.autoclear_features = keep;
+    }
+    if ((h.compatible_features & kCompatLazyRefcounts) && !h.dirty()) {
+      QCOWFS_CO_TRY(co_await set_incompatible_bits(h.incompatible_features | kIncompatDirty));
+      set_dirty_bit_ = true;
+    }
+  }
+  prepared_ = true;
+  co_return Status::ok();
+}
+
+// ---- mapping ----
+
+Task<Result<L2Cache::Ref>> Qcow2Writer::slice_for(uint64_t l2_offset, uint64_t l2_index, size_t* index_in_slice) {
+  size_t per = img_.l2_slice_entries();
+  *index_in_slice = static_cast<size_t>(l2_index % per);
+  co_return co_await img_.l2_cache->get(l2_offset + (l2_index / per) * img_.l2_cache->slice_size());
+}
+
+Task<Result<uint64_t>> Qcow2Writer::ensure_l2(uint64_t l1_index) {
+  const uint64_t e = l1_.entries[l1_index];
+  const uint64_t old = e & kL1OffsetMask;
+  if (old != 0 && (e & kOflagCopied)) co_return old;
+  const uint64_t cs = img_.geometry.cluster_size();
+  auto c = co_await alloc_->allocate(1);
+  if (!c) co_return c.status();
+  uint64_t fresh = *c << img_.geometry.cluster_bits;
+  io::AlignedBuffer table(static_cast<size_t>(cs), img_.file->mem_align(), true);
+  Status st;
+  if (old != 0) {  // shared with a snapshot: copy it
+    auto n = co_await img_.file->read(table.span(), old);
+    if (!n) st = n.status();
+    else if (*n != cs) st = Status::errorf(EIO, "L2 table at {:#x} is truncated", old);
+  }
+  if (st) st = co_await img_.file->write(table.span(), fresh);
+  if (!st) {
+    (void)co_await alloc_->release(*c, 1, nullptr);
+    co_return st;
+  }
+  l1_.entries[l1_index] = fresh | kOflagCopied;
+  tracker_.l1_changed(l1_index);
+  if (old != 0) tracker_.release_later(old >> img_.geometry.cluster_bits, 1);
+  co_return fresh;
+}
+
+Task<Status> Qcow2Writer::classify(Slot& s, bool exclusive) {
+  const Geometry& g = img_.geometry;
+  const uint64_t cs = g.cluster_size();
+  const uint64_t entry = s.old_entry, bitmap = s.old_bitmap;
+  auto check = decode_cluster_run(g, entry, bitmap, 0, cs);
+  if (!check) {
+    log::error("{}: corrupt L2 entry for guest cluster {:#x}: {}", img_.path, s.cluster << g.cluster_bits,
+               check.status().message());
+    co_return Status::errorf(EIO, "corrupt qcow2 metadata at guest offset {:#x}: {}", s.cluster << g.cluster_bits,
+                             check.status().message());
+  }
+  const bool compressed = (entry & kOflagCompressed) != 0;
+  const uint64_t host = compressed ? 0 : entry & kL2OffsetMask;
+  const bool allocated = !compressed && (host != 0 || (g.external_data && (entry & kOflagCopied)));
+  const uint64_t scs = g.subcluster_size();
+  const uint64_t sc_first = s.rq_start / scs, sc_last = (s.rq_end - 1) / scs;
+  if (allocated && (entry & kOflagCopied)) {
+    s.host = host;
+    bool in_place;
+    if (g.extended_l2) {
+      uint64_t mask = subcluster_mask(sc_first, sc_last);
+      in_place = (bitmap & mask) == mask;
+    } else {
+      in_place = (entry & kOflagZero) == 0;
+    }
+    if (in_place) {
+      s.kind = Kind::overwrite;
+      s.wr_start = s.rq_start;
+      s.wr_end = s.rq_end;
+    } else {
+      s.kind = Kind::update;
+      s.wr_start = g.extended_l2 ? sc_first * scs : 0;
+      s.wr_end = g.extended_l2 ? (sc_last + 1) * scs : cs;
+    }
+  } else {
+    s.kind = Kind::allocate;
+    bool subclusters = g.extended_l2 && !allocated && !compressed;
+    s.wr_start = subclusters ? sc_first * scs : 0;
+    s.wr_end = subclusters ? (sc_last + 1) * scs : cs;
+    if (g.external_data) s.host = s.cluster << g.cluster_bits;  // guest offset == host offset
+  }
+  (void)exclusive;
+  co_return Status::ok();
+}
+
+Task<Status> Qcow2Writer::map(uint64_t off, uint64_t len, bool exclusive, Plan& plan) {
+  const Geometry& g = img_.geometry;
+  const uint64_t cs = g.cluster_size(), l2_entries = g.l2_entries();
+  const size_t esz = g.l2_entry_size();
+  plan = Plan{};
+  const uint64_t first = off >> g.cluster_bits, last = (off + len - 1) >> g.cluster_bits;
+  plan.slots.reserve(static_cast<size_t>(last - first + 1));
+  for (uint64_t c = first; c <= last; ++c) {
+    Slot s;
+    s.cluster = c;
+    s.rq_start = c == first ? off & (cs - 1) : 0;
+    s.rq_end = c == last ? ((off + len - 1) & (cs - 1)) + 1 : cs;
+    uint64_t l1_index = c / l2_entries;
+    uint64_t l2;
+    if (exclusive) {
+      auto r = co_await ensure_l2(l1_index);
+      if (!r) co_return r.status();
+      l2 = *r;
+    } else {
+      uint64_t e = l1_.entries[l1_index];
+      l2 = e & kL1OffsetMask;
+      if (l2 == 0 || !(e & kOflagCopied)) {
+        plan.needs_exclusive = true;
+        co_return Status::ok();
+      }
+    }
+    size_t per = img_.l2_slice_entries();
+    uint64_t slice_off = l2 + ((c % l2_entries) / per) * img_.l2_cache->slice_size();
+    if (plan.slices.empty() || plan.slices.back().host_offset() != slice_off) {
+      auto ref = co_await img_.l2_cache->get(slice_off);
+      if (!ref) co_return ref.status().with_context(fmt::format("guest offset {:#x}", c << g.cluster_bits));
+      plan.slices.push_back(std::move(*ref));
+    }
+    s.slice = plan.slices.size() - 1;
+    s.index = static_cast<size_t>((c % l2_entries) % per);
+    s.old_entry = plan.slices.back().entry(s.index, esz);
+    s.old_bitmap = g.extended_l2 ? plan.slices.back().bitmap(s.index, esz) : 0;
+    QCOWFS_CO_TRY(co_await classify(s, exclusive));
+    if (!exclusive && s.kind != Kind::overwrite) {
+      plan.needs_exclusive = true;
+      co_return Status::ok();
+    }
+    plan.slots.push_back(std::move(s));
+  }
+  co_return Status::ok();
+}
+
+Task<Status> Qcow2Writer::allocate_run(Plan& plan) {
+  if (img_.geometry.external_data) co_return Status::ok();
+  uint64_t n = 0;
+  for (const Slot& s : plan.slots) n += s.kind == Kind::allocate ? 1 : 0;
+  if (n == 0) co_return Status::ok();
+  auto first = co_await alloc_->allocate(n);
+  if (!first) co_return first.status();
+  plan.run_first = *first;
+  plan.run_count = n;
+  uint64_t next = *first;
+  for (Slot& s : plan.slots)
+    if (s.kind == Kind::allocate) s.host = (next++) << img_.geometry.cluster_bits;
+  co_return Status::ok();
+}
+
+// ---- data ----
+
+Task<Status> Qcow2Writer::fill_cow(Plan& plan, uint64_t off, std::span<const std::byte> buf) {
+  const uint64_t cs = img_.geometry.cluster_size();
+  const uint64_t disk = size();
+  for (Slot& s : plan.slots) {
+    if (s.kind == Kind::overwrite || !s.needs_cow()) continue;
+    s.cow = io::AlignedBuffer(static_cast<size_t>(s.wr_end - s.wr_start), img_.data_file->mem_align(), true);
+    uint64_t guest = s.cluster * cs + s.wr_start;
+    uint64_t n = guest < disk ? std::min(s.wr_end - s.wr_start, disk - guest) : 0;
+    if (n > 0) QCOWFS_CO_TRY(co_await read_old_(guest, s.cow.span().first(static_cast<size_t>(n))));
+    std::memcpy(s.cow.data() + (s.rq_start - s.wr_start), buf.data() + (s.cluster * cs + s.rq_start - off),
+                static_cast<size_t>(s.rq_end - s.rq_start));
+  }
+  co_return Status::ok();
+}
+
+Task<Status> Qcow2Writer::write_data(Plan& plan, uint64_t off, std::span<const std::byte> buf) {
+  const uint64_t cs = img_.geometry.cluster_size();
+  struct HostRun {
+    uint64_t host = 0, len = 0;
+    std::vector<iovec> iov;
+  };
+  std::vector<HostRun> runs;
+  for (Slot& s : plan.slots) {
+    iovec v;
+    if (s.cow.empty()) {
+      v.iov_base = const_cast<std::byte*>(buf.data() + (s.cluster * cs + s.rq_start - off));
+      v.iov_len = static_cast<size_t>(s.rq_end - s.rq_start);
+    } else {
+      v.iov_base = s.cow.data();
+      v.iov_len = s.cow.size();
+    }
+    uint64_t host = s.host + s.wr_start;
+    if (!runs.empty() && runs.back().host + runs.back().len == host) {
+      HostRun& r = runs.back();
+      iovec& prev = r.iov.back();
+      if (static_cast<std::byte*>(prev.iov_base) + prev.iov_len == static_cast<std::byte*>(v.iov_base))
+        prev.iov_len += v.iov_len;
+      else
+        r.iov.push_back(v);
+      r.len += v.iov_len;
+    } else {
+      runs.push_back(HostRun{host, v.iov_len, {v}});
+    }
+  }
+  io::HostFile& f = *img_.data_file;
+  std::vector<Task<Status>> writes;
+  writes.reserve(runs.size());
+  for (HostRun& r : runs) {
+    if (r.iov.size() == 1)
+      writes.push_back(f.write(std::span<const std::byte>(static_cast<const std::byte*>(r.iov[0].iov_base), r.len), r.host));
+    else
+      writes.push_back(f.writev(r.iov, r.host));
+  }
+  co_return co_await io::when_all(std::move(writes));
+}
+
+// ---- metadata updates (metadata lock held) ----
+
+Task<Status> Qcow2Writer::set_l2(L2Cache::Ref& slice, size_t index, uint64_t entry, uint64_t bitmap) {
+  const size_t esz = img_.geometry.l2_entry_size();
+  std::byte* p = slice.mutable_bytes().data() + index * esz;
+  store_be64(p, entry);
+  if (img_.geometry.extended_l2) store_be64(p + 8, bitmap);
+  if (!tracker_.touch_l2(slice.host_offset())) {
+    auto ref = co_await img_.l2_cache->get(slice.host_offset());
+    if (!ref) co_return ref.status();
+    tracker_.add_l2(std::move(*ref), *img_.l2_cache);
+  }
+  co_return Status::ok();
+}
+
+void Qcow2Writer::release_old(uint64_t entry) {
+  const Geometry& g = img_.geometry;
+  if (entry & kOflagCompressed) {
+    CompressedCluster c = decode_compressed(g.cluster_bits, entry);
+    uint64_t start = align_down(c.host_offset, kCompressedSectorSize);
+    uint64_t end = c.host_offset + c.size;  // sector aligned
+    uint64_t first = start >> g.cluster_bits, last = (end - 1) >> g.cluster_bits;
+    tracker_.release_later(first, last - first + 1);
+    return;
+  }
+  uint64_t host = entry & kL2OffsetMask;
+  if (host != 0 && !g.external_data) tracker_.release_later(host >> g.cluster_bits, 1);
+}
+
+Task<Status> Qcow2Writer::commit(Plan& plan) {
+  const Geometry& g = img_.geometry;
+  const uint64_t scs = g.subcluster_size();
+  for (Slot& s : plan.slots) {
+    if (s.kind == Kind::overwrite) continue;
+    uint64_t bitmap = 0;
+    if (g.extended_l2) {
+      // A whole-cluster write holds the complete contents (old ones copied in):
+      // every subcluster is allocated. Otherwise the written subclusters become
+      // allocated and the others keep their state.
+      uint64_t mask = subcluster_mask(s.wr_start / scs, (s.wr_end - 1) / scs);
+      bool whole = s.wr_start == 0 && s.wr_end == g.cluster_size();
+      bitmap = whole ? kSubclusterAllocMask : (s.old_bitmap | mask) & ~(mask << kSubclusterZeroShift);
+    }
+    QCOWFS_CO_TRY(co_await set_l2(plan.slices[s.slice], s.index, s.host | kOflagCopied, bitmap));
+    if (s.kind == Kind::allocate) release_old(s.old_entry);
+  }
+  co_return Status::ok();
+}
+
+Task<Status> Qcow2Writer::undo(Plan& plan) {
+  if (plan.run_count == 0) co_return Status::ok();
+  co_return co_await alloc_->release(plan.run_first, plan.run_count, nullptr);
+}
+
+// ---- write ----
+
+Task<Status> Qcow2Writer::write_once(uint64_t off, std::span<const std::byte> buf, bool exclusive,
+                                     bool* retry_exclusive) {
+  const uint64_t cs = img_.geometry.cluster_size();
+  auto range = co_await ranges_.lock(align_down(off, cs), align_up(off + buf.size(), cs),
+                                     exclusive ? io::RangeLock::Mode::exclusive : io::RangeLock::Mode::shared);
+  Plan plan;
+  {
+    auto m = co_await meta_.lock();
+    for (;;) {
+      Status st = co_await map(off, buf.size(), exclusive, plan);
+      if (st && exclusive) st = co_await allocate_run(plan);
+      if (st.code() == EAGAIN) {
+        m.release();
+        QCOWFS_CO_TRY(co_await grow_refcount_table());
+        m = co_await meta_.lock();
+        continue;
+      }
+      if (!st) co_return st;
+      break;
+    }
+    if (plan.needs_exclusive) {
+      *retry_exclusive = true;
+      co_return Status::ok();
+    }
+  }
+  Status st = co_await fill_cow(plan, off, buf);
+  if (st) st = co_await write_data(plan, off, buf);
+  auto m = co_await meta_.lock();
+  tracker_.data_written();
+  if (!st) {
+    Status u = co_await undo(plan);
+    if (!u) log::error("{}: releasing clusters of a failed write: {}", img_.path, u.message());
+    co_return st;
+  }
+  co_return co_await commit(plan);
+}
+
+Task<Status> Qcow2Writer::write(uint64_t off, std::span<const std::byte> buf) {
+  if (buf.empty()) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await prepare());
+  bool retry = false;
+  QCOWFS_CO_TRY(co_await write_once(off, buf, false, &retry));
+  if (retry) {
+    bool again = false;
+    QCOWFS_CO_TRY(co_await write_once(off, buf, true, &again));
+  }
+  co_return co_await maybe_writeback();
+}
+
+// ---- discard / zeroes ----
+
+Task<Status> Qcow2Writer::zero_clusters(uint64_t first, uint64_t end, ZeroMode mode, std::vector<uint64_t>* need_data) {
+  const Geometry& g = img_.geometry;
+  const uint64_t l2_entries = g.l2_entries();
+  const bool v3 = img_.header.version >= 3;
+  const bool backing = has_backing();
+  for (uint64_t c = first; c < end; ++c) {
+    uint64_t l1_index = c / l2_entries;
+    uint64_t l1e = l1_.entries[l1_index];
+    if ((l1e & kL1OffsetMask) == 0 && !backing) {  // the whole L2 range reads as zeros
+      c = (l1_index + 1) * l2_entries - 1;
+      continue;
+    }
+    if (!v3 && backing) {  // v2 cannot hide the backing file without data
+      if (mode != ZeroMode::discard) need_data->push_back(c);
+      continue;
+    }
+    auto l2 = co_await ensure_l2(l1_index);
+    if (!l2) co_return l2.status();
+    size_t index = 0;
+    auto slice = co_await slice_for(*l2, c % l2_entries, &index);
+    if (!slice) co_return slice.status();
+    const size_t esz = g.l2_entry_size();
+    uint64_t entry = slice->entry(index, esz);
+    uint64_t bitmap = g.extended_l2 ? slice->bitmap(index, esz) : 0;
+    Slot probe;
+    probe.cluster = c;
+    probe.old_entry = entry;
+    probe.old_bitmap = bitmap;
+    probe.rq_start = 0;
+    probe.rq_end = g.cluster_size();
+    QCOWFS_CO_TRY(co_await classify(probe, true));
+    bool owned = probe.kind != Kind::allocate && !(entry & kOflagCompressed);  // allocated and COPIED
+    uint64_t new_entry = 0, new_bitmap = 0;
+    bool release = (entry & (kOflagCompressed | kL2OffsetMask)) != 0;
+    if (mode == ZeroMode::zero_keep && owned) {
+      if (!v3) {
+        need_data->push_back(c);
+        continue;
+      }
+      new_entry = (entry & kL2OffsetMask) | kOflagCopied | (g.extended_l2 ? 0 : kOflagZero);
+      new_bitmap = kAllSubclustersZero;
+      release = false;
+    } else if (!backing) {
+      new_entry = 0;  // unallocated reads as zeros
+    } else {
+      new_entry = g.extended_l2 ? 0 : kOflagZero;
+      new_bitmap = kAllSubclustersZero;
+    }
+    if (!g.extended_l2) new_bitmap = 0;
+    if (new_entry == entry && new_bitmap == bitmap) continue;
+    QCOWFS_CO_TRY(co_await set_l2(*slice, index, new_entry, new_bitmap));
+    if (release) release_old(entry);
+  }
+  co_return Status::ok();
+}
+
+Task<Status> Qcow2Writer::write_zero_bytes(uint64_t off, uint64_t len) {
+  io::AlignedBuffer zeros(static_cast<size_t>(std::min(len, kZeroChunk)), img_.data_file->mem_align(), true);
+  while (len > 0) {
+    uint64_t n = std::min(len, kZeroChunk);
+    QCOWFS_CO_TRY(co_await write(off, zeros.span().first(static_cast<size_t>(n))));
+    off += n;
+    len -= n;
+  }
+  co_return Status::ok();
+}
+
+Task<Status> Qcow2Writer::zero_range(uint64_t off, uint64_t len, ZeroMode mode) {
+  if (len == 0) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await prepare());
+  const Geometry& g = img_.geometry;
+  const uint64_t cs = g.cluster_size(), end = off + len;
+  const uint64_t a = align_up(off, cs);
+  const uint64_t b = end >= size() ? align_up(end, cs) : align_down(end, cs);
+  const bool write_partial = mode != ZeroMode::discard;
+  if (a >= b) {
+    if (write_partial) QCOWFS_CO_TRY(co_await write_zero_bytes(off, len));
+    co_return Status::ok();
+  }
+  if (write_partial && off < a) QCOWFS_CO_TRY(co_await write_zero_bytes(off, a - off));
+  if (write_partial && b < end) QCOWFS_CO_TRY(co_await write_zero_bytes(b, end - b));
+  std::vector<uint64_t> need_data;
+  {
+    auto range = co_await ranges_.lock(a, b, io::RangeLock::Mode::exclusive);
+    auto m = co_await meta_.lock();
+    for (;;) {
+      need_data.clear();
+      Status st = co_await zero_clusters(a >> g.cluster_bits, b >> g.cluster_bits, mode, &need_data);
+      if (st.code() == EAGAIN) {
+        m.release();
+        QCOWFS_CO_TRY(co_await grow_refcount_table());
+        m = co_await meta_.lock();
+        continue;
+      }
+      if (!st) co_return st;
+      break;
+    }
+  }
+  for (size_t i = 0; i < need_data.size();) {
+    size_t j = i + 1;
+    while (j < need_data.size() && need_data[j] == need_data[j - 1] + 1) ++j;
+    uint64_t start = need_data[i] << g.cluster_bits;
+    uint64_t stop = std::min((need_data[j - 1] + 1) << g.cluster_bits, size());
+    QCOWFS_CO_TRY(co_await write_zero_bytes(start, stop - start));
+    i = j;
+  }
+  co_return co_await maybe_writeback();
+}
+
+Task<Status> Qcow2Writer::discard(uint64_t off, uint64_t len) { co_return co_await zero_range(off, len, ZeroMode::discard); }
+
+Task<Status> Qcow2Writer::write_zeroes(uint64_t off, uint64_t len, bool may_unmap) {
+  co_return co_await zero_range(off, len, may_unmap ? ZeroMode::zero_unmap : ZeroMode::zero_keep);
+}
+
+// ---- writeback ----
+
+Task<Status> Qcow2Writer::writeback() {
+  auto wb = co_await writeback_lock_.lock();
+  co_return co_await writeback_locked();
+}
+
+Task<Status> Qcow2Writer::writeback_locked() {
+  WritebackBatch batch;
+  {
+    auto m = co_await meta_.lock();
+    batch = tracker_.take(*refcounts_, l1_.entries, l1_.host_offset);
+  }
+  Status st = co_await write_batch(*img_.file, *img_.data_file, batch);
+  auto m = co_await meta_.lock();
+  if (!st) {
+    tracker_.failed(batch);
+    co_return st;
+  }
+  tracker_.written(batch, *refcounts_, *img_.l2_cache);
+  std::vector<uint64_t> freed;
+  for (const DeferredRelease& r : batch.releases) {
+    Status rs = co_await alloc_->release(r.first_cluster, r.count, discard_unmap_ ? &freed : nullptr);
+    if (!rs) {
+      log::error("{}: dropping references to host clusters {:#x}+{}: {}", img_.path, r.first_cluster, r.count,
+                 rs.message());
+      co_return rs;
+    }
+  }
+  // Freed clusters cannot be reused before this lock is released: punch them now.
+  std::sort(freed.begin(), freed.end());
+  const uint32_t bits = img_.geometry.cluster_bits;
+  for (size_t i = 0; i < freed.size();) {
+    size_t j = i + 1;
+    while (j < freed.size() && freed[j] == freed[j - 1] + 1) ++j;
+    Status ds = co_await img_.file->discard(freed[i] << bits, (freed[j - 1] - freed[i] + 1) << bits);
+    if (!ds) log::warn("{}: discarding freed host clusters at {:#x}: {}", img_.path, freed[i] << bits, ds.message());
+    i = j;
+  }
+  co_return Status::ok();
+}
+
+Task<Status> Qcow2Writer::maybe_writeback() {
+  {
+    auto m = co_await meta_.lock();
+    if (tracker_.dirty_l2_slices() <= kMaxDirtySlices && refcounts_->dirty_block_count() <= kMaxDirtyBlocks)
+      co_return Status::ok();
+  }
+  if (!writeback_lock_.try_lock()) co_return Status::ok();  // someone is writing back already
+  io::AsyncMutex::Guard wb(&writeback_lock_);
+  co_return co_await writeback_locked();
+}
+
+Task<Status> Qcow2Writer::flush() { co_return co_await writeback(); }
+
+Task<Status> Qcow2Writer::idle_writeback() {
+  {
+    auto m = co_await meta_.lock();
+    if (!tracker_.has_dirty() && !refcounts_->has_dirty()) co_return Status::ok();
+  }
+  co_return co_await writeback();
+}
+
+Task<Status> Qcow2Writer::grow_refcount_table() {
+  auto wb = co_await writeback_lock_.lock();
+  auto m = co_await meta_.lock();
+  co_return co_await alloc_->grow_table();
+}
+
+Task<Status> Qcow2Writer::close() {
+  if (closed_) co_return Status::ok();
+  for (int i = 0; i < 4; ++i) {
+    QCOWFS_CO_TRY(co_await writeback());
+    auto m = co_await meta_.lock();
+    if (!tracker_.has_dirty() && !refcounts_->has_dirty()) break;
+  }
+  if (set_dirty_bit_) {
+    auto m = co_await meta_.lock();
+    QCOWFS_CO_TRY(co_await set_incompatible_bits(img_.header.incompatible_features & ~kIncompatDirty));
+    set_dirty_bit_ = false;
+  }
+  closed_ = true;
+  co_return Status::ok();
+}
+
+// ---- refcount rebuild ----
+
+namespace {
+
+// Reference counts computed from the metadata itself, for the clusters of the file.
+class UseCounter {
+ public:
+  UseCounter(uint32_t cluster_bits, uint64_t file_clusters) : bits_(cluster_bits), counts_(file_clusters, 0) {}
+  Status count(uint64_t off, uint64_t len, std::string_view what) {
+    if (len == 0) return Status::ok();
+    uint64_t first = off >> bits_, last = (off + len - 1) >> bits_;
+    if (last >= counts_.size())
+      return Status::errorf(EIO, "{} at {:#x} ({} bytes) lies beyond the end of the image file", what, off, len);
+    for (uint64_t c = first; c <= last; ++c) ++counts_[c];
+    return Status::ok();
+  }
+  uint64_t at(uint64_t c) const { return c < counts_.size() ? counts_[c] : 0; }
+  uint64_t size() const { return counts_.size(); }
+
+ private:
+  uint32_t bits_;
+  std::vector<uint32_t> counts_;
+};
+
+Task<Result<std::vector<uint64_t>>> read_table(io::HostFile& f, uint64_t off, uint64_t entries) {
+  io::AlignedBuffer buf(static_cast<size_t>(entries * 8), f.mem_align(), true);
+  auto n = co_await f.read(buf.span(), off);
+  if (!n) co_return n.status();
+  if (*n != buf.size()) co_return Status::errorf(EIO, "table at {:#x} is truncated by the end of the file", off);
+  std::vector<uint64_t> out(static_cast<size_t>(entries));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_be64(buf.data() + i * 8);
+  co_return out;
+}
+
+}  // namespace
+
+// Recomputes every refcount from the header, tables, snapshots and L2 entries
+// (a dirty image's refcounts are not trusted), writes them back and clears the
+// dirty bit. Runs at open, before any request.
+Task<Status> Qcow2Writer::rebuild_refcounts() {
+  const Header& h = img_.header;
+  const Geometry& g = img_.geometry;
+  const uint64_t cs = g.cluster_size();
+  UseCounter use(g.cluster_bits, div_round_up(img_.file->size(), cs));
+  QCOWFS_CO_TRY(use.count(0, cs, "header"));
+  QCOWFS_CO_TRY(use.count(h.refcount_table_offset, uint64_t{h.refcount_table_clusters} * cs, "refcount table"));
+  for (uint64_t r = 0; r < refcounts_->table_entries(); ++r)
+    if (refcounts_->has_block(r)) QCOWFS_CO_TRY(use.count(refcounts_->table_entry(r), cs, "refcount block"));
+  if (h.nb_snapshots > 0) {
+    uint64_t avail = std::min<uint64_t>(kMaxSnapshotTableBytes, img_.file->size() - h.snapshots_offset);
+    io::AlignedBuffer buf(static_cast<size_t>(avail), img_.file->mem_align(), true);
+    auto n = co_await img_.file->read(buf.span(), h.snapshots_offset);
+    if (!n) co_return n.status();
+    auto t = parse_snapshot_table(buf.span().first(*n), h, img_.file->size());
+    if (!t) co_return t.status();
+    QCOWFS_CO_TRY(use.count(h.snapshots_offset, t->table_bytes, "snapshot table"));
+  }
+  std::vector<std::vector<uint64_t>> l1s{l1_.entries};
+  QCOWFS_CO_TRY(use.count(l1_.host_offset, l1_.entries.size() * 8, "L1 table"));
+  for (const Snapshot& s : img_.snapshots) {
+    QCOWFS_CO_TRY(use.count(s.l1_table_offset, uint64_t{s.l1_size} * 8, "snapshot L1 table"));
+    auto t = co_await read_table(*img_.file, s.l1_table_offset, s.l1_size);
+    if (!t) co_return t.status();
+    l1s.push_back(std::move(*t));
+  }
+  const uint64_t esz = g.l2_entry_size();
+  for (const auto& l1 : l1s) {
+    for (uint64_t e : l1) {
+      uint64_t l2 = e & kL1OffsetMask;
+      if (l2 == 0) continue;
+      QCOWFS_CO_TRY(use.count(l2, cs, "L2 table"));
+      auto t = co_await read_table(*img_.file, l2, cs / 8);
+      if (!t) co_return t.status();
+      for (uint64_t i = 0; i < g.l2_entries(); ++i) {
+        uint64_t entry = (*t)[i * (esz / 8)];
+        if (entry & kOflagCompressed) {
+          CompressedCluster c = decode_compressed(g.cluster_bits, entry);
+          uint64_t start = align_down(c.host_offset, kCompressedSectorSize);
+          QCOWFS_CO_TRY(use.count(start, c.host_offset + c.size - start, "compressed cluster"));
+        } else if ((entry & kL2OffsetMask) != 0 && !g.external_data) {
+          QCOWFS_CO_TRY(use.count(entry & kL2OffsetMask, cs, "data cluster"));
+        }
+      }
+    }
+  }
+  auto used = co_await refcounts_->end_of_used();
+  if (!used) co_return used.status();
+  const uint64_t limit = std::max(use.size(), *used);
+  uint64_t fixed = 0;
+  for (uint64_t c = 0; c < limit; ++c) {
+    auto have = refcounts_->peek(c);
+    if (!have) {
+      QCOWFS_CO_TRY(co_await refcounts_->load_block_for(c));
+      have = refcounts_->peek(c);
+    }
+    uint64_t want = use.at(c);
+    if (*have == want) continue;
+    uint64_t index = c / refcounts_->block_entries();
+    while (!refcounts_->has_block(index)) {
+      auto x = co_await alloc_->allocate(1);
+      if (x) {
+        refcounts_->install_block(index, *x);
+      } else if (x.status().code() == EAGAIN) {
+        QCOWFS_CO_TRY(co_await alloc_->grow_table());
+      } else {
+        co_return x.status();
+      }
+    }
+    QCOWFS_CO_TRY(co_await refcounts_->add(c, 1, static_cast<int64_t>(want) - static_cast<int64_t>(*have)));
+    ++fixed;
+  }
+  QCOWFS_CO_TRY(co_await writeback());
+  log::info("{}: refcounts rebuilt ({} clusters corrected)", img_.path, fixed);
+  co_return co_await set_incompatible_bits(h.incompatible_features & ~kIncompatDirty);
+}
+
+// ---- resize ----
+
+Task<Status> Qcow2Writer::truncate(uint64_t new_size) {
+  const uint64_t old_size = size();
+  if (new_size == old_size) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await prepare());
+  const Geometry& g = img_.geometry;
+  const uint64_t cs = g.cluster_size();
+  auto range = co_await ranges_.lock(0, UINT64_MAX, io::RangeLock::Mode::exclusive);
+  if (new_size < old_size) {
+    auto m = co_await meta_.lock();
+    const size_t esz = g.l2_entry_size();
+    for (uint64_t c = div_round_up(new_size, cs); c < div_round_up(old_size, cs); ++c) {
+      uint64_t l1_index = c / g.l2_entries();
+      uint64_t l2 = l1_.entries[l1_index] & kL1OffsetMask;
+      if (l2 == 0) {
+        c = (l1_index + 1) * g.l2_entries() - 1;
+        continue;
+      }
+      size_t index = 0;
+      auto slice = co_await slice_for(l2, c % g.l2_entries(), &index);
+      if (!slice) co_return slice.status();
+      uint64_t entry = slice->entry(index, esz) & ~kOflagZero;
+      uint64_t bitmap = g.extended_l2 ? slice->bitmap(index, esz) & kSubclusterAllocMask : 0;
+      if (entry != 0 || bitmap != 0)
+        co_return Status::errorf(EINVAL, "cannot shrink to {} bytes: guest offset {:#x} is allocated", new_size, c * cs);
+    }
+  }
+  if (img_.header.l1_entries_for(new_size) > l1_.entries.size())
+    co_return co_await grow_l1(img_.header.l1_entries_for(new_size), new_size);
+  auto m = co_await meta_.lock();
+  std::byte b[8];
+  store_be64(b, new_size);
+  QCOWFS_CO_TRY(co_await write_header_bytes(kHeaderSizeOffset, b));
+  img_.header.size = new_size;
+  size_.store(new_size, std::memory_order_release);
+  co_return Status::ok();
+}
+
+// Called with the whole guest range locked exclusively.
+Task<Status> Qcow2Writer::grow_l1(uint64_t entries, uint64_t new_size) {
+  const Geometry& g = img_.geometry;
+  const uint64_t cs = g.cluster_size();
+  if (entries * 8 > kMaxL1Bytes)
+    co_return Status::errorf(EFBIG, "a {} byte disk needs an L1 table larger than {} bytes", new_size, kMaxL1Bytes);
+  auto wb = co_await writeback_lock_.lock();
+  QCOWFS_CO_TRY(co_await writeback_locked());  // the old L1 on disk matches memory now
+  const uint64_t clusters = div_round_up(entries * 8, cs);
+  uint64_t first = 0;
+  {
+    auto m = co_await meta_.lock();
+    for (;;) {
+      auto r = co_await alloc_->allocate(clusters);
+      if (r) {
+        first = *r;
+        break;
+      }
+      if (r.status().code() != EAGAIN) co_return r.status();
+      QCOWFS_CO_TRY(co_await alloc_->grow_table());
+    }
+  }
+  // The new clusters' refcounts go to disk before anything points at them.
+  Status st = co_await writeback_locked();
+  auto m = co_await meta_.lock();
+  io::AlignedBuffer table(static_cast<size_t>(clusters * cs), img_.file->mem_align(), true);
+  for (size_t i = 0; i < l1_.entries.size(); ++i) store_be64(table.data() + i * 8, l1_.entries[i]);
+  if (st) st = co_await img_.file->write(table.span(), first * cs);
+  if (st) st = co_await img_.file->flush();
+  if (st) {
+    // size, crypt_method, l1_size and l1_table_offset: one 24-byte write.
+    std::byte hdr[24];
+    store_be64(hdr, new_size);
+    store_be32(hdr + 8, img_.header.crypt_method);
+    store_be32(hdr + 12, static_cast<uint32_t>(entries));
+    store_be64(hdr + 16, first * cs);
+    st = co_await write_header_bytes(kHeaderSizeOffset, hdr);
+  }
+  if (!st) {
+    (void)co_await alloc_->release(first, clusters, nullptr);
+    co_return st;
+  }
+  uint64_t old_offset = l1_.host_offset;
+  uint64_t old_clusters = div_round_up(l1_.entries.size() * 8, cs);
+  l1_.entries.resize(entries, 0);
+  l1_.host_offset = first * cs;
+  img_.header.l1_size = static_cast<uint32_t>(entries);
+  img_.header.l1_table_offset = first * cs;
+  img_.header.size = new_size;
+  size_.store(new_size, std::memory_order_release);
+  if (old_clusters > 0 && old_offset != 0) QCOWFS_CO_TRY(co_await alloc_->release(old_offset / cs, old_clusters, nullptr));
+  co_return Status::ok();
+}
+
+}  // namespace qcowfs::image::qcow2
