@@ -1,0 +1,73 @@
+#include "fuse/cmd.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+namespace qcowfs::fuse {
+
+bool is_subcommand(std::string_view name) {
+  return name == "create" || name == "info" || name == "check" || name == "map";
+}
+
+int run_subcommand(std::string_view name, std::span<const std::string> args) {
+  if (name == "create") return cmd_create(args);
+  if (name == "info") return cmd_info(args);
+  if (name == "check") return cmd_check(args);
+  return cmd_map(args);
+}
+
+int cmd_fail(std::string_view cmd, const Status& st, int code) {
+  fmt::print(stderr, "qcowfs {}: {}\n", cmd, st.to_string());
+  return code;
+}
+
+int usage_error(std::string_view cmd, std::string_view message) {
+  fmt::print(stderr, "qcowfs {}: {}\nTry 'qcowfs {} --help' for more information.\n", cmd, message, cmd);
+  return 1;
+}
+
+Result<std::unique_ptr<io::Engine>> tool_engine() { return io::make_engine(io::EngineKind::automatic, 64); }
+
+std::string human_size(uint64_t bytes) {
+  // qemu's size_to_str(): the unit changes at 1000 of the smaller one, and the
+  // number is printed with three significant digits ("196 KiB", "1.27 MiB").
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int exp = 0;
+  std::frexp(static_cast<double>(bytes) / (1000.0 / 1024.0), &exp);
+  int unit = (exp - 1) / 10;
+  if (unit < 0) unit = 0;
+  double div = std::ldexp(1.0, unit * 10);
+  return fmt::format("{:.3g} {}", static_cast<double>(bytes) / div, kUnits[unit]);
+}
+
+bool take_option(std::span<const std::string> args, size_t& i, std::string_view long_name,
+                 std::string_view short_name, std::string& value) {
+  std::string_view a = args[i];
+  bool has_next = i + 1 < args.size();
+  if (!long_name.empty() && a.starts_with(long_name)) {
+    std::string_view rest = a.substr(long_name.size());
+    if (rest.starts_with("=")) {
+      value = std::string(rest.substr(1));
+      return true;
+    }
+    if (rest.empty() && has_next) {
+      value = args[++i];
+      return true;
+    }
+  }
+  if (!short_name.empty() && a.starts_with(short_name)) {
+    if (a.size() > short_name.size()) {
+      value = std::string(a.substr(short_name.size()));
+      return true;
+    }
+    if (has_next) {
+      value = args[++i];
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace qcowfs::fuse

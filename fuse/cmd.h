@@ -1,0 +1,55 @@
+// The qcowfs subcommands (git style: `qcowfs create|info|check|map ...`),
+// each a function from its arguments (without the subcommand name) to a
+// process exit code. They print to stdout/stderr and run their image I/O on a
+// private Engine through io::run_sync; the mount form of the binary is
+// untouched. Shared helpers for them live here too.
+// Thread-safety: each runs on the main thread of a short-lived process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "io/engine.h"
+#include "io/run_sync.h"
+#include "io/status.h"
+
+namespace qcowfs::fuse {
+
+// True when `name` (argv[1]) is a subcommand.
+bool is_subcommand(std::string_view name);
+// Runs subcommand `name` with its arguments; returns the exit code.
+int run_subcommand(std::string_view name, std::span<const std::string> args);
+
+int cmd_create(std::span<const std::string> args);
+int cmd_info(std::span<const std::string> args);
+int cmd_check(std::span<const std::string> args);
+int cmd_map(std::span<const std::string> args);
+
+// Every subcommand's --help text (the man page documents the same options).
+std::string_view create_usage();
+std::string_view info_usage();
+std::string_view check_usage();
+std::string_view map_usage();
+
+// ---- helpers shared by the subcommands ----
+
+// Prints "qcowfs CMD: message" to stderr and returns exit code `code`.
+int cmd_fail(std::string_view cmd, const Status& st, int code = 1);
+// Prints a usage error and the --help hint; returns 1.
+int usage_error(std::string_view cmd, std::string_view message);
+
+// A private engine for the process (io_uring, else threads).
+Result<std::unique_ptr<io::Engine>> tool_engine();
+
+// "1.5 GiB", "196 KiB", "512 B": qemu-img's human sizes.
+std::string human_size(uint64_t bytes);
+
+// Matches `--name=value`, `--name value` and `-x value` forms: returns true and
+// sets value (advancing i) when args[i] is one of them.
+bool take_option(std::span<const std::string> args, size_t& i, std::string_view long_name,
+                 std::string_view short_name, std::string& value);
+
+}  // namespace qcowfs::fuse

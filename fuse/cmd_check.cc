@@ -1,0 +1,189 @@
+// qcowfs check: consistency check and repair of a qcow2 image, with the
+// output and exit codes of `qemu-img check` (0 clean, 1 check not completed,
+// 2 corruptions, 3 leaks only, 63 format without checks).
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "fuse/cmd.h"
+#include "fuse/cmd_json.h"
+#include "image/block_driver.h"
+#include "image/qcow2_check.h"
+
+namespace qcowfs::fuse {
+namespace {
+
+namespace q = image::qcow2;
+
+constexpr int kExitNoChecks = 63;
+// Metadata to walk before a progress bar is worth showing on a terminal.
+constexpr uint64_t kProgressMinMetadata = 4ull << 30;
+
+struct CheckArgs {
+  std::string image;
+  std::string format;
+  q::RepairMode repair = q::RepairMode::none;
+  bool json = false;
+  bool quiet = false;
+  bool help = false;
+};
+
+Result<q::RepairMode> parse_repair(const std::string& v) {
+  if (v == "leaks") return q::RepairMode::leaks;
+  if (v == "all") return q::RepairMode::all;
+  return Status::errorf(EINVAL, "bad repair mode '{}' (expected leaks or all)", v);
+}
+
+Result<CheckArgs> parse_check_args(std::span<const std::string> args) {
+  CheckArgs a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (args[i] == "-h" || args[i] == "--help") {
+      a.help = true;
+    } else if (args[i] == "--json") {
+      a.json = true;
+    } else if (args[i] == "-q" || args[i] == "--quiet") {
+      a.quiet = true;
+    } else if (take_option(args, i, "--output", "", v)) {
+      if (v != "json" && v != "human") return Status::errorf(EINVAL, "bad output format '{}' (json or human)", v);
+      a.json = v == "json";
+    } else if (take_option(args, i, "--repair", "-r", v)) {
+      auto r = parse_repair(v);
+      if (!r) return r.status();
+      a.repair = *r;
+    } else if (take_option(args, i, "--format", "-f", v)) {
+      a.format = v;
+    } else if (args[i].size() > 1 && args[i][0] == '-') {
+      return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
+    } else if (a.image.empty()) {
+      a.image = args[i];
+    } else {
+      return Status::errorf(EINVAL, "unexpected argument '{}'", args[i]);
+    }
+  }
+  if (!a.help && a.image.empty()) return Status::error(EINVAL, "missing IMAGE");
+  return a;
+}
+
+Json report_json(const q::CheckReport& r, const std::string& filename) {
+  Json j = Json::object();
+  auto optional = [&](const char* key, uint64_t v) {
+    if (v != 0) j.set(key, v);
+  };
+  optional("image-end-offset", r.image_end_offset);
+  optional("total-clusters", r.total_clusters);
+  j.set("check-errors", r.check_errors);
+  optional("allocated-clusters", r.allocated_clusters);
+  optional("fragmented-clusters", r.fragmented_clusters);
+  optional("compressed-clusters", r.compressed_clusters);
+  optional("corruptions", r.corruptions);
+  optional("leaks", r.leaks);
+  optional("corruptions-fixed", r.corruptions_fixed);
+  optional("leaks-fixed", r.leaks_fixed);
+  j.set("filename", filename);
+  j.set("format", "qcow2");
+  return j;
+}
+
+void print_human(const q::CheckReport& r) {
+  if (r.corruptions_fixed || r.leaks_fixed)
+    fmt::print("The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n\n"
+               "Double checking the fixed image now...\n", r.leaks_fixed, r.corruptions_fixed);
+  if (!(r.corruptions || r.leaks || r.check_errors)) {
+    fmt::print("No errors were found on the image.\n");
+  } else {
+    if (r.corruptions)
+      fmt::print("\n{} errors were found on the image.\nData may be corrupted, or further writes to the image may "
+                 "corrupt it.\n", r.corruptions);
+    if (r.leaks)
+      fmt::print("\n{} leaked clusters were found on the image.\nThis means waste of disk space, but no harm to data.\n",
+                 r.leaks);
+    if (r.check_errors) fmt::print("\n{} internal errors have occurred during the check.\n", r.check_errors);
+  }
+  if (r.total_clusters && r.allocated_clusters) {
+    auto pct = [](uint64_t a, uint64_t b) { return static_cast<double>(a) * 100.0 / static_cast<double>(b); };
+    fmt::print("{}/{} = {:.2f}% allocated, {:.2f}% fragmented, {:.2f}% compressed clusters\n", r.allocated_clusters,
+               r.total_clusters, pct(r.allocated_clusters, r.total_clusters),
+               pct(r.fragmented_clusters, r.allocated_clusters), pct(r.compressed_clusters, r.allocated_clusters));
+  }
+  if (r.image_end_offset) fmt::print("Image end offset: {}\n", r.image_end_offset);
+}
+
+int exit_code(const q::CheckReport& r) {
+  if (r.check_errors) return 1;
+  if (r.corruptions) return 2;
+  if (r.leaks) return 3;
+  return 0;
+}
+
+// A one-line bar on stderr, redrawn in place; only used on a terminal.
+void draw_progress(uint64_t done, uint64_t total) {
+  int pct = total ? static_cast<int>(done * 100 / total) : 100;
+  std::string bar(static_cast<size_t>(pct / 2), '#');
+  fmt::print(stderr, "\r    ({:3d}/100%) [{:<50}]", pct, bar);
+  if (done == total) fmt::print(stderr, "\n");
+}
+
+Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks) {
+  io::OpenOptions o;
+  o.writable = a.repair != q::RepairMode::none;
+  auto file = io::open_host_file(a.image, o);
+  if (!file) co_return file.status();
+  std::string format = a.format;
+  if (format.empty()) {
+    auto probed = co_await image::probe_format(**file);
+    if (!probed) co_return probed.status();
+    format = *probed;
+  }
+  if (format != "qcow2") {
+    *no_checks = true;
+    co_return Status::error(ENOTSUP, "This image format does not support checks");
+  }
+  q::CheckOptions opts;
+  opts.repair = a.repair;
+  bool big = (*file)->size() > kProgressMinMetadata;
+  if (!a.json && !a.quiet && big && ::isatty(STDERR_FILENO)) opts.progress = draw_progress;
+  auto r = co_await q::check_image(**file, opts);
+  if (r && (*file)->writable()) QCOWFS_CO_TRY(co_await (*file)->flush());
+  co_return r;
+}
+
+}  // namespace
+
+std::string_view check_usage() {
+  return "usage: qcowfs check [-r leaks|all] [--json] [-f FORMAT] [-q] IMAGE\n"
+         "\n"
+         "Checks a qcow2 image for consistency, like qemu-img check: leaked clusters,\n"
+         "refcount mismatches, overlapping metadata, entries outside the file, invalid\n"
+         "subcluster bitmaps and wrong copied flags, in the active tables and in every\n"
+         "snapshot. Exit status: 0 clean, 1 check not completed, 2 corruptions,\n"
+         "3 leaked clusters only, 63 the format has no checks (raw).\n"
+         "\n"
+         "  -r, --repair=leaks   lower the refcounts of leaked clusters\n"
+         "  -r, --repair=all     also fix copied flags and rebuild refcounts if needed\n"
+         "  --json               print the result as JSON (--output=json)\n"
+         "  -f, --format=FMT     image format (default: probed)\n"
+         "  -q, --quiet          print nothing but errors\n"
+         "  -h, --help           show this text\n";
+}
+
+int cmd_check(std::span<const std::string> args) {
+  auto a = parse_check_args(args);
+  if (!a) return usage_error("check", a.status().message());
+  if (a->help) {
+    fmt::print("{}", check_usage());
+    return 0;
+  }
+  auto engine = tool_engine();
+  if (!engine) return cmd_fail("check", engine.status());
+  bool no_checks = false;
+  auto r = io::run_sync(**engine, run_check(*a, &no_checks));
+  if (!r) return cmd_fail("check", r.status(), no_checks ? kExitNoChecks : 1);
+  if (!a->quiet)
+    for (const auto& m : r->messages) fmt::print(stderr, "{}\n", m);
+  if (a->json) fmt::print("{}\n", report_json(*r, a->image).render());
+  else if (!a->quiet) print_human(*r);
+  return exit_code(*r);
+}
+
+}  // namespace qcowfs::fuse

@@ -1,0 +1,188 @@
+// qcowfs create: makes a new qcow2 (or raw) image, with qemu-img create's
+// command line: -o takes qemu-img's option names, -b/-F name the backing file.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "fuse/cmd.h"
+#include "image/block_driver.h"
+#include "image/qcow2_create.h"
+#include "io/fd.h"
+
+namespace qcowfs::fuse {
+namespace {
+
+namespace q = image::qcow2;
+
+struct CreateArgs {
+  std::string image;
+  std::string format = "qcow2";
+  std::string options;  // -o lists, joined with commas
+  std::string backing, backing_format;
+  std::string size;
+  bool quiet = false;
+  bool help = false;
+};
+
+Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
+  CreateArgs a;
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (args[i] == "-h" || args[i] == "--help") {
+      a.help = true;
+    } else if (args[i] == "-q" || args[i] == "--quiet") {
+      a.quiet = true;
+    } else if (take_option(args, i, "--options", "-o", v)) {
+      a.options += (a.options.empty() ? "" : ",") + v;
+    } else if (take_option(args, i, "--backing", "-b", v)) {
+      a.backing = v;
+    } else if (take_option(args, i, "--backing-format", "-F", v)) {
+      a.backing_format = v;
+    } else if (take_option(args, i, "--format", "-f", v)) {
+      if (v != "qcow2" && v != "raw") return Status::errorf(EINVAL, "unknown format '{}' (qcow2 or raw)", v);
+      a.format = v;
+    } else if (args[i].size() > 1 && args[i][0] == '-') {
+      return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
+    } else {
+      positional.push_back(args[i]);
+    }
+  }
+  if (a.help) return a;
+  if (positional.empty()) return Status::error(EINVAL, "missing IMAGE");
+  if (positional.size() > 2) return Status::errorf(EINVAL, "unexpected argument '{}'", positional[2]);
+  a.image = positional[0];
+  if (positional.size() == 2) a.size = positional[1];
+  return a;
+}
+
+Result<q::CreateOptions> build_options(const CreateArgs& a) {
+  q::CreateOptions o;
+  QCOWFS_TRY(q::apply_create_options(o, a.options));
+  if (!a.size.empty()) QCOWFS_TRY(q::apply_create_option(o, "size", a.size));
+  if (!a.backing.empty()) o.backing_file = a.backing;
+  if (!a.backing_format.empty()) o.backing_format = a.backing_format;
+  return o;
+}
+
+std::string resolve_relative(const std::string& image, const std::string& name) {
+  if (name.empty() || name[0] == '/') return name;
+  auto slash = image.rfind('/');
+  return slash == std::string::npos ? name : image.substr(0, slash + 1) + name;
+}
+
+// Opens the backing file: its size is the default image size, and its probed
+// format is recorded when -F was not given.
+Task<Status> inspect_backing(const std::string& image, q::CreateOptions& o) {
+  if (o.backing_file.empty()) co_return Status::ok();
+  image::ImageOptions bo;
+  bo.format = o.backing_format;
+  auto b = co_await image::open_image(resolve_relative(image, o.backing_file), bo);
+  if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", o.backing_file));
+  if (o.backing_format.empty()) o.backing_format = std::string((*b)->format_name());
+  if (!o.size_given) {
+    o.size = (*b)->size();
+    o.size_given = true;
+  }
+  co_return co_await (*b)->close();
+}
+
+// Creates (or empties) a file and opens it writable.
+Result<std::unique_ptr<io::HostFile>> create_file(const std::string& path) {
+  io::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Status::from_errno(errno, fmt::format("creating {}", path));
+  io::OpenOptions o;
+  o.writable = true;
+  return io::open_host_file(path, o);
+}
+
+Task<Status> create_raw(const std::string& path, const q::CreateOptions& o) {
+  auto f = create_file(path);
+  if (!f) co_return f.status();
+  QCOWFS_CO_TRY(co_await (*f)->truncate(o.size));
+  if (o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full)
+    QCOWFS_CO_TRY(co_await (*f)->write_zeroes(0, o.size));
+  co_return co_await (*f)->flush();
+}
+
+Task<Status> create_qcow2(const std::string& path, q::CreateOptions o) {
+  QCOWFS_CO_TRY(co_await inspect_backing(path, o));
+  auto valid = q::validate_create_options(std::move(o));
+  if (!valid) co_return valid.status();
+  std::unique_ptr<io::HostFile> data;
+  if (!valid->data_file.empty()) {
+    auto d = create_file(resolve_relative(path, valid->data_file));
+    if (!d) co_return d.status();
+    data = std::move(*d);
+  }
+  auto f = create_file(path);
+  if (!f) co_return f.status();
+  co_return co_await q::write_new_image(**f, data.get(), *valid);
+}
+
+void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
+  if (a.format == "raw") {
+    fmt::print("Formatting '{}', fmt=raw size={}\n", a.image, o.size);
+    return;
+  }
+  fmt::print("Formatting '{}', fmt=qcow2 cluster_size={} extended_l2={} compression_type={} size={}", a.image,
+             o.cluster_size, o.extended_l2 ? "on" : "off", o.compression_type ? "zstd" : "zlib", o.size);
+  if (!o.backing_file.empty()) fmt::print(" backing_file={}", o.backing_file);
+  if (!o.backing_format.empty()) fmt::print(" backing_fmt={}", o.backing_format);
+  if (!o.data_file.empty()) fmt::print(" data_file={} data_file_raw={}", o.data_file, o.data_file_raw ? "on" : "off");
+  fmt::print(" lazy_refcounts={} refcount_bits={}", o.lazy_refcounts ? "on" : "off", o.refcount_bits);
+  if (o.preallocation != q::Preallocation::off) fmt::print(" preallocation={}", q::to_string(o.preallocation));
+  fmt::print("\n");
+}
+
+}  // namespace
+
+std::string_view create_usage() {
+  return "usage: qcowfs create [-f FORMAT] [-o OPTIONS] [-b BACKING [-F BACKING_FMT]] [-q] IMAGE [SIZE]\n"
+         "\n"
+         "Creates a qcow2 v3 image (or a raw one with -f raw). SIZE takes K, M, G, T\n"
+         "suffixes; with a backing file it defaults to the backing file's size.\n"
+         "\n"
+         "  -f, --format=FMT          qcow2 (default) or raw\n"
+         "  -o, --options=OPTS        comma-separated qemu-img options (below)\n"
+         "  -b, --backing=FILE        backing file (relative names: to IMAGE's directory)\n"
+         "  -F, --backing-format=FMT  backing file format (default: probed)\n"
+         "  -q, --quiet               do not print the 'Formatting' line\n"
+         "  -h, --help                show this text\n"
+         "\n"
+         "options (-o):\n"
+         "  size=SIZE                 virtual disk size\n"
+         "  cluster_size=SIZE         512 to 2M, a power of two (default 64K)\n"
+         "  compat=0.10|1.1           qcow2 version 2 or 3 (default 1.1)\n"
+         "  refcount_bits=N           1, 2, 4, 8, 16 (default), 32 or 64\n"
+         "  lazy_refcounts=on|off     lazy refcounts (compat=1.1)\n"
+         "  extended_l2=on|off        subclusters (compat=1.1, clusters of 16K or more)\n"
+         "  compression_type=zlib|zstd\n"
+         "  preallocation=off|metadata|falloc|full\n"
+         "  data_file=FILE            keep guest data in an external data file\n"
+         "  data_file_raw=on|off      the data file is a raw image of the disk\n"
+         "  backing_file=FILE         same as -b\n"
+         "  backing_fmt=FMT           same as -F\n";
+}
+
+int cmd_create(std::span<const std::string> args) {
+  auto a = parse_create_args(args);
+  if (!a) return usage_error("create", a.status().message());
+  if (a->help) {
+    fmt::print("{}", create_usage());
+    return 0;
+  }
+  auto o = build_options(*a);
+  if (!o) return usage_error("create", o.status().message());
+  if (a->format == "raw" && !o->size_given) return usage_error("create", "a raw image needs a SIZE");
+  auto engine = tool_engine();
+  if (!engine) return cmd_fail("create", engine.status());
+  if (!a->quiet) print_formatting(*a, *o);
+  Status st = a->format == "raw" ? io::run_sync(**engine, create_raw(a->image, *o))
+                                 : io::run_sync(**engine, create_qcow2(a->image, *o));
+  if (!st) return cmd_fail("create", st);
+  return 0;
+}
+
+}  // namespace qcowfs::fuse

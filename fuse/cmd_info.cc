@@ -1,0 +1,325 @@
+// qcowfs info: what `qemu-img info` shows about an image (and with
+// --backing-chain, about every image of its chain), as text or as JSON with
+// qemu-img's --output=json field names.
+#include <cstdio>
+#include <ctime>
+
+#include "fuse/cmd.h"
+#include "fuse/cmd_json.h"
+#include "image/block_driver.h"
+#include "image/endian.h"
+#include "image/qcow2_inspect.h"
+
+namespace qcowfs::fuse {
+namespace {
+
+namespace q = image::qcow2;
+
+struct InfoArgs {
+  std::string image;
+  std::string format;
+  bool json = false;
+  bool backing_chain = false;
+  bool help = false;
+};
+
+Result<InfoArgs> parse_info_args(std::span<const std::string> args) {
+  InfoArgs a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (args[i] == "-h" || args[i] == "--help") {
+      a.help = true;
+    } else if (args[i] == "--json") {
+      a.json = true;
+    } else if (args[i] == "--backing-chain") {
+      a.backing_chain = true;
+    } else if (take_option(args, i, "--output", "", v)) {
+      if (v != "json" && v != "human") return Status::errorf(EINVAL, "bad output format '{}' (json or human)", v);
+      a.json = v == "json";
+    } else if (take_option(args, i, "--format", "-f", v)) {
+      a.format = v;
+    } else if (args[i].size() > 1 && args[i][0] == '-') {
+      return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
+    } else if (a.image.empty()) {
+      a.image = args[i];
+    } else {
+      return Status::errorf(EINVAL, "unexpected argument '{}'", args[i]);
+    }
+  }
+  if (!a.help && a.image.empty()) return Status::error(EINVAL, "missing IMAGE");
+  return a;
+}
+
+// Everything info prints about one image.
+struct ImageInfo {
+  std::string filename;
+  std::string format;
+  uint64_t virtual_size = 0;
+  uint64_t actual_size = 0;
+  bool dirty = false;
+  // qcow2 only
+  bool qcow2 = false;
+  q::Header header;
+  std::vector<q::Snapshot> snapshots;
+  std::vector<q::Bitmap> bitmaps;
+  std::string full_backing;
+};
+
+// qemu's path_combine(): a relative name is relative to the directory of base.
+std::string path_combine(const std::string& base, const std::string& name) {
+  if (name.empty() || name[0] == '/') return name;
+  auto slash = base.rfind('/');
+  return slash == std::string::npos ? name : base.substr(0, slash + 1) + name;
+}
+
+Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
+  auto h = co_await q::read_qcow2_header(f);
+  if (!h) co_return h.status();
+  info.qcow2 = true;
+  info.header = *h;
+  info.virtual_size = h->size;
+  info.dirty = h->dirty();
+  auto sn = co_await q::read_qcow2_snapshots(f, *h);
+  if (!sn) co_return sn.status();
+  info.snapshots = std::move(sn->snapshots);
+  auto bm = co_await q::read_qcow2_bitmaps(f, *h);
+  if (!bm) co_return bm.status();
+  info.bitmaps = std::move(*bm);
+  if (!h->backing_file.empty()) info.full_backing = path_combine(info.filename, h->backing_file);
+  if (h->has_external_data_file()) {
+    io::OpenOptions o;
+    auto df = io::open_host_file(path_combine(info.filename, h->data_file), o);
+    if (df) info.actual_size += (*df)->allocated_bytes();
+  }
+  co_return Status::ok();
+}
+
+Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint) {
+  io::OpenOptions o;
+  auto f = io::open_host_file(path, o);
+  if (!f) co_return f.status();
+  ImageInfo info;
+  info.filename = path;
+  info.format = format_hint;
+  if (info.format.empty()) {
+    auto probed = co_await image::probe_format(**f);
+    if (!probed) co_return probed.status();
+    info.format = *probed;
+  }
+  info.actual_size = (*f)->allocated_bytes();
+  info.virtual_size = (*f)->size();
+  if (info.format == "qcow2") QCOWFS_CO_TRY(co_await add_qcow2_info(**f, info));
+  else if (info.format != "raw") co_return Status::errorf(EINVAL, "unknown image format '{}'", info.format);
+  co_return info;
+}
+
+uint64_t snapshot_icount(const q::Snapshot& s) {
+  if (s.extra.size() < sizeof(q::SnapshotExtraLayout)) return ~uint64_t{0};
+  return image::load_be64(s.extra.data() + offsetof(q::SnapshotExtraLayout, icount));
+}
+
+Json snapshot_json(const q::Snapshot& s) {
+  Json j = Json::object();
+  uint64_t icount = snapshot_icount(s);
+  if (icount != ~uint64_t{0}) j.set("icount", icount);
+  j.set("vm-clock-nsec", s.vm_clock_nsec % 1000000000);
+  j.set("name", s.name);
+  j.set("date-sec", uint64_t{s.date_sec});
+  j.set("date-nsec", uint64_t{s.date_nsec});
+  j.set("vm-clock-sec", s.vm_clock_nsec / 1000000000);
+  j.set("id", s.id);
+  j.set("vm-state-size", s.vm_state_size);
+  return j;
+}
+
+Json bitmap_json(const q::Bitmap& b) {
+  Json flags = Json::array();
+  if (b.flags & q::kBitmapFlagInUse) flags.push("in-use");
+  if (b.flags & q::kBitmapFlagAuto) flags.push("auto");
+  Json j = Json::object();
+  j.set("flags", std::move(flags));
+  j.set("name", b.name);
+  j.set("granularity", b.granularity());
+  return j;
+}
+
+std::string compression_name(uint8_t t) { return t == q::kCompressionZstd ? "zstd" : "zlib"; }
+
+Json qcow2_specific(const ImageInfo& info) {
+  const q::Header& h = info.header;
+  Json d = Json::object();
+  if (h.version == 2) {
+    d.set("compat", "0.10");
+    d.set("compression-type", compression_name(h.compression_type));
+    d.set("refcount-bits", uint64_t{h.refcount_bits()});
+    return d;
+  }
+  d.set("compat", "1.1");
+  d.set("compression-type", compression_name(h.compression_type));
+  d.set("lazy-refcounts", (h.compatible_features & q::kCompatLazyRefcounts) != 0);
+  if (!info.bitmaps.empty()) {
+    Json list = Json::array();
+    for (const auto& b : info.bitmaps) list.push(bitmap_json(b));
+    d.set("bitmaps", std::move(list));
+  }
+  d.set("refcount-bits", uint64_t{h.refcount_bits()});
+  if (h.has_data_file_name) d.set("data-file", h.data_file);
+  if (h.has_external_data_file()) d.set("data-file-raw", h.data_file_raw());
+  d.set("corrupt", h.corrupt());
+  d.set("extended-l2", h.extended_l2());
+  return d;
+}
+
+Json info_json(const ImageInfo& info) {
+  Json j = Json::object();
+  if (!info.snapshots.empty()) {
+    Json list = Json::array();
+    for (const auto& s : info.snapshots) list.push(snapshot_json(s));
+    j.set("snapshots", std::move(list));
+  }
+  if (info.qcow2 && !info.header.backing_format.empty()) j.set("backing-filename-format", info.header.backing_format);
+  j.set("virtual-size", info.virtual_size);
+  j.set("filename", info.filename);
+  if (info.qcow2) j.set("cluster-size", info.header.cluster_size());
+  j.set("format", info.format);
+  j.set("actual-size", info.actual_size);
+  if (info.qcow2) {
+    Json spec = Json::object();
+    spec.set("type", "qcow2");
+    spec.set("data", qcow2_specific(info));
+    j.set("format-specific", std::move(spec));
+  }
+  if (info.qcow2 && !info.header.backing_file.empty()) {
+    j.set("full-backing-filename", info.full_backing);
+    j.set("backing-filename", info.header.backing_file);
+  }
+  j.set("dirty-flag", info.dirty);
+  return j;
+}
+
+std::string clock_text(uint64_t ns) {
+  uint64_t secs = ns / 1000000000;
+  return fmt::format("{:02}:{:02}:{:02}.{:03}", secs / 3600, (secs / 60) % 60, secs % 60, (ns / 1000000) % 1000);
+}
+
+std::string date_text(uint32_t sec) {
+  std::time_t t = sec;
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+void print_snapshots(const std::vector<q::Snapshot>& snapshots) {
+  fmt::print("Snapshot list:\n{:<9} {:<17} {:>7}{:>20}{:>13}{:>11}\n", "ID", "TAG", "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
+  for (const auto& s : snapshots) {
+    uint64_t icount = snapshot_icount(s);
+    fmt::print("{:<9} {:<17} {:>7} {:>19} {:>12} {:>10}\n", s.id, s.name, human_size(s.vm_state_size),
+               date_text(s.date_sec), clock_text(s.vm_clock_nsec),
+               icount == ~uint64_t{0} ? std::string("--") : fmt::format("{}", icount));
+  }
+}
+
+void print_qcow2_specific(const ImageInfo& info) {
+  const q::Header& h = info.header;
+  fmt::print("Format specific information:\n");
+  fmt::print("    compat: {}\n", h.version == 2 ? "0.10" : "1.1");
+  fmt::print("    compression type: {}\n", compression_name(h.compression_type));
+  if (h.version == 2) {
+    fmt::print("    refcount bits: {}\n", h.refcount_bits());
+    return;
+  }
+  fmt::print("    lazy refcounts: {}\n", (h.compatible_features & q::kCompatLazyRefcounts) != 0);
+  if (!info.bitmaps.empty()) {
+    fmt::print("    bitmaps:\n");
+    for (const auto& b : info.bitmaps) {
+      fmt::print("        [{}]:\n            flags:\n", &b - info.bitmaps.data());
+      int n = 0;
+      if (b.flags & q::kBitmapFlagInUse) fmt::print("                [{}]: in-use\n", n++);
+      if (b.flags & q::kBitmapFlagAuto) fmt::print("                [{}]: auto\n", n++);
+      fmt::print("            name: {}\n            granularity: {}\n", b.name, b.granularity());
+    }
+  }
+  fmt::print("    refcount bits: {}\n", h.refcount_bits());
+  if (h.has_data_file_name) fmt::print("    data file: {}\n", h.data_file);
+  if (h.has_external_data_file()) fmt::print("    data file raw: {}\n", h.data_file_raw());
+  fmt::print("    corrupt: {}\n    extended l2: {}\n", h.corrupt(), h.extended_l2());
+}
+
+void print_human(const ImageInfo& info) {
+  fmt::print("image: {}\nfile format: {}\n", info.filename, info.format);
+  fmt::print("virtual size: {} ({} bytes)\n", human_size(info.virtual_size), info.virtual_size);
+  fmt::print("disk size: {}\n", human_size(info.actual_size));
+  if (info.qcow2) fmt::print("cluster_size: {}\n", info.header.cluster_size());
+  if (info.qcow2 && !info.header.backing_file.empty()) {
+    fmt::print("backing file: {}", info.header.backing_file);
+    if (info.full_backing != info.header.backing_file) fmt::print(" (actual path: {})", info.full_backing);
+    fmt::print("\n");
+    if (!info.header.backing_format.empty()) fmt::print("backing file format: {}\n", info.header.backing_format);
+  }
+  if (info.dirty) fmt::print("cleanly shut down: no\n");
+  if (!info.snapshots.empty()) print_snapshots(info.snapshots);
+  if (info.qcow2) print_qcow2_specific(info);
+}
+
+// The image and, with --backing-chain, each backing file in turn.
+Task<Result<std::vector<ImageInfo>>> gather_chain(const InfoArgs& a) {
+  std::vector<ImageInfo> chain;
+  std::string path = a.image, format = a.format;
+  for (;;) {
+    for (const auto& seen : chain)
+      if (seen.filename == path) co_return Status::errorf(ELOOP, "backing file chain loops back to {}", path);
+    auto info = co_await gather(path, format);
+    if (!info) co_return info.status();
+    chain.push_back(std::move(*info));
+    const ImageInfo& last = chain.back();
+    if (!a.backing_chain || !last.qcow2 || last.header.backing_file.empty()) co_return chain;
+    path = last.full_backing;
+    format = last.header.backing_format;
+  }
+}
+
+}  // namespace
+
+std::string_view info_usage() {
+  return "usage: qcowfs info [--json] [--backing-chain] [-f FORMAT] IMAGE\n"
+         "\n"
+         "Shows what qemu-img info shows: format, virtual and disk size, cluster size,\n"
+         "backing file and its format, snapshots, bitmaps, feature bits (compat, lazy\n"
+         "refcounts, refcount bits, compression type, extended L2, data file), dirty and\n"
+         "corrupt flags.\n"
+         "\n"
+         "  --json               JSON with qemu-img's field names (--output=json)\n"
+         "  --backing-chain      also describe every image of the backing chain\n"
+         "  -f, --format=FMT     image format (default: probed)\n"
+         "  -h, --help           show this text\n";
+}
+
+int cmd_info(std::span<const std::string> args) {
+  auto a = parse_info_args(args);
+  if (!a) return usage_error("info", a.status().message());
+  if (a->help) {
+    fmt::print("{}", info_usage());
+    return 0;
+  }
+  auto engine = tool_engine();
+  if (!engine) return cmd_fail("info", engine.status());
+  auto chain = io::run_sync(**engine, gather_chain(*a));
+  if (!chain) return cmd_fail("info", chain.status());
+  if (a->json && !a->backing_chain) {
+    fmt::print("{}\n", info_json(chain->front()).render());
+  } else if (a->json) {
+    Json list = Json::array();
+    for (const auto& i : *chain) list.push(info_json(i));
+    fmt::print("{}\n", list.render());
+  } else {
+    for (size_t i = 0; i < chain->size(); ++i) {
+      if (i) fmt::print("\n");
+      print_human((*chain)[i]);
+    }
+  }
+  return 0;
+}
+
+}  // namespace qcowfs::fuse
