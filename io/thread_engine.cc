@@ -30,7 +30,7 @@ int64_t execute_once(const IoRequest& req) {
       if (r > 0) r = p.revents;
       break;
     }
-    case Op::call: return req.call();
+    case Op::call: break;  // handled by execute_blocking
   }
   return r < 0 ? -errno : r;
 }
@@ -38,6 +38,7 @@ int64_t execute_once(const IoRequest& req) {
 }  // namespace
 
 int64_t execute_blocking(const IoRequest& req) {
+  if (req.op == IoRequest::Op::call) return req.call();  // its result is the caller's business
   for (;;) {
     int64_t r = execute_once(req);
     if (r != -EINTR && r != -EAGAIN) return r;
@@ -88,8 +89,8 @@ void ThreadEngine::submit_queued() {
 // poll(2) on the mailbox eventfd and every pending poll_in fd; fired poll_in
 // requests move to ready_ with their revents as result.
 void ThreadEngine::wait(int timeout_ms) {
-  std::vector<pollfd> fds;
-  fds.reserve(polling_.size() + 1);
+  std::vector<pollfd>& fds = pollfds_;
+  fds.clear();
   fds.push_back(pollfd{mailbox_->fd(), POLLIN, 0});
   for (IoRequest* req : polling_) fds.push_back(pollfd{req->fd, POLLIN, 0});
   int n = ::poll(fds.data(), fds.size(), timeout_ms);

@@ -7,6 +7,8 @@
 // Thread-safety: as Engine: only post() may be called from other threads.
 #pragma once
 
+#include <poll.h>
+
 #include <memory>
 #include <vector>
 
@@ -35,6 +37,7 @@ class ThreadEngine final : public Engine {
   std::vector<IoRequest*> queued_;   // enqueued since the last run_once
   std::vector<IoRequest*> polling_;  // Op::poll_in requests waiting for readability
   std::vector<IoRequest*> ready_;    // poll_in requests that fired this round
+  std::vector<pollfd> pollfds_;      // wait()'s poll set, kept for its capacity
 };
 
 // Runs one request's syscall synchronously on the calling thread, retrying

@@ -251,19 +251,23 @@ void sweep_misalignment(HostFile& f, const std::string& path, Engine& engine) {
     std::copy(data.begin(), data.end(), shadow.begin() + static_cast<std::ptrdiff_t>(off));
     co_return true;
   };
+  // Every offset residue d (crossing the 8192 boundary) paired with a distinct
+  // length residue ((d * 2473) mod 4096 runs through all of 0..4095, 2473 being
+  // odd), lengths spanning zero to two further blocks; then every offset residue
+  // again for short writes that stay inside one block.
   auto sweep = [&]() -> Task<int> {
     int failures = 0;
-    for (uint64_t d = 0; d < 4096; ++d) {  // offset residue, fixed odd length crossing boundaries
-      uint64_t off = 8192 + d;
-      if (!co_await check_read(off, 5000)) ++failures;
-      if (!co_await do_write(off, 5000, static_cast<uint32_t>(d))) ++failures;
+    for (uint64_t d = 0; d < 4096; ++d) {
+      const uint64_t off = 8192 + d;
+      const size_t len = 1 + (d * 2473) % 4096 + 4096 * (d % 3);
+      if (!co_await check_read(off, len)) ++failures;
+      if (!co_await do_write(off, len, static_cast<uint32_t>(d))) ++failures;
     }
-    for (size_t l = 1; l < 4096; ++l) {  // length residue at an aligned and a misaligned offset
-      if (!co_await check_read(65536, l)) ++failures;
-      if (!co_await do_write(65536, l, static_cast<uint32_t>(l + 5000))) ++failures;
-      uint64_t off = 131072 - (l % 97) - 1;
-      if (!co_await check_read(off, l + 4096)) ++failures;
-      if (!co_await do_write(off, l + 4096, static_cast<uint32_t>(l + 9000))) ++failures;
+    for (uint64_t d = 0; d < 4096; d += 3) {
+      const uint64_t off = 65536 + d;
+      const size_t len = std::min<size_t>(1 + d % 61, 4096 - d);
+      if (!co_await do_write(off, len, static_cast<uint32_t>(d + 7000))) ++failures;
+      if (!co_await check_read(off - d % 5, len + d % 5)) ++failures;
     }
     co_return failures;
   };
