@@ -418,14 +418,18 @@ def mounted(image: str | os.PathLike, target: str | os.PathLike, opts: Sequence[
     os.close(log_fd)
     m = Mount(image, target, path, proc, argv, Path(log_name))
     try:
-        wait_for_mount(m, foreground)
-        yield m
-    finally:
         try:
-            finish_mount(m, foreground, expect_exit)
+            wait_for_mount(m, foreground)
+        except BaseException:
+            abandon_mount(m)
+            raise
+        try:
+            yield m
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(m.log_path)
+            finish_mount(m, foreground, expect_exit)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(m.log_path)
 
 
 def wait_for_mount(m: Mount, foreground: bool) -> None:
@@ -463,6 +467,19 @@ def finish_mount(m: Mount, foreground: bool, expect_exit: int | None) -> None:
     else:
         wait_daemon_exit(m)
     assert not is_fuse_mounted(m.target), f"{m.target} still mounted after unmount"
+
+
+def abandon_mount(m: Mount) -> None:
+    """Cleans up after a mount that never came up, without asserting anything."""
+    unmount(m.target)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        m.proc.wait(timeout=EXIT_TIMEOUT_S)
+    if m.proc.poll() is None:
+        kill_group(m.proc.pid)
+        m.proc.wait()
+    for pid in find_pids(m.argv):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def wait_foreground_exit(m: Mount, expect_exit: int | None) -> None:
