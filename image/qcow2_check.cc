@@ -580,7 +580,7 @@ Task<Result<CheckReport>> check_pass(io::HostFile& f, Header& h, const CheckOpti
     QCOWFS_CO_TRY(co_await compare_refcounts(stored, counts->counted, nb_clusters, true, compared, highest));
   }
   r = std::move(compared);
-  CopiedChecker copied(f, h, stored, r, opts.repair == RepairMode::all);
+  CopiedChecker copied(f, h, stored, r, opts.repair != RepairMode::none);  // as qemu: any -r
   QCOWFS_CO_TRY(co_await copied.run(counts->active_l1));
   r.image_end_offset = (highest + 1) * h.cluster_size();
   co_return r;

@@ -10,9 +10,10 @@
 // clusters, invalid subcluster bitmaps, broken refcount table entries and
 // wrong OFLAG_COPIED flags in the active tables are corruptions too.
 //
-// Repair: RepairMode::leaks lowers leaked refcounts in place; RepairMode::all
-// also fixes OFLAG_COPIED flags and, when any refcount is too low or the
-// refcount structure itself is broken, writes a fresh refcount table and
+// Repair: both modes lower leaked refcounts in place and fix OFLAG_COPIED
+// flags (as qemu-img check -r leaks does too); RepairMode::all also, when any
+// refcount is too low or the refcount structure itself is broken, writes a
+// fresh refcount table and
 // fresh refcount blocks after the last used cluster and switches the header
 // to them in one write (rebuild_refcounts()).
 //
