@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "fuse/request_buffer.h"
 #include "io/log.h"
@@ -18,7 +19,7 @@ static_assert(kRequestBufferSize - kReadOffset >= FUSE_MIN_READ_BUFFER);
 
 namespace {
 thread_local EventLoop* t_current = nullptr;
-constexpr size_t kIdleRequestBuffers = 8;
+constexpr size_t kIdleRequestBuffers = 16;
 }  // namespace
 
 EventLoop::EventLoop(Config cfg)
@@ -122,7 +123,13 @@ void EventLoop::spawn_request(Task<void> t) {
   spawn_then(std::move(t), [this] { --inflight_; });
 }
 
-io::AlignedBuffer EventLoop::take_request_buffer() { return std::move(current_); }
+PooledBuffer EventLoop::hold_write_payload(std::span<const std::byte>& payload) {
+  if (payload.size() > kCopyWriteMax) return PooledBuffer(this, std::move(current_));
+  io::AlignedBuffer copy = read_pool_.take(payload.size());
+  std::memcpy(copy.data(), payload.data(), payload.size());
+  payload = std::span<const std::byte>(copy.data(), payload.size());
+  return PooledBuffer(this, std::move(copy));
+}
 
 io::AlignedBuffer EventLoop::take_read_buffer(size_t size) { return read_pool_.take(size); }
 

@@ -24,6 +24,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <span>
 #include <thread>
 
 #include "fuse/buffer_pool.h"
@@ -35,6 +36,8 @@
 struct fuse_session;
 
 namespace qcowfs::fuse {
+
+class PooledBuffer;
 
 constexpr int kReadBatch = 16;  // requests read per wake-up before yielding to completions
 
@@ -65,11 +68,13 @@ class EventLoop {
   static EventLoop* current();
   // Runs t as a request: the loop does not exit before t finishes.
   void spawn_request(Task<void> t);
-  // Takes the buffer the request being dispatched was read into (a WRITE's
-  // payload points into it); the reader continues with a fresh buffer.
-  io::AlignedBuffer take_request_buffer();
+  // Keeps the payload of the WRITE being dispatched valid until its host
+  // write completes. Large payloads keep the request buffer they were read
+  // into (zero copy; the reader continues with a fresh one); payloads up to
+  // kCopyWriteMax are copied into a pooled buffer and `payload` is pointed there.
+  PooledBuffer hold_write_payload(std::span<const std::byte>& payload);
   io::AlignedBuffer take_read_buffer(size_t size);
-  // Gives a buffer from either take_*() back for reuse.
+  // Gives a buffer back for reuse.
   void recycle(io::AlignedBuffer buf);
 
  private:

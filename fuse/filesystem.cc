@@ -71,7 +71,7 @@ Task<void> read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t
   fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), len);
 }
 
-// `payload` points into `owner`, the request buffer, kept alive until the write is done.
+// `payload` points into `owner`, kept alive until the write is done.
 Task<void> write_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, std::span<const std::byte> payload,
                       [[maybe_unused]] PooledBuffer owner) {
   Status st = co_await d.write(off, payload);
@@ -252,8 +252,8 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     return;
   }
   EventLoop* loop = EventLoop::current();
-  PooledBuffer owner(loop, loop->take_request_buffer());
   std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(buf), size);
+  PooledBuffer owner = loop->hold_write_payload(payload);
   loop->spawn_request(write_task(req, *d, static_cast<uint64_t>(off), payload, std::move(owner)));
 }
 
