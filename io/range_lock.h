@@ -45,6 +45,7 @@ class RangeLock {
     void release() {
       if (owner_) std::exchange(owner_, nullptr)->unlock(id_);
     }
+    bool owns() const { return owner_ != nullptr; }
 
    private:
     RangeLock* owner_ = nullptr;
