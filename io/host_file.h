@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 
+#include "io/lock.h"
 #include "io/status.h"
 #include "io/task.h"
 
@@ -42,6 +43,10 @@ struct OpenOptions {
   // True when the user asked for the cache mode explicitly: a host that refuses
   // O_DIRECT is then an error instead of a warning and a fall back to writeback.
   bool cache_explicit = false;
+  // Image locking as QEMU does it (io/lock.h): locking=auto|on|off, and
+  // force-share (read-only opens only) to coexist with a writer, like qemu-img -U.
+  LockMode locking = LockMode::automatic;
+  bool force_share = false;
 };
 
 class HostFile {
@@ -84,6 +89,12 @@ class HostFile {
   virtual bool writable() const = 0;
   virtual CacheMode cache_mode() const = 0;
   virtual const std::string& path() const = 0;
+
+  // Keeps the image lock for as long as this file is open (open_host_file).
+  void hold_lock(ImageLock lock) { lock_ = std::move(lock); }
+
+ private:
+  ImageLock lock_;
 };
 
 // Opens a regular file or block device. Fails with a clear message naming path.

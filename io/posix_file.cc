@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <optional>
 
 #include "io/align.h"
 #include "io/buffer.h"
@@ -61,16 +62,23 @@ Result<UniqueFd> open_fd(const std::string& path, bool writable, CacheMode cache
   return UniqueFd(fd);
 }
 
-// Opens with the requested cache mode; a host refusing O_DIRECT (EINVAL) is an
-// error when the mode was explicit, else a warning and writeback.
-Result<UniqueFd> open_with_cache(const std::string& path, const OpenOptions& opts, CacheMode* cache) {
-  *cache = opts.cache;
-  auto fd = open_fd(path, opts.writable, *cache);
-  if (fd || fd.status().code() != EINVAL || *cache != CacheMode::none) return fd;
+// A host that refuses O_DIRECT: an error when cache=none was explicit, else a
+// warning and cache=writeback.
+Status refuse_direct(const std::string& path, const OpenOptions& opts, CacheMode* cache) {
   if (opts.cache_explicit)
     return Status::errorf(EINVAL, "cache=none: {} does not support O_DIRECT (try cache=writeback)", path);
   log::warn("{} does not support O_DIRECT: using cache=writeback", path);
   *cache = CacheMode::writeback;
+  return Status::ok();
+}
+
+// Opens with the requested cache mode; O_DIRECT refused at open (EINVAL) goes
+// through refuse_direct().
+Result<UniqueFd> open_with_cache(const std::string& path, const OpenOptions& opts, CacheMode* cache) {
+  *cache = opts.cache;
+  auto fd = open_fd(path, opts.writable, *cache);
+  if (fd || fd.status().code() != EINVAL || *cache != CacheMode::none) return fd;
+  QCOWFS_TRY(refuse_direct(path, opts, cache));
   return open_fd(path, opts.writable, *cache);
 }
 
@@ -97,10 +105,10 @@ const char* file_type_name(mode_t mode) {
 
 }  // namespace
 
-DirectAlignment detect_direct_alignment(int fd, bool block_device, uint64_t size) {
+std::optional<DirectAlignment> detect_direct_alignment(int fd, bool block_device, uint64_t size) {
   struct statx sx {};
-  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
-      sx.stx_dio_offset_align != 0) {
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+    if (sx.stx_dio_offset_align == 0) return std::nullopt;  // the file system says: no direct I/O here
     return DirectAlignment{std::max<size_t>(sx.stx_dio_mem_align, 1), sx.stx_dio_offset_align};
   }
   if (block_device) {
@@ -120,6 +128,9 @@ DirectAlignment detect_direct_alignment(int fd, bool block_device, uint64_t size
 Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const OpenOptions& opts) {
   auto f = PosixFile::open(path, opts);
   if (!f) return f.status();
+  auto lock = ImageLock::acquire(path, LockPerms::for_image(opts.writable, opts.force_share), opts.locking);
+  if (!lock) return lock.status();
+  (*f)->hold_lock(std::move(*lock));
   return std::unique_ptr<HostFile>(std::move(*f));
 }
 
@@ -136,7 +147,16 @@ Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, cons
   auto size = host_size(fd->get(), st, path);
   if (!size) return size.status();
   DirectAlignment align;
-  if (cache == CacheMode::none) align = detect_direct_alignment(fd->get(), blk, *size);
+  if (cache == CacheMode::none) {
+    auto detected = detect_direct_alignment(fd->get(), blk, *size);
+    if (detected) {
+      align = *detected;
+    } else {
+      QCOWFS_TRY(refuse_direct(path, opts, &cache));
+      fd = open_fd(path, opts.writable, cache);
+      if (!fd) return fd.status();
+    }
+  }
   const size_t logical_block = blk ? logical_block_size(fd->get()) : 1;
   Params p{std::move(*fd), path, cache, opts.writable, blk, *size, logical_block, align};
   return std::unique_ptr<PosixFile>(new PosixFile(std::move(p)));
