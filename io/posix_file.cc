@@ -115,6 +115,10 @@ std::optional<DirectAlignment> detect_direct_alignment(int fd, bool block_device
     size_t lbs = logical_block_size(fd);
     return DirectAlignment{lbs, lbs};
   }
+  return probe_direct_alignment(fd, size);
+}
+
+DirectAlignment probe_direct_alignment(int fd, uint64_t size) {
   // A read at or past EOF succeeds whatever its alignment, so small files tell nothing.
   if (size >= 4096) {
     AlignedBuffer probe(4096, 4096, false);

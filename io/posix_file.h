@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "io/fd.h"
@@ -36,7 +37,10 @@ struct DirectAlignment {
 // Detects O_DIRECT alignment for fd: statx(STATX_DIOALIGN) where reported, the
 // logical sector size (BLKSSZGET) for block devices, else by probing O_DIRECT
 // reads of 512..4096 bytes at offset 0 (4096 when the file is too small to tell).
-DirectAlignment detect_direct_alignment(int fd, bool block_device, uint64_t size);
+// nullopt when statx reports that the file cannot do direct I/O at all.
+std::optional<DirectAlignment> detect_direct_alignment(int fd, bool block_device, uint64_t size);
+// The probing step alone (fd opened with O_DIRECT; size = its file size).
+DirectAlignment probe_direct_alignment(int fd, uint64_t size);
 
 class PosixFile final : public HostFile {
  public:

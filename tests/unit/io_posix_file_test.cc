@@ -131,7 +131,7 @@ TEST(PosixFileOpen, ProbeFindsAlignmentWithoutStatx) {
   TempFile tf("probe", kFileSize);
   UniqueFd fd(::open(tf.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
   ASSERT_TRUE(fd.valid());
-  DirectAlignment a = detect_direct_alignment(fd.get(), false, kFileSize);
+  DirectAlignment a = probe_direct_alignment(fd.get(), kFileSize);
   EXPECT_TRUE(is_pow2(a.offset));
   // Whatever was detected must really work for an O_DIRECT read, and half of it must not
   // (unless it is already the smallest sector size).
@@ -140,6 +140,15 @@ TEST(PosixFileOpen, ProbeFindsAlignmentWithoutStatx) {
   if (a.offset > 512) {
     EXPECT_LT(::pread(fd.get(), buf.data(), a.offset / 2, 0), 0);
   }
+  // Too small a file cannot be probed (reads at EOF always succeed): assume the worst.
+  TempFile empty("probe_empty");
+  UniqueFd efd(::open(empty.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+  ASSERT_TRUE(efd.valid());
+  EXPECT_EQ(probe_direct_alignment(efd.get(), 0).offset, 4096u);
+  // statx, where the kernel reports it, must agree with the probe on a file this size.
+  auto detected = detect_direct_alignment(fd.get(), false, kFileSize);
+  ASSERT_TRUE(detected.has_value());
+  EXPECT_EQ(detected->offset, a.offset);
 }
 
 TEST(PosixFileOpen, CacheModeNamesRoundTrip) {
