@@ -1,5 +1,6 @@
 #include "io/engine.h"
 
+#include <atomic>
 #include <fstream>
 #include <string>
 
@@ -35,7 +36,10 @@ Result<std::unique_ptr<Engine>> make_engine(EngineKind kind, unsigned queue_dept
     auto uring = UringEngine::create(queue_depth);
     if (uring) return std::unique_ptr<Engine>(std::move(*uring));
     if (kind == EngineKind::io_uring) return uring.status().with_context("aio=io_uring");
-    log::warn("io_uring unavailable ({}): using threads", uring_unavailable_reason(uring.status()));
+    // Every event-loop thread makes an engine: say it once per process.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      log::warn("io_uring unavailable ({}): using threads", uring_unavailable_reason(uring.status()));
   }
   auto threads = ThreadEngine::create();
   if (!threads) return threads.status();
