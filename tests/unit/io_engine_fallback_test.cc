@@ -41,21 +41,30 @@ Task<bool> write_and_read_back(HostFile& f) {
   co_return n && *n == data.size() && back == data;
 }
 
-// Exit codes say which check failed.
-void fallback_child() {
-  if (!deny_io_uring_setup()) std::exit(2);
+// Returns 0, or a code saying which check failed.
+int fallback(const std::string& path) {
+  if (!deny_io_uring_setup()) return 2;
   auto explicit_uring = make_engine(EngineKind::io_uring);
-  if (explicit_uring || explicit_uring.status().code() != EPERM) std::exit(3);
+  if (explicit_uring || explicit_uring.status().code() != EPERM) return 3;
   auto first = make_engine(EngineKind::automatic);
   auto second = make_engine(EngineKind::automatic);  // must not warn again
-  if (!first || !second || (*first)->name() != "threads") std::exit(4);
-  testing::TempFile tf("fallback");
+  if (!first || !second || (*first)->name() != "threads") return 4;
   OpenOptions o;
   o.writable = true;
   o.cache = CacheMode::none;
-  auto f = open_host_file(tf.path(), o);
-  if (!f) std::exit(5);
-  std::exit(run_sync(**first, write_and_read_back(**f)) ? 0 : 6);
+  auto f = open_host_file(path, o);
+  if (!f) return 5;
+  return run_sync(**first, write_and_read_back(**f)) ? 0 : 6;
+}
+
+// std::exit skips the destructors of locals: remove the temp file first.
+[[noreturn]] void fallback_child() {
+  int rc;
+  {
+    testing::TempFile tf("fallback");
+    rc = fallback(tf.path());
+  }
+  std::exit(rc);
 }
 
 TEST(EngineFallback, FilteredIoUringFallsBackToThreadsWithOneWarning) {
