@@ -7,8 +7,11 @@
 // Engines: UringEngine (io_uring) and ThreadEngine (a worker pool, for hosts where
 // io_uring is disabled or filtered). make_engine() picks one.
 //
-// Thread-safety: everything except post() and wake() must be called on the
-// owning thread. post() may be called from any thread.
+// Thread-safety: everything except post() must be called on the owning thread:
+// the one thread that drives the engine (enqueue, run_once) for its whole life.
+// A UringEngine becomes bound to the first thread that runs it (single-issuer
+// ring), so an engine is not handed from one thread to another. post() may be
+// called from any thread.
 #pragma once
 
 #include <sys/uio.h>
