@@ -42,7 +42,7 @@ class Qcow2Image : public ::testing::Test {
 
   // Runs a shell command in the test directory; fails the test on error.
   void sh(const std::string& cmd) {
-    std::string full = "cd '" + dir_.string() + "' && " + cmd + " >/dev/null";
+    std::string full = "cd '" + dir_.string() + "' && { " + cmd + "; } >/dev/null";
     ASSERT_EQ(std::system(full.c_str()), 0) << full;
   }
 

@@ -8,43 +8,13 @@
 #include "io/mem_file.h"
 #include "io/run_sync.h"
 #include "io/sync.h"
+#include "qcow2_gated_file.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {
 
 constexpr size_t kSlice = 4096;
-
-// A HostFile whose reads wait until open() is called: keeps loads in flight.
-class GatedFile final : public io::HostFile {
- public:
-  explicit GatedFile(io::MemFile& f) : f_(f) {}
-  void open() { gate_.set(); }
-  Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) override {
-    co_await gate_.wait();
-    co_return co_await f_.read(buf, off);
-  }
-  Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) override { return f_.readv(iov, off); }
-  Task<Status> write(std::span<const std::byte> b, uint64_t off) override { return f_.write(b, off); }
-  Task<Status> writev(std::span<const iovec> iov, uint64_t off) override { return f_.writev(iov, off); }
-  Task<Status> flush() override { return f_.flush(); }
-  Task<Status> discard(uint64_t off, uint64_t len) override { return f_.discard(off, len); }
-  Task<Status> write_zeroes(uint64_t off, uint64_t len) override { return f_.write_zeroes(off, len); }
-  Task<Status> truncate(uint64_t size) override { return f_.truncate(size); }
-  Task<Result<uint64_t>> seek_data(uint64_t off) override { return f_.seek_data(off); }
-  Task<Result<uint64_t>> seek_hole(uint64_t off) override { return f_.seek_hole(off); }
-  uint64_t size() const override { return f_.size(); }
-  uint64_t allocated_bytes() const override { return f_.allocated_bytes(); }
-  size_t mem_align() const override { return f_.mem_align(); }
-  size_t offset_align() const override { return f_.offset_align(); }
-  bool is_block_device() const override { return false; }
-  bool writable() const override { return false; }
-  io::CacheMode cache_mode() const override { return f_.cache_mode(); }
-  const std::string& path() const override { return f_.path(); }
-
- private:
-  io::MemFile& f_;
-  io::AsyncEvent gate_;
-};
+using testing::GatedFile;
 
 class Qcow2L2Cache : public ::testing::Test {
  protected:

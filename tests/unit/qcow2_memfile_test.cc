@@ -1,0 +1,160 @@
+// The qcow2 driver over an in-memory host file: how many host reads a request
+// issues (one per host-contiguous run, all at once), what needs no host I/O at
+// all (zero clusters, cached compressed clusters) and host errors reaching
+// the caller.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "image/qcow2.h"
+#include "io/engine.h"
+#include "io/mem_file.h"
+#include "io/run_sync.h"
+#include "qcow2_gated_file.h"
+
+namespace qcowfs::image {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<std::byte>;
+constexpr uint64_t kCs = 65536;
+
+class Qcow2MemFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path("/var/tmp") / ("qcowfs_qcow2_memfile_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    auto e = io::make_engine(io::EngineKind::automatic);
+    ASSERT_TRUE(e.is_ok());
+    engine_ = std::move(*e);
+  }
+  void TearDown() override {
+    driver_.reset();
+    fs::remove_all(dir_);
+  }
+
+  // Builds an image with qemu-img/qemu-io commands (run in the test dir), then
+  // loads it into a MemFile behind a GatedFile and opens it read-only.
+  void make(const std::string& commands) {
+    std::string cmd = "cd '" + dir_.string() + "' && { " + commands + "; } >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(dir_ / "i.qcow2", std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(in)), {});
+    auto* b = reinterpret_cast<const std::byte*>(s.data());
+    io::MemFileOptions o;
+    o.writable = false;
+    mem_ = std::make_unique<io::MemFile>(o, Bytes(b, b + s.size()));
+    auto gated = std::make_unique<qcow2::testing::GatedFile>(*mem_, (dir_ / "i.qcow2").string());
+    gated_ = gated.get();
+    gated_->open();
+    auto d = io::run_sync(*engine_, open_qcow2(std::move(gated), (dir_ / "i.qcow2").string(), {}));
+    ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+    driver_ = std::move(*d);
+  }
+
+  Status read(uint64_t off, Bytes& buf) { return io::run_sync(*engine_, driver_->read(off, buf)); }
+  uint64_t host_reads() const { return mem_->counters().reads; }
+
+  fs::path dir_;
+  std::unique_ptr<io::Engine> engine_;
+  std::unique_ptr<io::MemFile> mem_;
+  qcow2::testing::GatedFile* gated_ = nullptr;
+  std::unique_ptr<BlockDriver> driver_;
+};
+
+TEST_F(Qcow2MemFile, HostContiguousClustersBecomeOneHostRead) {
+  make("qemu-img create -q -f qcow2 i.qcow2 8M && qemu-io -f qcow2 -c 'write -P 0x3c 0 8m' i.qcow2");
+  Bytes warm(4096);
+  ASSERT_TRUE(read(0, warm).is_ok());  // loads the L2 slice
+  uint64_t before = host_reads();
+  Bytes buf(2 << 20);
+  ASSERT_TRUE(read(1 << 20, buf).is_ok());
+  EXPECT_EQ(host_reads() - before, 1u);  // 32 clusters, one host read
+  EXPECT_EQ(buf.front(), std::byte{0x3c});
+  EXPECT_EQ(buf.back(), std::byte{0x3c});
+}
+
+TEST_F(Qcow2MemFile, FragmentedRequestIssuesAllHostReadsAtOnce) {
+  // Written back to front: guest clusters 0..3 live at descending host offsets.
+  make("qemu-img create -q -f qcow2 i.qcow2 1M && qemu-io -f qcow2 -c 'write -P 4 192k 64k' "
+       "-c 'write -P 3 128k 64k' -c 'write -P 2 64k 64k' -c 'write -P 1 0 64k' i.qcow2");
+  Bytes warm(512);
+  ASSERT_TRUE(read(0, warm).is_ok());
+  uint64_t before = host_reads();
+  gated_->close();
+  Bytes buf(4 * kCs);
+  bool done = false;
+  Status result;
+  {
+    io::ScopedEngine scope(engine_.get());
+    spawn_then(driver_->read(0, buf), [&](Status st) {
+      result = std::move(st);
+      done = true;
+    });
+    for (int i = 0; i < 100 && gated_->in_flight() < 4; ++i) engine_->run_once(0);
+    EXPECT_EQ(gated_->in_flight(), 4);  // every host read is out before any completes
+    gated_->open();
+    while (!done) engine_->run_once(100);
+  }
+  ASSERT_TRUE(result.is_ok()) << result.to_string();
+  EXPECT_EQ(host_reads() - before, 4u);
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(buf[static_cast<size_t>(c) * kCs + 7], std::byte(c + 1)) << c;
+}
+
+TEST_F(Qcow2MemFile, ZeroAndUnallocatedClustersNeedNoHostIo) {
+  make("qemu-img create -q -f qcow2 i.qcow2 4M && qemu-io -f qcow2 -c 'write -P 9 0 4m' "
+       "-c 'write -z 1m 1m' -c 'write -z -u 2m 64k' i.qcow2");
+  Bytes warm(512);
+  ASSERT_TRUE(read(0, warm).is_ok());
+  uint64_t before = host_reads();
+  Bytes buf((1 << 20) + kCs, std::byte{0xee});
+  ASSERT_TRUE(read(1 << 20, buf).is_ok());
+  EXPECT_EQ(host_reads(), before);
+  for (std::byte b : buf) ASSERT_EQ(b, std::byte{0});
+}
+
+TEST_F(Qcow2MemFile, CompressedClusterIsDecompressedOnceForManySmallReads) {
+  make("qemu-img create -q -f raw s.raw 1M && qemu-io -f raw -c 'write -P 0x71 0 1m' s.raw && "
+       "qemu-img convert -c -O qcow2 s.raw i.qcow2");
+  Bytes buf(4096);
+  ASSERT_TRUE(read(0, buf).is_ok());
+  uint64_t before = host_reads();
+  for (uint64_t off = 4096; off < kCs; off += 4096) {
+    ASSERT_TRUE(read(off, buf).is_ok());
+    EXPECT_EQ(buf[11], std::byte{0x71});
+  }
+  EXPECT_EQ(host_reads(), before);
+}
+
+TEST_F(Qcow2MemFile, HostReadErrorReachesTheCaller) {
+  make("qemu-img create -q -f qcow2 i.qcow2 1M && qemu-io -f qcow2 -c 'write -P 5 0 1m' i.qcow2");
+  Bytes buf(kCs);
+  ASSERT_TRUE(read(0, buf).is_ok());
+  mem_->fail_nth(io::OpKind::read, 1, EIO);
+  EXPECT_EQ(read(kCs, buf).code(), EIO);
+  ASSERT_TRUE(read(kCs, buf).is_ok());
+  EXPECT_EQ(buf[0], std::byte{5});
+}
+
+TEST_F(Qcow2MemFile, L2LoadErrorReachesTheCallerAndIsRetried) {
+  make("qemu-img create -q -f qcow2 i.qcow2 1M && qemu-io -f qcow2 -c 'write -P 6 0 1m' i.qcow2");
+  mem_->fail_nth(io::OpKind::read, 1, EIO);  // the first read of a request is its L2 slice
+  Bytes buf(kCs);
+  EXPECT_EQ(read(0, buf).code(), EIO);
+  ASSERT_TRUE(read(0, buf).is_ok());
+  EXPECT_EQ(buf[0], std::byte{6});
+}
+
+TEST_F(Qcow2MemFile, OpeningReadsOnlyHeaderAndL1) {
+  make("qemu-img create -q -f qcow2 -o cluster_size=4k i.qcow2 1G && "
+       "qemu-io -f qcow2 -c 'write 0 1m' -c 'write 512m 1m' i.qcow2");
+  // Header probe + header cluster + L1 table; no L2 or refcount scan.
+  EXPECT_LE(mem_->counters().reads, 3u);
+  EXPECT_EQ(mem_->counters().writes, 0u);
+}
+
+}  // namespace
+}  // namespace qcowfs::image
