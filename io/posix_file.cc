@@ -163,6 +163,8 @@ Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, cons
   }
   const size_t logical_block = blk ? logical_block_size(fd->get()) : 1;
   Params p{std::move(*fd), path, cache, opts.writable, blk, *size, logical_block, align};
+  log::debug("opened {} ({}, cache={}, {} bytes, O_DIRECT alignment: offset {}, memory {})", path,
+             blk ? "block device" : "file", to_string(cache), *size, align.offset, align.mem);
   return std::unique_ptr<PosixFile>(new PosixFile(std::move(p)));
 }
 
