@@ -1,0 +1,247 @@
+// qcow2 create (options, validation, layout) checked by reading the result back
+// with the header parser and the checker; check/repair on damaged images.
+#include <gtest/gtest.h>
+
+#include "image/endian.h"
+#include "image/qcow2_check.h"
+#include "image/qcow2_create.h"
+#include "image/qcow2_inspect.h"
+#include "io/mem_file.h"
+#include "tools_test_util.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+using tools_testing::run_now;
+
+Result<CreateOptions> options(std::string_view list) {
+  CreateOptions o;
+  Status st = apply_create_options(o, list);
+  if (!st) return st;
+  return validate_create_options(o);
+}
+
+CheckReport check(io::MemFile& f, RepairMode mode = RepairMode::none) {
+  CheckOptions o;
+  o.repair = mode;
+  auto r = run_now(check_image(f, o));
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  return r.is_ok() ? *r : CheckReport{};
+}
+
+std::unique_ptr<io::MemFile> create(std::string_view list, io::MemFile* data = nullptr) {
+  auto o = options(list);
+  EXPECT_TRUE(o.is_ok()) << o.status().to_string();
+  auto f = std::make_unique<io::MemFile>();
+  Status st = run_now(write_new_image(*f, data, *o));
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return f;
+}
+
+void expect_clean(const CheckReport& r) {
+  EXPECT_EQ(r.corruptions, 0u);
+  EXPECT_EQ(r.leaks, 0u);
+  EXPECT_EQ(r.check_errors, 0u);
+  for (const auto& m : r.messages) ADD_FAILURE() << m;
+}
+
+TEST(CreateOptions, SizesTakeBinarySuffixesAndRoundUpToSectors) {
+  auto o = options("size=1G,cluster_size=4K");
+  ASSERT_TRUE(o.is_ok());
+  EXPECT_EQ(o->size, 1ull << 30);
+  EXPECT_EQ(o->cluster_size, 4096u);
+  EXPECT_EQ(options("size=1000")->size, 1024u);
+}
+
+TEST(CreateOptions, RejectsWhatQemuRejects) {
+  EXPECT_FALSE(options("size=1M,cluster_size=3000").is_ok());
+  EXPECT_FALSE(options("size=1M,cluster_size=4M").is_ok());
+  EXPECT_FALSE(options("size=1M,refcount_bits=3").is_ok());
+  EXPECT_FALSE(options("size=1M,compat=0.10,lazy_refcounts=on").is_ok());
+  EXPECT_FALSE(options("size=1M,compat=0.10,refcount_bits=8").is_ok());
+  EXPECT_FALSE(options("size=1M,compat=0.10,compression_type=zstd").is_ok());
+  EXPECT_FALSE(options("size=1M,extended_l2=on,cluster_size=4K").is_ok());
+  EXPECT_FALSE(options("size=1M,data_file_raw=on").is_ok());
+  EXPECT_FALSE(options("size=1M,backing_file=b.img,preallocation=metadata").is_ok());
+  EXPECT_FALSE(options("size=1M,backing_file=b.img,data_file=d,data_file_raw=on").is_ok());
+  EXPECT_FALSE(options("cluster_size=64K").is_ok()) << "no size and no backing file";
+  EXPECT_FALSE(options("size=1M,lazy_refcounts=maybe").is_ok());
+  EXPECT_FALSE(options("size=1M,no_such_option=1").is_ok());
+  EXPECT_FALSE(options("size=1M,compat").is_ok());
+}
+
+TEST(CreateOptions, RawDataFileImpliesMetadataPreallocation) {
+  auto o = options("size=1M,data_file=d.raw,data_file_raw=on");
+  ASSERT_TRUE(o.is_ok());
+  EXPECT_EQ(o->preallocation, Preallocation::metadata);
+}
+
+TEST(CreateOptions, BackingWithExtendedL2MayBePreallocated) {
+  EXPECT_TRUE(options("size=1M,backing_file=b.img,extended_l2=on,preallocation=metadata").is_ok());
+}
+
+TEST(Create, HeaderCarriesEveryOption) {
+  auto f = create("size=100M,cluster_size=16K,refcount_bits=8,lazy_refcounts=on,extended_l2=on,compression_type=zstd");
+  auto h = run_now(read_qcow2_header(*f));
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  EXPECT_EQ(h->version, 3u);
+  EXPECT_EQ(h->size, 100ull << 20);
+  EXPECT_EQ(h->cluster_size(), 16384u);
+  EXPECT_EQ(h->refcount_bits(), 8u);
+  EXPECT_TRUE(h->compatible_features & kCompatLazyRefcounts);
+  EXPECT_TRUE(h->extended_l2());
+  EXPECT_EQ(h->compression_type, kCompressionZstd);
+  EXPECT_EQ(h->l1_size, h->l1_entries_for(100ull << 20));
+  expect_clean(check(*f));
+}
+
+TEST(Create, Version2Image) {
+  auto f = create("size=10M,compat=0.10");
+  auto h = run_now(read_qcow2_header(*f));
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->version, 2u);
+  EXPECT_EQ(h->refcount_bits(), 16u);
+  expect_clean(check(*f));
+}
+
+TEST(Create, EveryRefcountWidthChecksClean) {
+  for (int bits : {1, 2, 4, 8, 16, 32, 64}) {
+    SCOPED_TRACE(bits);
+    expect_clean(check(*create(fmt::format("size=64M,cluster_size=4K,refcount_bits={}", bits))));
+  }
+}
+
+TEST(Create, MetadataPreallocationMapsEveryClusterContiguously) {
+  auto f = create("size=8M,cluster_size=64K,preallocation=metadata");
+  CheckReport r = check(*f);
+  expect_clean(r);
+  EXPECT_EQ(r.allocated_clusters, 128u);
+  EXPECT_EQ(r.total_clusters, 128u);
+  EXPECT_EQ(r.fragmented_clusters, 0u);
+}
+
+TEST(Create, ExternalDataFileIsSizedByPreallocation) {
+  io::MemFile data;
+  auto f = create("size=4M,data_file=d.raw,data_file_raw=on", &data);
+  EXPECT_EQ(data.size(), 4u << 20);
+  auto h = run_now(read_qcow2_header(*f));
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->data_file, "d.raw");
+  EXPECT_TRUE(h->data_file_raw());
+  CheckReport r = check(*f);
+  expect_clean(r);
+  EXPECT_EQ(r.allocated_clusters, 64u);
+}
+
+TEST(Create, BackingFileNameAndFormatAreRecorded) {
+  auto f = create("size=1M,backing_file=base.qcow2,backing_fmt=qcow2");
+  auto h = run_now(read_qcow2_header(*f));
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->backing_file, "base.qcow2");
+  EXPECT_EQ(h->backing_format, "qcow2");
+}
+
+// ---- check and repair on damaged images
+
+uint64_t reftable_entry(io::MemFile& f, const Header& h, size_t i) {
+  auto c = f.content();
+  return load_be64(c.data() + h.refcount_table_offset + i * 8);
+}
+
+void set_refcount(io::MemFile& f, const Header& h, uint64_t cluster, uint64_t value) {
+  auto c = f.content();
+  uint64_t block = reftable_entry(f, h, 0);
+  set_refcount_entry(std::span<std::byte>(c.data() + block, h.cluster_size()), cluster, h.refcount_order, value);
+  f.set_content(std::move(c));
+}
+
+TEST(Check, FindsAndRepairsALeak) {
+  auto f = create("size=16M,cluster_size=4K");
+  Header h = *run_now(read_qcow2_header(*f));
+  uint64_t end = f->size() / 4096;
+  ASSERT_TRUE(run_now(f->truncate((end + 1) * 4096)).is_ok());
+  set_refcount(*f, h, end, 1);
+  CheckReport r = check(*f);
+  EXPECT_EQ(r.leaks, 1u);
+  EXPECT_EQ(r.corruptions, 0u);
+  CheckReport fixed = check(*f, RepairMode::leaks);
+  EXPECT_EQ(fixed.leaks_fixed, 1u);
+  EXPECT_EQ(fixed.leaks, 0u);
+  expect_clean(check(*f));
+}
+
+TEST(Check, MissingRefcountIsACorruptionThatRebuildRepairs) {
+  auto f = create("size=16M,cluster_size=4K,preallocation=metadata");
+  Header h = *run_now(read_qcow2_header(*f));
+  set_refcount(*f, h, f->size() / 4096 - 1, 0);  // the last data cluster
+  CheckReport r = check(*f);
+  EXPECT_EQ(r.corruptions, 2u) << "refcount below reference, and OFLAG_COPIED now wrong";
+  EXPECT_EQ(r.leaks, 0u);
+  CheckReport leaks_only = check(*f, RepairMode::leaks);
+  EXPECT_GT(leaks_only.corruptions, 0u);
+  CheckReport fixed = check(*f, RepairMode::all);
+  EXPECT_GT(fixed.corruptions_fixed, 0u);
+  expect_clean(check(*f));
+}
+
+TEST(Check, RebuildRefcountsMovesTheStructureAndKeepsItConsistent) {
+  auto f = create("size=16M,cluster_size=4K,preallocation=metadata");
+  Header h = *run_now(read_qcow2_header(*f));
+  uint64_t old_table = h.refcount_table_offset;
+  ASSERT_TRUE(run_now(rebuild_refcounts(*f, h)).is_ok());
+  EXPECT_NE(h.refcount_table_offset, old_table);
+  Header reread = *run_now(read_qcow2_header(*f));
+  EXPECT_EQ(reread.refcount_table_offset, h.refcount_table_offset);
+  EXPECT_EQ(reread.refcount_table_clusters, h.refcount_table_clusters);
+  // The old table and blocks are free space now (refcount 0, no references).
+  CheckReport r = check(*f);
+  expect_clean(r);
+  EXPECT_GT(r.image_end_offset, h.refcount_table_offset);
+}
+
+TEST(Check, ReadFailureIsACheckErrorNotACrash) {
+  auto f = create("size=16M,cluster_size=4K,preallocation=metadata");
+  f->fail_from(io::OpKind::read, 6, EIO);
+  CheckOptions o;
+  auto r = run_now(check_image(*f, o));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_GT(r->check_errors, 0u);
+}
+
+TEST(Check, RepairNeedsAWritableFile) {
+  auto f = create("size=1M");
+  io::MemFileOptions ro;
+  ro.writable = false;
+  io::MemFile copy(ro, f->content());
+  CheckOptions o;
+  o.repair = RepairMode::all;
+  auto r = run_now(check_image(copy, o));
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), EROFS);
+}
+
+TEST(RefcountEntries, RoundTripAtEveryWidth) {
+  for (uint32_t order = 0; order <= 6; ++order) {
+    SCOPED_TRACE(order);
+    std::vector<std::byte> block(512);
+    uint64_t max = max_refcount(order);
+    for (uint64_t i = 0; i < 64; ++i) set_refcount_entry(block, i, order, (i * 7 + 3) & max);
+    for (uint64_t i = 0; i < 64; ++i) EXPECT_EQ(get_refcount_entry(block, i, order), (i * 7 + 3) & max);
+  }
+}
+
+TEST(RefcountEntries, SubByteWidthsStartAtTheLeastSignificantBit) {
+  std::vector<std::byte> block(8);
+  set_refcount_entry(block, 0, 0, 1);
+  set_refcount_entry(block, 3, 0, 1);
+  EXPECT_EQ(block[0], std::byte{0x09});
+  std::vector<std::byte> b2(8);
+  set_refcount_entry(b2, 1, 1, 3);
+  EXPECT_EQ(b2[0], std::byte{0x0c});
+  std::vector<std::byte> b4(8);
+  set_refcount_entry(b4, 1, 2, 0xa);
+  EXPECT_EQ(b4[0], std::byte{0xa0});
+}
+
+}  // namespace
+}  // namespace qcowfs::image::qcow2
