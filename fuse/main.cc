@@ -1,5 +1,6 @@
 // qcowfs: mounts a qcow2 or raw disk image as one raw file.
 //   qcowfs [-f] [-d] [-o OPTIONS] IMAGE MOUNTPOINT     (see --help)
+//   qcowfs create|info|check|map ...                   (fuse/cmd.h)
 #include <fuse_lowlevel.h>
 #include <stdlib.h>
 
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fuse/cmd.h"
 #include "fuse/daemon.h"
 #include "fuse/options.h"
 #include "fuse/server.h"
@@ -73,6 +75,8 @@ int serve(fuse::Options opts) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && fuse::is_subcommand(args[0]))
+    return fuse::run_subcommand(args[0], std::span<const std::string>(args).subspan(1));
   auto opts = fuse::parse_command_line(args);
   if (!opts) {
     std::fprintf(stderr, "qcowfs: %s\nTry 'qcowfs --help' for more information.\n", opts.status().to_string().c_str());

@@ -165,7 +165,7 @@ unsigned default_queue_count() {
 
 std::string usage_text(std::string_view program) {
   return fmt::format(
-      "usage: {} [-f] [-d] [-o OPTION[,OPTION...]] IMAGE MOUNTPOINT\n"
+      "usage: {0} [-f] [-d] [-o OPTION[,OPTION...]] IMAGE MOUNTPOINT\n"
       "\n"
       "Shows a qcow2 or raw disk image as one raw file. MOUNTPOINT may be a regular\n"
       "file (the raw view replaces it) or a directory (the view is DIR/<name>.raw,\n"
@@ -181,7 +181,7 @@ std::string usage_text(std::string_view program) {
       "  rw                   read-write\n"
       "  cache=MODE           none (O_DIRECT), writethrough, writeback (default), unsafe\n"
       "  aio=ENGINE           io_uring or threads (default: io_uring when available)\n"
-      "  queues=N             event-loop threads (default: one per CPU, at most {})\n"
+      "  queues=N             event-loop threads (default: one per CPU, at most {1})\n"
       "  format=FMT           raw or qcow2 (default: probed)\n"
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"
@@ -189,7 +189,9 @@ std::string usage_text(std::string_view program) {
       "  allow_other          let other users access the mount\n"
       "\n"
       "mount(8) options such as dev, suid, nodev, nosuid, exec, noexec, auto, noauto,\n"
-      "user, nouser, _netdev, defaults, nofail and x-* are accepted and ignored.\n",
+      "user, nouser, _netdev, defaults, nofail and x-* are accepted and ignored.\n"
+      "\n"
+      "Image tools: {0} create|info|check|map ... (see {0} COMMAND --help).\n",
       program, kMaxDefaultQueues);
 }
 
