@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 
 #include "image/endian.h"
 #include "image/qcow2_driver.h"
@@ -194,7 +193,7 @@ Result<uint64_t> Qcow2Driver::l2_table_for(uint64_t l1_index, uint64_t guest) {
   return *l2;
 }
 
-Task<Status> Qcow2Driver::walk(uint64_t off, uint64_t len, const RunVisitor& visit) {
+Task<Status> Qcow2Driver::walk(uint64_t off, uint64_t len, RunVisitor visit) {
   const Geometry& g = image_->geometry;
   const uint64_t cs = g.cluster_size();
   const uint64_t l2_entries = g.l2_entries();
@@ -217,7 +216,8 @@ Task<Status> Qcow2Driver::walk(uint64_t off, uint64_t len, const RunVisitor& vis
       continue;
     }
     uint64_t slice_off = *l2 + (l2_index / slice_entries) * image_->l2_cache->slice_size();
-    auto ref = co_await image_->l2_cache->get(slice_off);
+    auto ref = image_->l2_cache->try_get(slice_off);  // no coroutine frame on a hit
+    if (!ref) ref = co_await image_->l2_cache->get(slice_off);
     if (!ref) co_return ref.status().with_context(fmt::format("guest offset {:#x}", pos));
     for (uint64_t i = l2_index % slice_entries; i < slice_entries && pos < end; ++i) {
       uint64_t entry = ref->entry(i, esz);

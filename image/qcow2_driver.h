@@ -17,8 +17,8 @@
 // immutable after open; the caches are internally synchronised.
 #pragma once
 
-#include <functional>
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -81,11 +81,26 @@ class Qcow2Driver final : public BlockDriver {
  private:
   struct SubRead;
   struct Plan;
-  using RunVisitor = std::function<bool(uint64_t guest, const ClusterRun& run)>;
+  // Non-owning reference to a run visitor (no allocation per request). The
+  // callable must outlive the walk: pass a lambda in the co_await expression.
+  class RunVisitor {
+   public:
+    template <typename F>
+    RunVisitor(F&& f)  // NOLINT: implicit by design
+        : obj_(static_cast<void*>(&f)),
+          call_([](void* o, uint64_t guest, const ClusterRun& run) {
+            return (*static_cast<std::remove_reference_t<F>*>(o))(guest, run);
+          }) {}
+    bool operator()(uint64_t guest, const ClusterRun& run) const { return call_(obj_, guest, run); }
+
+   private:
+    void* obj_;
+    bool (*call_)(void*, uint64_t, const ClusterRun&);
+  };
 
   // Walks the mapping of [off, off+len) in order, calling visit for each run
   // until it returns false. Corrupt metadata: EIO, logged with the offset.
-  Task<Status> walk(uint64_t off, uint64_t len, const RunVisitor& visit);
+  Task<Status> walk(uint64_t off, uint64_t len, RunVisitor visit);
   Result<uint64_t> l2_table_for(uint64_t l1_index, uint64_t guest);
   Status corrupt(uint64_t guest, const Status& why) const;
   Task<Status> run_sub_read(SubRead r);

@@ -102,6 +102,21 @@ Task<Result<L2Cache::Ref>> L2Cache::get(uint64_t offset) {
   co_return Ref(this, std::move(e));
 }
 
+Result<L2Cache::Ref> L2Cache::try_get(uint64_t offset) {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard lk(mu_);
+    auto it = map_.find(offset);
+    if (it == map_.end()) return Status::error(EAGAIN, "L2 slice not cached");
+    e = it->second;
+    // A slice still loading (or whose load failed) is left to get().
+    if (!e->loaded.is_set() || !e->load_status.is_ok()) return Status::error(EAGAIN, "L2 slice not loaded");
+    lru_.splice(lru_.begin(), lru_, e->lru);
+    ++e->pins;
+  }
+  return Ref(this, std::move(e));
+}
+
 Task<Status> L2Cache::load(Entry& e) {
   e.data = io::AlignedBuffer(slice_size_, file_.mem_align(), false);
   auto n = co_await file_.read(e.data.span(), e.offset);

@@ -81,6 +81,9 @@ class L2Cache {
   // The slice starting at host offset `offset` (aligned to slice_size, inside
   // the file: the caller validates it).
   Task<Result<Ref>> get(uint64_t offset);
+  // The slice if it is cached and loaded (pinned, moved to the LRU front);
+  // otherwise an error Status and nothing changes. Never suspends.
+  Result<Ref> try_get(uint64_t offset);
 
   void mark_dirty(Ref& ref);
   void clear_dirty(Ref& ref);

@@ -47,6 +47,17 @@ TEST_F(Qcow2L2Cache, LoadsEachSliceOnce) {
   EXPECT_EQ(c.host_reads(), 1u);
 }
 
+TEST_F(Qcow2L2Cache, TryGetHitsOnlyLoadedSlices) {
+  L2Cache c(*file_, kSlice, 8 * kSlice);
+  EXPECT_FALSE(c.try_get(2 * kSlice).is_ok());
+  EXPECT_EQ(reads(), 0u);  // a miss never reads
+  ASSERT_TRUE(get(c, 2 * kSlice).is_ok());
+  auto hit = c.try_get(2 * kSlice);
+  ASSERT_TRUE(hit.is_ok());
+  EXPECT_EQ(hit->entry(0, 8), 1002u);
+  EXPECT_EQ(reads(), 1u);
+}
+
 TEST_F(Qcow2L2Cache, ConcurrentLoadsOfOneSliceShareOneRead) {
   GatedFile gated(*file_);
   L2Cache c(gated, kSlice, 8 * kSlice);
