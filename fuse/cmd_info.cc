@@ -86,11 +86,6 @@ Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
   if (!bm) co_return bm.status();
   info.bitmaps = std::move(*bm);
   if (!h->backing_file.empty()) info.full_backing = path_combine(info.filename, h->backing_file);
-  if (h->has_external_data_file()) {
-    io::OpenOptions o;
-    auto df = io::open_host_file(path_combine(info.filename, h->data_file), o);
-    if (df) info.actual_size += (*df)->allocated_bytes();
-  }
   co_return Status::ok();
 }
 

@@ -204,10 +204,9 @@ Task<Status> size_files(io::HostFile& file, io::HostFile* data_file, const Heade
                         const CreateOptions& o) {
   uint64_t cs = h.cluster_size();
   if (data_file) {
-    if (o.preallocation != Preallocation::off) {
-      QCOWFS_CO_TRY(co_await data_file->truncate(h.size));
-      QCOWFS_CO_TRY(co_await preallocate_range(*data_file, 0, h.size, o.preallocation));
-    }
+    // The data file always spans the disk (sparse unless preallocated), as QEMU makes it.
+    QCOWFS_CO_TRY(co_await data_file->truncate(h.size));
+    QCOWFS_CO_TRY(co_await preallocate_range(*data_file, 0, h.size, o.preallocation));
     QCOWFS_CO_TRY(co_await data_file->flush());
   }
   uint64_t end = l.total() * cs;
