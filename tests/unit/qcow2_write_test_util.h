@@ -1,0 +1,148 @@
+// Helpers for the qcow2 write-path unit tests: qemu-img-made images in
+// /var/tmp (removed in the destructor), `qemu-img check` as the referee, a
+// recording HostFile decorator that logs the order of writes and flushes, and
+// a driver for running one coroutine on a private engine.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "io/engine.h"
+#include "io/host_file.h"
+#include "io/run_sync.h"
+
+namespace qcowfs::image::qcow2::testing {
+
+inline int shell(const std::string& cmd, std::string* out = nullptr) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  std::string text;
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) text.append(buf, n);
+  int rc = ::pclose(p);
+  if (out) *out = text;
+  return rc;
+}
+
+// A qcow2 image made by qemu-img: `qemu-img create -f qcow2 -o <options> PATH <size>`.
+class TempImage {
+ public:
+  TempImage(const std::string& tag, const std::string& options, const std::string& size) {
+    static int counter = 0;
+    path_ = fmt::format("/var/tmp/qcowfs_w_{}_{}_{}.qcow2", tag, ::getpid(), counter++);
+    std::string out;
+    int rc = shell(fmt::format("qemu-img create -q -f qcow2 {} {} {}", options.empty() ? "" : "-o " + options,
+                               path_, size),
+                   &out);
+    if (rc != 0) error_ = out;
+  }
+  ~TempImage() { ::unlink(path_.c_str()); }
+  TempImage(const TempImage&) = delete;
+  TempImage& operator=(const TempImage&) = delete;
+  const std::string& path() const { return path_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string path_;
+  std::string error_;
+};
+
+// `qemu-img check` result: exit status 0 = clean, 1 = corruption, 2 = other error, 3 = leaks only.
+struct CheckResult {
+  int status = -1;
+  std::string output;
+};
+inline CheckResult qemu_img_check(const std::string& path) {
+  CheckResult r;
+  int rc = shell("qemu-img check -U -f qcow2 " + path, &r.output);
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return r;
+}
+
+// Forwards to another HostFile and records each write, discard and flush.
+class RecordingFile final : public io::HostFile {
+ public:
+  enum class Op { write, flush, discard };
+  struct Event {
+    Op op;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  explicit RecordingFile(std::unique_ptr<io::HostFile> inner) : inner_(std::move(inner)) {}
+
+  std::vector<Event> events() const {
+    std::lock_guard lk(mu_);
+    return events_;
+  }
+  void clear() {
+    std::lock_guard lk(mu_);
+    events_.clear();
+  }
+
+  Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) override { return inner_->read(buf, off); }
+  Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) override { return inner_->readv(iov, off); }
+  Task<Status> write(std::span<const std::byte> buf, uint64_t off) override {
+    Status st = co_await inner_->write(buf, off);
+    if (st) record(Op::write, off, buf.size());
+    co_return st;
+  }
+  Task<Status> writev(std::span<const iovec> iov, uint64_t off) override {
+    uint64_t n = 0;
+    for (const iovec& v : iov) n += v.iov_len;
+    Status st = co_await inner_->writev(iov, off);
+    if (st) record(Op::write, off, n);
+    co_return st;
+  }
+  Task<Status> flush() override {
+    Status st = co_await inner_->flush();
+    if (st) record(Op::flush, 0, 0);
+    co_return st;
+  }
+  Task<Status> discard(uint64_t off, uint64_t len) override {
+    Status st = co_await inner_->discard(off, len);
+    if (st) record(Op::discard, off, len);
+    co_return st;
+  }
+  Task<Status> write_zeroes(uint64_t off, uint64_t len) override {
+    Status st = co_await inner_->write_zeroes(off, len);
+    if (st) record(Op::write, off, len);
+    co_return st;
+  }
+  Task<Status> truncate(uint64_t size) override { return inner_->truncate(size); }
+  Task<Result<uint64_t>> seek_data(uint64_t off) override { return inner_->seek_data(off); }
+  Task<Result<uint64_t>> seek_hole(uint64_t off) override { return inner_->seek_hole(off); }
+  uint64_t size() const override { return inner_->size(); }
+  uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
+  size_t mem_align() const override { return inner_->mem_align(); }
+  size_t offset_align() const override { return inner_->offset_align(); }
+  bool is_block_device() const override { return inner_->is_block_device(); }
+  bool writable() const override { return inner_->writable(); }
+  io::CacheMode cache_mode() const override { return inner_->cache_mode(); }
+  const std::string& path() const override { return inner_->path(); }
+
+ private:
+  void record(Op op, uint64_t off, uint64_t len) {
+    std::lock_guard lk(mu_);
+    events_.push_back(Event{op, off, len});
+  }
+  std::unique_ptr<io::HostFile> inner_;
+  mutable std::mutex mu_;
+  std::vector<Event> events_;
+};
+
+inline std::unique_ptr<io::HostFile> open_rw(const std::string& path) {
+  io::OpenOptions o;
+  o.writable = true;
+  auto f = io::open_host_file(path, o);
+  if (!f) return nullptr;
+  return std::move(*f);
+}
+
+}  // namespace qcowfs::image::qcow2::testing
