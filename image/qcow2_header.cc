@@ -69,6 +69,8 @@ Status parse_fixed_fields(std::span<const std::byte> b, Header& h) {
   h.compression_type = h.header_length > offsetof(HeaderLayout, compression_type)
                            ? QCOW2_FIELD(b, compression_type)
                            : kCompressionZlib;
+  if (h.header_length > sizeof(HeaderLayout))
+    h.unknown_header_fields.assign(b.begin() + sizeof(HeaderLayout), b.begin() + h.header_length);
   return Status::ok();
 }
 
@@ -277,6 +279,8 @@ void put_fixed_fields(const Header& h, std::byte* p) {
   store_be32(p + offsetof(HeaderLayout, header_length), h.header_length);
   if (h.header_length > offsetof(HeaderLayout, compression_type))
     p[offsetof(HeaderLayout, compression_type)] = std::byte{h.compression_type};
+  size_t room = h.header_length > sizeof(HeaderLayout) ? h.header_length - sizeof(HeaderLayout) : 0;
+  std::memcpy(p + sizeof(HeaderLayout), h.unknown_header_fields.data(), std::min(room, h.unknown_header_fields.size()));
 }
 
 std::vector<std::byte> feature_table_bytes(const Header& h) {

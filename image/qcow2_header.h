@@ -69,6 +69,9 @@ struct Header {
   std::optional<BitmapsExtension> bitmaps;
   std::optional<CryptoExtension> crypto;
   std::vector<UnknownExtension> unknown_extensions;  // in file order
+  // Header bytes past the fields this driver knows ([112, header_length)):
+  // later additional fields, kept verbatim for rewriting.
+  std::vector<std::byte> unknown_header_fields;
 
   uint64_t cluster_size() const { return uint64_t{1} << cluster_bits; }
   bool extended_l2() const { return (incompatible_features & kIncompatExtendedL2) != 0; }

@@ -96,6 +96,26 @@ TEST(Qcow2Header, SerialiseRoundTripKeepsEveryField) {
   EXPECT_EQ(again->feature_names[0].name, "corrupt");
 }
 
+TEST(Qcow2Header, UnknownAdditionalHeaderFieldsSurviveRewrite) {
+  HeaderBuilder b;
+  put32(b.bytes, 100, 128);
+  put64(b.bytes, 112, 0x1122334455667788);
+  put64(b.bytes, 120, 0x99);
+  b.ext_at = 128;
+  b.extension(kExtBackingFormat, "raw");
+  auto h = parse(b);
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  EXPECT_EQ(h->backing_format, "raw");
+  ASSERT_EQ(h->unknown_header_fields.size(), 16u);
+  auto bytes = serialize_header(*h);
+  ASSERT_TRUE(bytes.is_ok());
+  EXPECT_EQ(load_be64(bytes->data() + 112), 0x1122334455667788u);
+  EXPECT_EQ(load_be64(bytes->data() + 120), 0x99u);
+  auto again = parse_header(*bytes, b.file_size());
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->backing_format, "raw");
+}
+
 TEST(Qcow2Header, ParsesHeaderWrittenByQemuImg) {
   const char* path = "/var/tmp/qcowfs_header_test.qcow2";
   std::string cmd = std::string("qemu-img create -q -f qcow2 -o cluster_size=16384,extended_l2=on,compression_type=zstd "
