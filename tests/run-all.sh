@@ -12,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 jobs=$(nproc)
+# Default per-test time limit for ctest entries without their own TIMEOUT (the
+# unit tests); integration files set theirs in tests/CMakeLists.txt.
+unit_timeout=300
 log_dir=$(mktemp -d /var/tmp/qcowfs-run-all.XXXXXX)
 trap 'rm -rf "$log_dir"' EXIT
 passed=0
@@ -23,7 +26,7 @@ run_ctest() {
   local log="$log_dir/$label.log"
   echo "=== ctest ($label): ctest $*"
   set +e
-  ctest "$@" --output-on-failure 2>&1 | tee "$log"
+  ctest "$@" --output-on-failure --timeout "$unit_timeout" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   # "100% tests passed, 0 tests failed out of 57"
