@@ -142,6 +142,14 @@ Task<void> truncate_task(fuse_req_t req, const Node& node, uint64_t new_size) {
   reply_attr(req, fs_of(req), node);
 }
 
+// Re-reads a dynamic directory (partitions/) before it is listed; a failed
+// re-read keeps the previous entries and is only logged.
+Task<void> refresh_task(fuse_req_t req, DynamicDirectory& d, fuse_file_info fi) {
+  Status st = co_await d.refresh();
+  if (!st) log::warn("re-reading the partition table: {}", st.to_string());
+  fuse_reply_open(req, &fi);
+}
+
 // ---- callbacks ----
 
 void op_init(void*, fuse_conn_info* conn) {
@@ -289,11 +297,16 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, ENOTDIR);
     return;
   }
+  if (DynamicDirectory* d = fs_of(req).table().dynamic_for(ino)) {
+    EventLoop::current()->spawn_request(refresh_task(req, *d, *fi));
+    return;
+  }
   fuse_reply_open(req, fi);
 }
 
 // Entry i of a directory listing: ".", "..", then the children.
-bool dir_entry(const InodeTable& table, const Node& dir, size_t i, const char*& name, struct stat& st) {
+bool dir_entry(const InodeTable& table, const Node& dir, const std::vector<Ino>& children, size_t i,
+               const char*& name, struct stat& st) {
   st = {};
   if (i < 2) {
     name = i == 0 ? "." : "..";
@@ -301,8 +314,8 @@ bool dir_entry(const InodeTable& table, const Node& dir, size_t i, const char*& 
     st.st_mode = S_IFDIR;
     return true;
   }
-  if (i - 2 >= dir.children.size()) return false;
-  const Node* child = table.get(dir.children[i - 2]);
+  if (i - 2 >= children.size()) return false;
+  const Node* child = table.get(children[i - 2]);
   name = child->name.c_str();
   st.st_ino = child->ino;
   st.st_mode = child->kind == NodeKind::directory ? S_IFDIR : S_IFREG;
@@ -320,7 +333,8 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_fil
   size_t used = 0;
   const char* name = nullptr;
   struct stat st;
-  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); dir_entry(table, *dir, i, name, st); ++i) {
+  const std::vector<Ino> children = table.children(*dir);
+  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); dir_entry(table, *dir, children, i, name, st); ++i) {
     size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, static_cast<off_t>(i + 1));
     if (need > size - used) break;
     used += need;

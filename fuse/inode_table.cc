@@ -40,12 +40,23 @@ Ino InodeTable::add_image(Ino parent, std::string name, std::unique_ptr<ImageFil
   return add(parent, std::move(name), NodeKind::image, std::move(file));
 }
 
+void InodeTable::set_dynamic(Ino dir, std::unique_ptr<DynamicDirectory> d) {
+  dynamic_ino_ = dir;
+  dynamic_ = std::move(d);
+}
+
+std::vector<Ino> InodeTable::children(const Node& dir) const {
+  if (dynamic_ && dir.ino == dynamic_ino_) return dynamic_->children();
+  return dir.children;
+}
+
 const Node* InodeTable::get(Ino ino) const {
-  if (ino < kRootIno || ino - kRootIno >= nodes_.size()) return nullptr;
+  if (ino < kRootIno || ino - kRootIno >= nodes_.size()) return dynamic_ ? dynamic_->get(ino) : nullptr;
   return &nodes_[ino - kRootIno];
 }
 
 const Node* InodeTable::lookup(Ino parent, std::string_view name) const {
+  if (dynamic_ && parent == dynamic_ino_) return dynamic_->lookup(name);
   const Node* dir = get(parent);
   if (!dir || dir->kind != NodeKind::directory) return nullptr;
   for (Ino child : dir->children) {
@@ -59,6 +70,8 @@ std::vector<ImageFile*> InodeTable::image_files() const {
   std::vector<ImageFile*> out;
   for (const Node& n : nodes_)
     if (n.file) out.push_back(n.file.get());
+  if (dynamic_)
+    for (ImageFile* f : dynamic_->image_files()) out.push_back(f);
   return out;
 }
 

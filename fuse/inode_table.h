@@ -7,7 +7,8 @@
 // add_directory() / add_image() under any directory.
 //
 // The tree is built before the mount starts and never changes afterwards, so
-// lookups need no locks; only the ImageFiles behind image nodes change state.
+// lookups need no locks; only the ImageFiles behind image nodes change state,
+// and the one optional DynamicDirectory (partitions/) locks its own entries.
 // Inode numbers are dense, starting at kRootIno (FUSE_ROOT_ID).
 // Thread-safety: building is single-threaded; const methods are thread-safe.
 #pragma once
@@ -45,6 +46,21 @@ struct AttrContext {
   struct timespec mount_time = {};
 };
 
+// A directory whose entries change while mounted (partitions/): it owns its
+// nodes and keeps every node it ever handed out alive (a request may still be
+// using one after a refresh dropped it) until it is destroyed.
+// Thread-safety: every method may be called concurrently.
+class DynamicDirectory {
+ public:
+  virtual ~DynamicDirectory() = default;
+  virtual const Node* get(Ino ino) const = 0;  // nullptr: not one of its nodes
+  virtual const Node* lookup(std::string_view name) const = 0;
+  virtual std::vector<Ino> children() const = 0;  // the current entries, in order
+  virtual std::vector<ImageFile*> image_files() const = 0;  // every node ever made
+  // Re-reads the entries (on opendir).
+  virtual Task<Status> refresh() = 0;
+};
+
 class InodeTable {
  public:
   // Makes the root: a directory, or (file mode) the image node `root_file`.
@@ -56,6 +72,13 @@ class InodeTable {
 
   Ino add_directory(Ino parent, std::string name);
   Ino add_image(Ino parent, std::string name, std::unique_ptr<ImageFile> file);
+
+  // Makes directory `dir` dynamic: its entries come from `d` (set while building).
+  void set_dynamic(Ino dir, std::unique_ptr<DynamicDirectory> d);
+  // The dynamic directory behind ino, or nullptr.
+  DynamicDirectory* dynamic_for(Ino ino) const { return ino == dynamic_ino_ ? dynamic_.get() : nullptr; }
+  // A directory's current children (a dynamic directory's included).
+  std::vector<Ino> children(const Node& dir) const;
 
   const Node* get(Ino ino) const;
   const Node* lookup(Ino parent, std::string_view name) const;
@@ -73,6 +96,8 @@ class InodeTable {
   InodeTable() = default;
   Ino add(Ino parent, std::string name, NodeKind kind, std::unique_ptr<ImageFile> file);
   std::vector<Node> nodes_;  // nodes_[ino - kRootIno]
+  Ino dynamic_ino_ = 0;
+  std::unique_ptr<DynamicDirectory> dynamic_;
 };
 
 // DIR/<image basename without .qcow2/.img/.raw>.raw

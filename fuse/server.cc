@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "fuse/partitions_dir.h"
 #include "io/log.h"
 #include "io/run_sync.h"
 
@@ -160,6 +161,8 @@ Status Server::open_image() {
   io_opts.file.writable = opts_.writable;
   io_opts.file.cache = opts_.cache;
   io_opts.file.cache_explicit = opts_.cache_explicit;
+  io_opts.file.locking = opts_.locking;
+  io_opts.file.force_share = opts_.force_share;
   io_opts.discard_unmap = opts_.discard_unmap;
   io_opts.snapshot = opts_.snapshot;
   io_opts.l2_cache_size = opts_.l2_cache_size;
@@ -182,6 +185,7 @@ Status Server::build_filesystem() {
   } else if (S_ISDIR(st.st_mode)) {
     table.add_image(kRootIno, raw_view_name(opts_.image), std::move(main_view));
     add_snapshot_nodes(table, *driver_);
+    add_partition_directory(table, *driver_, writable, *main_engine_);
   } else {
     return Status::errorf(ENOTDIR, "{}: the mount point must be a regular file or a directory", opts_.mountpoint);
   }

@@ -5,6 +5,8 @@
 // Thread-safety: as BlockDriver (the parent does any locking).
 #pragma once
 
+#include <algorithm>
+
 #include "image/block_driver.h"
 
 namespace qcowfs::image {
@@ -26,8 +28,9 @@ class WindowDriver final : public BlockDriver {
   // A window is fixed: EINVAL.
   Task<Status> truncate(uint64_t new_size) override;
   Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
-  // The parent's whole allocation: a window cannot tell its own share cheaply.
-  uint64_t allocated_bytes() const override { return parent_->allocated_bytes(); }
+  // The parent's allocation, capped at the window size (a window cannot tell
+  // its own share cheaply).
+  uint64_t allocated_bytes() const override { return std::min(parent_->allocated_bytes(), size_); }
   // Flushes (when writable); the parent is closed by its owner.
   Task<Status> close() override;
 

@@ -1,0 +1,72 @@
+#include "fuse/partitions_dir.h"
+
+#include "io/log.h"
+#include "io/run_sync.h"
+
+namespace qcowfs::fuse {
+
+PartitionDirectory::PartitionDirectory(Ino dir, image::BlockDriver* disk, bool writable)
+    : dir_(dir), disk_(disk), writable_(writable) {}
+
+const Node* PartitionDirectory::get(Ino ino) const {
+  std::lock_guard lk(mu_);
+  auto it = all_.find(ino);
+  return it == all_.end() ? nullptr : &it->second->node;
+}
+
+const Node* PartitionDirectory::lookup(std::string_view name) const {
+  std::lock_guard lk(mu_);
+  for (const Entry* e : current_)
+    if (e->node.name == name) return &e->node;
+  return nullptr;
+}
+
+std::vector<Ino> PartitionDirectory::children() const {
+  std::lock_guard lk(mu_);
+  std::vector<Ino> out;
+  for (const Entry* e : current_) out.push_back(e->node.ino);
+  return out;
+}
+
+std::vector<ImageFile*> PartitionDirectory::image_files() const {
+  std::lock_guard lk(mu_);
+  std::vector<ImageFile*> out;
+  for (const auto& [ino, e] : all_) out.push_back(e->node.file.get());
+  return out;
+}
+
+PartitionDirectory::Entry* PartitionDirectory::find_or_make(const image::Partition& p) {
+  for (auto& [ino, e] : all_)
+    if (e->partition.number == p.number && e->partition.offset == p.offset && e->partition.size == p.size)
+      return e.get();
+  auto e = std::make_unique<Entry>();
+  e->partition = p;
+  e->window = std::make_unique<image::WindowDriver>(disk_, p.offset, p.size);
+  e->node.ino = next_ino_++;
+  e->node.parent = dir_;
+  e->node.kind = NodeKind::image;
+  e->node.name = fmt::format("p{}.raw", p.number);
+  e->node.file = std::make_unique<ImageFile>(e->window.get(), writable_);
+  Entry* raw = e.get();
+  all_.emplace(raw->node.ino, std::move(e));
+  return raw;
+}
+
+Task<Status> PartitionDirectory::refresh() {
+  auto table = co_await image::read_partition_table(*disk_);
+  if (!table) co_return table.status();
+  std::lock_guard lk(mu_);
+  current_.clear();
+  for (const image::Partition& p : table->partitions) current_.push_back(find_or_make(p));
+  co_return Status::ok();
+}
+
+void add_partition_directory(InodeTable& table, image::BlockDriver& disk, bool writable, io::Engine& engine) {
+  Ino dir = table.add_directory(kRootIno, "partitions");
+  auto d = std::make_unique<PartitionDirectory>(dir, &disk, writable);
+  Status st = io::run_sync(engine, d->refresh());
+  if (!st) log::warn("reading the partition table: {}", st.to_string());
+  table.set_dynamic(dir, std::move(d));
+}
+
+}  // namespace qcowfs::fuse
