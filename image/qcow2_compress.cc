@@ -60,7 +60,8 @@ Status decompress_cluster(uint8_t compression_type, std::span<const std::byte> i
 }
 
 size_t ClusterCache::default_capacity(uint64_t cluster_size) {
-  return static_cast<size_t>(std::max<uint64_t>(2, (4ull << 20) / cluster_size));
+  // A decompressed cluster occupies at least one page (AlignedBuffer).
+  return static_cast<size_t>(std::max<uint64_t>(2, (4ull << 20) / std::max<uint64_t>(cluster_size, io::kMinMemAlign)));
 }
 
 ClusterCache::Cluster ClusterCache::find(uint64_t host_offset) {

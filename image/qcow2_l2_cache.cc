@@ -51,8 +51,8 @@ void L2Cache::Ref::reset() {
 }
 
 uint64_t L2Cache::Ref::host_offset() const { return entry_->offset; }
-std::span<const std::byte> L2Cache::Ref::bytes() const { return entry_->data.span(); }
-std::span<std::byte> L2Cache::Ref::mutable_bytes() { return entry_->data.span(); }
+std::span<const std::byte> L2Cache::Ref::bytes() const { return entry_->data; }
+std::span<std::byte> L2Cache::Ref::mutable_bytes() { return entry_->data; }
 
 uint64_t L2Cache::Ref::entry(size_t i, size_t entry_size) const {
   return load_be64(entry_->data.data() + i * entry_size);
@@ -118,8 +118,14 @@ Result<L2Cache::Ref> L2Cache::try_get(uint64_t offset) {
 }
 
 Task<Status> L2Cache::load(Entry& e) {
-  e.data = io::AlignedBuffer(slice_size_, file_.mem_align(), false);
-  auto n = co_await file_.read(e.data.span(), e.offset);
+  if (slice_size_ >= io::kMinMemAlign) {
+    e.aligned = io::AlignedBuffer(slice_size_, file_.mem_align(), false);
+    e.data = e.aligned.span();
+  } else {
+    e.small.resize(slice_size_);
+    e.data = e.small;
+  }
+  auto n = co_await file_.read(e.data, e.offset);
   if (!n) co_return n.status().with_context(fmt::format("reading L2 slice at {:#x}", e.offset));
   if (*n != slice_size_)
     co_return Status::errorf(EIO, "L2 slice at {:#x} is truncated by the end of the image file", e.offset);

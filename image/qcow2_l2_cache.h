@@ -24,6 +24,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -96,7 +97,12 @@ class L2Cache {
  private:
   struct Entry {
     uint64_t offset = 0;
-    io::AlignedBuffer data;
+    // Slices of at least a page live in an aligned buffer (zero-copy reads);
+    // smaller ones (clusters under 4 KiB) in plain memory, so a 512-byte slice
+    // costs 512 bytes and the cache's memory stays what its capacity says.
+    io::AlignedBuffer aligned;
+    std::vector<std::byte> small;
+    std::span<std::byte> data;
     io::AsyncEvent loaded;
     Status load_status;  // written by the loader before loaded.set()
     // Guarded by L2Cache::mu_:
