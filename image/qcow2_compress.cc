@@ -83,6 +83,14 @@ void ClusterCache::insert(uint64_t host_offset, Cluster c) {
   map_.emplace(host_offset, std::make_pair(std::move(c), lru_.begin()));
 }
 
+void ClusterCache::erase(uint64_t host_offset) {
+  std::lock_guard lk(mu_);
+  auto it = map_.find(host_offset);
+  if (it == map_.end()) return;
+  lru_.erase(it->second.second);
+  map_.erase(it);
+}
+
 size_t ClusterCache::size() const {
   std::lock_guard lk(mu_);
   return map_.size();

@@ -33,6 +33,8 @@ class ClusterCache {
 
   Cluster find(uint64_t host_offset);
   void insert(uint64_t host_offset, Cluster c);
+  // Forgets the cluster whose stream starts at host_offset (its bytes are being reused).
+  void erase(uint64_t host_offset);
   size_t size() const;
 
  private:

@@ -107,6 +107,9 @@ TEST(Qcow2Compress, ClusterCacheEvictsLeastRecentlyUsed) {
   EXPECT_EQ(cache.find(2), nullptr);
   EXPECT_NE(cache.find(1), nullptr);
   EXPECT_NE(cache.find(3), nullptr);
+  cache.erase(3);
+  EXPECT_EQ(cache.find(3), nullptr);
+  EXPECT_EQ(cache.size(), 1u);
 }
 
 }  // namespace
