@@ -63,6 +63,13 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "snapshot") {
     if (value.empty()) return bad_value(key, value, "a snapshot name or id");
     o.snapshot = std::string(value);
+  } else if (key == "locking") {
+    auto mode = io::parse_lock_mode(value);
+    if (!mode) return bad_value(key, value, "auto, on or off");
+    o.locking = *mode;
+  } else if (key == "force-share") {
+    if (value != "on" && value != "off") return bad_value(key, value, "on or off");
+    o.force_share = value == "on";
   } else if (key == "l2_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
@@ -78,6 +85,8 @@ Status apply_flag(Options& o, std::string_view opt) {
     o.writable = false;
   } else if (opt == "rw") {
     o.writable = true;
+  } else if (opt == "force-share") {
+    o.force_share = true;
   } else if (opt == "allow_other") {
     o.allow_other = true;
   } else if (!is_ignored(opt)) {
@@ -186,6 +195,8 @@ std::string usage_text(std::string_view program) {
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"
       "  l2_cache_size=SIZE   qcow2 L2 cache size, with K/M/G suffixes\n"
+      "  locking=MODE         image locks as QEMU takes them: auto (default), on, off\n"
+      "  force-share          read-only: share the image even with a writer (qemu-img -U)\n"
       "  allow_other          let other users access the mount\n"
       "\n"
       "mount(8) options such as dev, suid, nodev, nosuid, exec, noexec, auto, noauto,\n"

@@ -42,6 +42,8 @@ struct Options {
   bool discard_unmap = false;
   std::string snapshot;
   uint64_t l2_cache_size = 0;  // 0: driver default
+  io::LockMode locking = io::LockMode::automatic;  // locking=auto|on|off (QEMU's names)
+  bool force_share = false;  // force-share: coexist with writers (read-only only)
 };
 
 // Parses argv without the program name. --help and --version set their flags

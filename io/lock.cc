@@ -112,9 +112,9 @@ LockPerms LockPerms::for_image(bool writable, bool force_share) {
 }
 
 Result<ImageLock> ImageLock::acquire(const std::string& path, LockPerms p, LockMode mode) {
-  if (mode == LockMode::off) return ImageLock();
   if ((p.perms & ~kPermConsistentRead) && p.shared == kPermAll)
     return Status::errorf(EINVAL, "{}: force-share can only be used with read-only images", path);
+  if (mode == LockMode::off) return ImageLock();
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   if (!fd.valid()) return Status::from_errno(errno, fmt::format("opening {} for locking", path));
   Status st = take_bytes(fd.get(), path, p);
