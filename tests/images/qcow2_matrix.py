@@ -441,6 +441,28 @@ def case_corrupt_bit(out: Path) -> Image:
     return image
 
 
+def case_persistent_bitmaps(out: Path) -> Image:
+    """Dirty bitmaps (bitmaps header extension, autoclear bit): reading ignores them."""
+    image = plain(out, "bitmaps", 24 * MiB, 64 * KiB)
+    helpers.qemu_img("bitmap", "--add", "-f", "qcow2", image.path, "bm0")
+    helpers.qemu_img("bitmap", "--add", "-g", "512k", "-f", "qcow2", image.path, "bm1")
+    w = writer_for(out, "bitmaps-2", 64 * KiB)
+    scatter(w, 24 * MiB, 64 * KiB, count=8, zeroes=False)
+    w.run(image.path)
+    return image
+
+
+def case_unknown_extension_and_optional_bits(out: Path) -> Image:
+    """An unknown header extension plus unknown compatible and autoclear bits: all ignorable."""
+    image = plain(out, "optional", 16 * MiB, 64 * KiB)
+    exts = qcow2_header.read_extensions(image.path)
+    exts.insert(0, (0x12345678, b"opaque extension data"))
+    qcow2_header.write_extensions(image.path, exts)
+    for name, bit in (("compatible_features", 1 << 40), ("autoclear_features", 1 << 40)):
+        qcow2_header.set_field(image.path, name, qcow2_header.get_field(image.path, name) | bit)
+    return image
+
+
 CASES: dict[str, Callable[[Path], Image]] = {
     name[len("case_"):]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")
 }
