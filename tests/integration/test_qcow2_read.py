@@ -176,6 +176,27 @@ def test_reads_past_end_are_short(workdir):
             assert os.pread(f.fileno(), 4096, size) == b""
 
 
+@pytest.mark.parametrize("case", ["backing_chain_raw_base", "external_data_file",
+                                  "dirty_lazy_refcounts", "persistent_bitmaps"])
+def test_read_only_mount_never_opens_for_writing(case, workdir):
+    """The whole chain sits on a read-only bind mount: any open for writing fails EROFS.
+
+    (Dirty images, bitmaps in use and autoclear bits are what tempt a driver to write.)
+    """
+    image = build(case, workdir)
+    ref = helpers.convert_to_raw(image.path, workdir / "ref.raw")
+    ro = workdir / "ro"
+    ro.mkdir()
+    helpers.run(["mount", "--bind", workdir / "img", ro])
+    try:
+        helpers.run(["mount", "-o", "remount,ro,bind", ro])
+        ro_image = ro / image.path.relative_to(workdir / "img")
+        with helpers.mounted(ro_image, workdir / "view.raw") as m:
+            helpers.files_equal(m.path, ref)
+    finally:
+        helpers.run(["umount", ro], check=False)
+
+
 def test_read_only_mount_refuses_writes(workdir):
     image = build("cluster_64k", workdir)
     before = fingerprints(image.files)
