@@ -251,14 +251,15 @@ TEST_P(EngineTest, SwitchToMovesCoroutineBetweenLoops) {
   auto other = make_engine(GetParam());
   ASSERT_TRUE(other.is_ok());
   Engine* second = other->get();
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop{false}, ready{false};
   std::thread::id second_id;
   std::thread loop([&] {
     ScopedEngine scope(second);
     second_id = std::this_thread::get_id();
+    ready = true;
     while (!stop) second->run_once(20);
   });
-  while (second_id == std::thread::id()) std::this_thread::yield();
+  while (!ready) std::this_thread::yield();
   Engine* first = engine_.get();
   auto task = [&]() -> Task<std::pair<std::thread::id, std::thread::id>> {
     std::thread::id there;
