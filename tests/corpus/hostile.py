@@ -12,13 +12,15 @@ snapshot table, chain). Each case carries its expected outcome:
                       the mount must show exactly what `qemu-img convert` shows.
 
 Usage: `python3 tests/corpus/hostile.py OUTDIR [CASE...]` writes the images
-(one subdirectory per case) so they can seed fuzzers or be inspected; the
-integration test tests/integration/test_hostile.py builds them per test.
+(one subdirectory per case) and OUTDIR/manifest.json (each case's image and
+expected outcome); tests/unit/hostile_corpus_test.cc checks every case through
+the driver with it, tests/integration/test_hostile.py through a real mount.
 Not thread-safe: each call writes files in its own directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -502,17 +504,52 @@ def build(name: str, directory: Path) -> Built:
     return CASES[name].make(directory)
 
 
+def manifest_entry(name: str, b: Built) -> dict:
+    """What a non-Python consumer needs to check one case (tests/unit/hostile_corpus_test.cc)."""
+    o = CASES[name].outcome
+    entry = {"name": name, "image": str(b.image), "note": CASES[name].note}
+    if isinstance(o, Refused):
+        entry.update(outcome="refused", pattern=o.pattern)
+    elif isinstance(o, Eio):
+        entry.update(outcome="eio", bad=[list(r) for r in o.bad], good=[list(r) for r in o.good],
+                     pristine_raw=str(b.pristine_raw))
+    else:
+        raw = to_raw(b.image, b.image.with_suffix(".qemu.raw"))
+        entry.update(outcome="readable", reference_raw=str(raw))
+    return entry
+
+
 def main(argv: list[str]) -> int:
+    """OUTDIR [CASE...]: builds the cases and writes OUTDIR/manifest.json."""
     if not argv:
         print(__doc__)
         return 2
     out = Path(argv[0])
+    entries = []
     for name in argv[1:] or list(CASES):
         d = out / name
         shutil.rmtree(d, ignore_errors=True)
         b = build(name, d)
+        entries.append(manifest_entry(name, b))
         print(f"{name}: {b.image} ({CASES[name].note})")
+    (out / "manifest.json").write_text(json.dumps(entries, indent=1))
+    (out / "manifest.tsv").write_text("".join(tsv_line(e) + "\n" for e in entries))
     return 0
+
+
+def tsv_line(e: dict) -> str:
+    """One tab-separated line per case, for C++ readers:
+    refused NAME IMAGE PATTERN | eio NAME IMAGE PRISTINE_RAW BAD GOOD | readable NAME IMAGE REFERENCE_RAW
+    where BAD and GOOD are comma-separated OFFSET:LENGTH lists."""
+    def ranges(rs):
+        return ",".join(f"{o}:{n}" for o, n in rs)
+    if e["outcome"] == "refused":
+        fields = [e["pattern"]]
+    elif e["outcome"] == "eio":
+        fields = [e["pristine_raw"], ranges(e["bad"]), ranges(e["good"])]
+    else:
+        fields = [e["reference_raw"]]
+    return "\t".join([e["outcome"], e["name"], e["image"], *fields])
 
 
 if __name__ == "__main__":
