@@ -73,6 +73,9 @@ class BlockDriver {
   // Writes back everything dirty and releases host resources; idempotent. Must
   // be awaited before destruction on a writable image.
   virtual Task<Status> close() = 0;
+  // Writes back dirty metadata without waiting for a flush; the fuse layer
+  // calls it when the mount has been idle for a while. Default: nothing to do.
+  virtual Task<Status> idle_writeback() { co_return Status::ok(); }
 
   // Internal snapshots (qcow2). open_snapshot() gives a read-only view of one
   // snapshot, found by id or name; it borrows this driver's files and must be

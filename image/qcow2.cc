@@ -10,6 +10,7 @@
 
 #include "image/endian.h"
 #include "image/qcow2_driver.h"
+#include "image/qcow2_writer.h"
 #include "io/align.h"
 #include "io/buffer.h"
 #include "io/engine.h"
@@ -20,7 +21,7 @@ namespace qcowfs::image {
 namespace qcow2 {
 namespace {
 
-constexpr std::string_view kNoWrites = "qcow2 writing is not available in this build";
+constexpr std::string_view kReadOnly = "the qcow2 image is open read-only";
 
 // Upper bound on runs one block_status() call walks, so a query over a huge
 // fragmented range stays short; callers continue from the returned length.
@@ -135,7 +136,9 @@ void log_feature_state(const Header& h, const std::string& path) {
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFile> file, std::string path,
                                                      ImageOptions opts) {
-  if (opts.file.writable || file->writable()) co_return Status::error(EROFS, std::string(kNoWrites));
+  const bool writable = opts.file.writable && file->writable();
+  if (writable && !opts.snapshot.empty())
+    co_return Status::error(EROFS, "snapshots are read-only: open them without write access");
   std::string self_real = real_path(path);
   if (std::find(opts.backing_chain.begin(), opts.backing_chain.end(), self_real) != opts.backing_chain.end())
     co_return Status::errorf(ELOOP, "backing chain loop: {} is its own backing file", self_real);
@@ -145,10 +148,16 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFil
   auto h = co_await read_header(*img->file);
   if (!h) co_return h.status();
   img->header = std::move(*h);
-  QCOWFS_CO_TRY(check_features(img->header, false));
+  if (Status st = check_features(img->header, writable); !st) {
+    if (writable && img->header.corrupt()) log::error("{}: {}", path, st.message());
+    co_return st;
+  }
   log_feature_state(img->header, path);
+  // A writable image grows while it is open: file-size range checks on
+  // entries would reject what the writer just allocated.
   img->geometry = Geometry{img->header.cluster_bits, img->header.extended_l2(),
-                           img->header.has_external_data_file(), img->file->size()};
+                           img->header.has_external_data_file(),
+                           writable ? kMaxHostOffset : img->file->size()};
   setup_caches(*img, opts);
   auto l1 = co_await read_l1(*img->file, img->header.l1_table_offset, img->header.l1_size);
   if (!l1) co_return l1.status();
@@ -159,6 +168,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFil
   QCOWFS_CO_TRY(co_await open_backing(*img, opts, self_real));
   uint64_t size = img->header.size;
   auto drv = std::make_unique<Qcow2Driver>(std::move(img), std::move(*l1), size, false);
+  if (writable) QCOWFS_CO_TRY(co_await drv->enable_writes(opts));
   if (!opts.snapshot.empty()) co_return co_await drv->open_snapshot(opts.snapshot);
   std::unique_ptr<BlockDriver> out = std::move(drv);
   co_return out;
@@ -179,6 +189,18 @@ struct Qcow2Driver::SubRead {
 
 Qcow2Driver::Qcow2Driver(std::shared_ptr<Qcow2Image> image, L1Table l1, uint64_t size, bool snapshot_view)
     : image_(std::move(image)), l1_(std::move(l1)), size_(size), snapshot_view_(snapshot_view) {}
+
+Qcow2Driver::~Qcow2Driver() = default;
+
+uint64_t Qcow2Driver::size() const { return writer_ ? writer_->size() : size_; }
+
+Task<Status> Qcow2Driver::enable_writes(const ImageOptions& opts) {
+  auto w = co_await Qcow2Writer::open(
+      *image_, l1_, [this](uint64_t off, std::span<std::byte> dst) { return read_unlocked(off, dst); }, opts);
+  if (!w) co_return w.status();
+  writer_ = std::move(*w);
+  co_return Status::ok();
+}
 
 Status Qcow2Driver::corrupt(uint64_t guest, const Status& why) const {
   log::error("{}{}: corrupt qcow2 metadata for guest offset {:#x}: {}", image_->path,
@@ -237,6 +259,14 @@ Task<Status> Qcow2Driver::walk(uint64_t off, uint64_t len, RunVisitor visit) {
 }
 
 Task<Status> Qcow2Driver::read(uint64_t off, std::span<std::byte> buf) {
+  if (!writer_ || buf.empty()) co_return co_await read_unlocked(off, buf);
+  const uint64_t cs = image_->geometry.cluster_size();
+  auto range = co_await writer_->ranges().lock(align_down(off, cs), align_up(off + buf.size(), cs),
+                                                io::RangeLock::Mode::shared);
+  co_return co_await read_unlocked(off, buf);
+}
+
+Task<Status> Qcow2Driver::read_unlocked(uint64_t off, std::span<std::byte> buf) {
   std::vector<SubRead> plan;
   BlockDriver* backing = image_->backing.get();
   const uint64_t cs = image_->geometry.cluster_size();
@@ -346,7 +376,7 @@ Task<Result<ClusterCache::Cluster>> Qcow2Driver::load_compressed(CompressedClust
 }
 
 Task<Result<BlockStatus>> Qcow2Driver::block_status(uint64_t off, uint64_t len) {
-  len = std::min(len, size_ - std::min(off, size_));
+  len = std::min(len, size() - std::min(off, size()));
   if (len == 0) co_return Status::errorf(EINVAL, "block status query at {:#x} is beyond the end of the image", off);
   bool have = false;
   RunKind kind = RunKind::unallocated;
@@ -385,16 +415,34 @@ Task<Result<BlockStatus>> Qcow2Driver::backing_status(uint64_t off, uint64_t len
   co_return r;
 }
 
-Task<Status> Qcow2Driver::write(uint64_t, std::span<const std::byte>) {
-  co_return Status::error(EROFS, std::string(kNoWrites));
+Task<Status> Qcow2Driver::write(uint64_t off, std::span<const std::byte> buf) {
+  if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  co_return co_await writer_->write(off, buf);
 }
-Task<Status> Qcow2Driver::flush() { co_return Status::ok(); }
-Task<Status> Qcow2Driver::discard(uint64_t, uint64_t) { co_return Status::error(EROFS, std::string(kNoWrites)); }
-Task<Status> Qcow2Driver::write_zeroes(uint64_t, uint64_t, bool) {
-  co_return Status::error(EROFS, std::string(kNoWrites));
+Task<Status> Qcow2Driver::flush() {
+  if (!writer_) co_return Status::ok();
+  co_return co_await writer_->flush();
 }
-Task<Status> Qcow2Driver::truncate(uint64_t) { co_return Status::error(EROFS, std::string(kNoWrites)); }
-Task<Status> Qcow2Driver::close() { co_return Status::ok(); }
+Task<Status> Qcow2Driver::discard(uint64_t off, uint64_t len) {
+  if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  co_return co_await writer_->discard(off, len);
+}
+Task<Status> Qcow2Driver::write_zeroes(uint64_t off, uint64_t len, bool may_unmap) {
+  if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  co_return co_await writer_->write_zeroes(off, len, may_unmap);
+}
+Task<Status> Qcow2Driver::truncate(uint64_t new_size) {
+  if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  co_return co_await writer_->truncate(new_size);
+}
+Task<Status> Qcow2Driver::close() {
+  if (!writer_) co_return Status::ok();
+  co_return co_await writer_->close();
+}
+Task<Status> Qcow2Driver::idle_writeback() {
+  if (!writer_) co_return Status::ok();
+  co_return co_await writer_->idle_writeback();
+}
 
 uint64_t Qcow2Driver::allocated_bytes() const {
   uint64_t n = image_->file->allocated_bytes();

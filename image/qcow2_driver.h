@@ -10,11 +10,16 @@
 // the reads of one request are issued together (io::when_all). Data goes
 // straight into the caller's buffer.
 //
-// Writing is not available in this build: open_qcow2 refuses writable opens and
-// the write entry points return EROFS.
+// Writes: a driver opened writable (the active image only, never a snapshot
+// view) owns a Qcow2Writer (image/qcow2_writer.h) and forwards write, flush,
+// discard, write_zeroes, truncate, idle_writeback and close to it. Reads of a
+// writable image take the writer's guest range lock shared, so they never see
+// a cluster while its mapping changes.
 //
-// Thread-safety: as BlockDriver. The header, L1 tables and snapshot table are
-// immutable after open; the caches are internally synchronised.
+// Thread-safety: as BlockDriver. On a read-only image the header, L1 tables
+// and snapshot table are immutable after open; on a writable one the active
+// L1 table and the header change only in the writer, under its metadata lock.
+// The caches are internally synchronised.
 #pragma once
 
 #include <memory>
@@ -53,13 +58,20 @@ struct Qcow2Image {
   size_t l2_slice_entries() const { return l2_cache->slice_size() / geometry.l2_entry_size(); }
 };
 
+class Qcow2Writer;
+
 class Qcow2Driver final : public BlockDriver {
  public:
   Qcow2Driver(std::shared_ptr<Qcow2Image> image, L1Table l1, uint64_t size, bool snapshot_view);
+  ~Qcow2Driver() override;
+
+  // Makes this (active image) driver writable: loads the refcounts, rebuilding
+  // them first when the image is dirty.
+  Task<Status> enable_writes(const ImageOptions& opts);
 
   std::string_view format_name() const override { return "qcow2"; }
-  uint64_t size() const override { return size_; }
-  bool read_only() const override { return true; }
+  uint64_t size() const override;
+  bool read_only() const override { return writer_ == nullptr; }
   size_t mem_align() const override { return image_->data_file->mem_align(); }
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
@@ -71,12 +83,14 @@ class Qcow2Driver final : public BlockDriver {
   Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
   uint64_t allocated_bytes() const override;
   Task<Status> close() override;
+  Task<Status> idle_writeback() override;
 
   std::vector<SnapshotInfo> snapshots() const override;
   Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name) override;
 
   const Qcow2Image& image() const { return *image_; }
   const L1Table& l1_table() const { return l1_; }
+  Qcow2Writer* writer() { return writer_.get(); }
 
  private:
   struct SubRead;
@@ -101,6 +115,8 @@ class Qcow2Driver final : public BlockDriver {
   // Walks the mapping of [off, off+len) in order, calling visit for each run
   // until it returns false. Corrupt metadata: EIO, logged with the offset.
   Task<Status> walk(uint64_t off, uint64_t len, RunVisitor visit);
+  // read() without the writer's range lock (the copy-on-write source).
+  Task<Status> read_unlocked(uint64_t off, std::span<std::byte> buf);
   Result<uint64_t> l2_table_for(uint64_t l1_index, uint64_t guest);
   Status corrupt(uint64_t guest, const Status& why) const;
   Task<Status> run_sub_read(SubRead r);
@@ -114,6 +130,7 @@ class Qcow2Driver final : public BlockDriver {
   L1Table l1_;
   uint64_t size_;
   bool snapshot_view_;
+  std::unique_ptr<Qcow2Writer> writer_;
 };
 
 }  // namespace qcowfs::image::qcow2

@@ -1,0 +1,234 @@
+// qcow2 write path through the driver over in-memory and recording files:
+// read-back, the host I/O a request costs (one data write per request, no
+// per-write metadata I/O or flush) and the order of host writes and flushes
+// the metadata rules require, asserted on a recording HostFile.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include "image/endian.h"
+#include "image/qcow2.h"
+#include "image/qcow2_driver.h"
+#include "image/qcow2_format.h"
+#include "image/qcow2_writer.h"
+#include "io/mem_file.h"
+#include "qcow2_write_test_util.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+using testing::RecordingFile;
+using testing::TempImage;
+using Op = RecordingFile::Op;
+
+std::vector<std::byte> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+
+std::vector<std::byte> pattern(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+class Qcow2Write : public ::testing::Test {
+ protected:
+  void SetUp() override { engine_ = std::move(*io::make_engine(io::EngineKind::threads)); }
+  template <typename T>
+  T run(Task<T> t) { return io::run_sync(*engine_, std::move(t)); }
+
+  // Opens a qemu-img image writable over a recording MemFile.
+  void open(const std::string& options, const std::string& size) {
+    img_ = std::make_unique<TempImage>("wr", options, size);
+    ASSERT_TRUE(img_->error().empty()) << img_->error();
+    io::MemFileOptions mo;
+    auto mem = std::make_unique<io::MemFile>(mo, file_bytes(img_->path()));
+    mem_ = mem.get();
+    auto rec = std::make_unique<RecordingFile>(std::move(mem));
+    rec_ = rec.get();
+    ImageOptions o;
+    o.file.writable = true;
+    auto d = run(open_qcow2(std::move(rec), img_->path(), o));
+    ASSERT_TRUE(d) << d.status().to_string();
+    drv_ = std::move(*d);
+    ASSERT_FALSE(drv_->read_only());
+  }
+  Qcow2Driver& q() { return static_cast<Qcow2Driver&>(*drv_); }
+  // Saves the in-memory image to the temp path (for qemu-img).
+  void save() {
+    auto bytes = mem_->content();
+    std::ofstream out(img_->path(), std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  std::vector<std::byte> read(uint64_t off, size_t n) {
+    std::vector<std::byte> v(n);
+    EXPECT_TRUE(run(drv_->read(off, v)));
+    return v;
+  }
+
+  std::unique_ptr<io::Engine> engine_;
+  std::unique_ptr<TempImage> img_;
+  io::MemFile* mem_ = nullptr;
+  RecordingFile* rec_ = nullptr;
+  std::unique_ptr<BlockDriver> drv_;
+};
+
+TEST_F(Qcow2Write, SequentialMegabyteWritesCostOneHostWriteEach) {
+  open("cluster_size=65536", "1G");
+  auto data = pattern(1 << 20, 1);
+  ASSERT_TRUE(run(drv_->write(0, data)));  // also creates the first L2 table
+  rec_->clear();
+  for (uint64_t i = 1; i < 8; ++i) {
+    ASSERT_TRUE(run(drv_->write(i << 20, data)));
+    auto ev = rec_->events();
+    ASSERT_EQ(ev.size(), 1u) << "request " << i << " cost " << ev.size() << " host operations";
+    EXPECT_EQ(ev[0].op, Op::write);
+    EXPECT_EQ(ev[0].length, 1u << 20);
+    rec_->clear();
+  }
+  EXPECT_EQ(read(5 << 20, 1 << 20), data);
+  // Host-contiguous: 8 MiB of guest data occupies one 8 MiB host run.
+  uint64_t l2 = q().l1_table().entries[0] & kL1OffsetMask;
+  ASSERT_NE(l2, 0u);
+  ASSERT_TRUE(run(drv_->close()));
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+}
+
+TEST_F(Qcow2Write, FlushWritesDataRefcountsL2ThenL1WithFlushesBetween) {
+  open("cluster_size=65536", "1G");
+  auto data = pattern(100000, 2);
+  rec_->clear();
+  ASSERT_TRUE(run(drv_->write(70000, data)));  // partial clusters at both ends: COW merged
+  auto ev = rec_->events();
+  ASSERT_EQ(ev.size(), 2u) << "new L2 table + one data write";
+  const uint64_t l2 = q().l1_table().entries[0] & kL1OffsetMask;
+  EXPECT_EQ(ev[0].offset, l2);
+  EXPECT_EQ(ev[1].length, 2u * 65536) << "head COW + data + tail COW in one write";
+  const uint64_t data_off = ev[1].offset;
+  rec_->clear();
+  ASSERT_TRUE(run(drv_->flush()));
+  ev = rec_->events();
+  // Expected: refcount block(s), flush, L2 slice, flush, L1 entry, flush.
+  auto first = [&](auto pred) {
+    for (size_t i = 0; i < ev.size(); ++i)
+      if (pred(ev[i])) return static_cast<int>(i);
+    return -1;
+  };
+  auto last = [&](auto pred) {
+    for (size_t i = ev.size(); i-- > 0;)
+      if (pred(ev[i])) return static_cast<int>(i);
+    return -1;
+  };
+  auto is_flush = [](const RecordingFile::Event& e) { return e.op == Op::flush; };
+  auto in = [](uint64_t start, uint64_t len) {
+    return [=](const RecordingFile::Event& e) { return e.op == Op::write && e.offset >= start && e.offset < start + len; };
+  };
+  const uint64_t l1 = q().l1_table().host_offset;
+  int refblock_w = first([&](const RecordingFile::Event& e) {
+    return e.op == Op::write && !in(l2, 65536)(e) && !in(l1, 65536)(e) && e.offset != data_off;
+  });
+  int l2_w = first(in(l2, 65536));
+  int l1_w = first(in(l1, 65536));
+  ASSERT_GE(refblock_w, 0);
+  ASSERT_GE(l2_w, 0);
+  ASSERT_GE(l1_w, 0);
+  auto flush_between = [&](int a, int b) {
+    for (int i = a + 1; i < b; ++i)
+      if (ev[static_cast<size_t>(i)].op == Op::flush) return true;
+    return false;
+  };
+  EXPECT_TRUE(flush_between(refblock_w, l2_w)) << "refcount increase durable before the L2 entry";
+  EXPECT_TRUE(flush_between(-1, l2_w)) << "data durable before the L2 entry";
+  EXPECT_TRUE(flush_between(l2_w, l1_w)) << "new L2 table durable before the L1 entry";
+  EXPECT_EQ(last(is_flush), static_cast<int>(ev.size()) - 1) << "flush() ends with a host flush";
+  // Nothing dirty: a second flush writes nothing.
+  rec_->clear();
+  ASSERT_TRUE(run(drv_->flush()));
+  for (const auto& e : rec_->events()) EXPECT_EQ(e.op, Op::flush);
+  std::vector<std::byte> want(100000);
+  std::memcpy(want.data(), data.data(), data.size());
+  EXPECT_EQ(read(70000, 100000), want);
+  ASSERT_TRUE(run(drv_->close()));
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+}
+
+TEST_F(Qcow2Write, RefcountDecreaseOnlyAfterTheL2UpdateIsDurable) {
+  open("cluster_size=65536", "64M");
+  auto data = pattern(65536, 3);
+  ASSERT_TRUE(run(drv_->write(0, data)));
+  ASSERT_TRUE(run(drv_->flush()));
+  Qcow2Writer& w = *q().writer();
+  uint64_t l2 = q().l1_table().entries[0] & kL1OffsetMask;
+  (void)l2;
+  // The data cluster is the one right after the L2 table written first.
+  uint64_t used_before = 0;
+  for (uint64_t c = 0; c < 64; ++c) used_before += *run(w.refcounts().get(c)) ? 1 : 0;
+  ASSERT_TRUE(run(drv_->write_zeroes(0, 65536, true)));
+  uint64_t used_mid = 0;
+  for (uint64_t c = 0; c < 64; ++c) used_mid += *run(w.refcounts().get(c)) ? 1 : 0;
+  EXPECT_EQ(used_mid, used_before) << "the cluster is not freed before the L2 change is on disk";
+  ASSERT_TRUE(run(drv_->flush()));
+  uint64_t used_after = 0;
+  for (uint64_t c = 0; c < 64; ++c) used_after += *run(w.refcounts().get(c)) ? 1 : 0;
+  EXPECT_EQ(used_after + 1, used_before);
+  EXPECT_EQ(read(0, 65536), std::vector<std::byte>(65536));
+  ASSERT_TRUE(run(drv_->close()));
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+}
+
+TEST_F(Qcow2Write, EnospcFailsTheWriteAndLaterWritesThatFitSucceed) {
+  open("cluster_size=65536", "64M");
+  auto data = pattern(1 << 20, 4);
+  ASSERT_TRUE(run(drv_->write(0, data)));
+  mem_->set_size_limit(mem_->size() + (512 << 10));
+  Status st = run(drv_->write(8 << 20, data));
+  EXPECT_EQ(st.code(), ENOSPC) << st.to_string();
+  ASSERT_TRUE(run(drv_->write(16 << 20, std::span<const std::byte>(data).first(256 << 10))));
+  ASSERT_TRUE(run(drv_->flush()));
+  mem_->clear_faults();
+  EXPECT_EQ(read(0, 1 << 20), data);
+  auto head = read(16 << 20, 256 << 10);
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), data.begin()));
+  ASSERT_TRUE(run(drv_->close()));
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+}
+
+TEST_F(Qcow2Write, GrowingPastTheL1TableMovesItWithOneHeaderWrite) {
+  open("cluster_size=4096", "4M");  // 512 entries per L2: one L1 entry per 2 MiB
+  auto data = pattern(4096, 5);
+  ASSERT_TRUE(run(drv_->write(0, data)));
+  uint64_t old_l1 = q().l1_table().host_offset;
+  ASSERT_TRUE(run(drv_->truncate(64ull << 20)));
+  EXPECT_EQ(drv_->size(), 64ull << 20);
+  EXPECT_NE(q().l1_table().host_offset, old_l1);
+  EXPECT_EQ(q().l1_table().entries.size(), 32u);
+  ASSERT_TRUE(run(drv_->write((64ull << 20) - 4096, data)));
+  EXPECT_EQ(read(0, 4096), data);
+  EXPECT_EQ(read((64ull << 20) - 4096, 4096), data);
+  EXPECT_EQ(run(drv_->truncate(1 << 20)).code(), EINVAL);
+  ASSERT_TRUE(run(drv_->close()));
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+  std::string out;
+  testing::shell("qemu-img info -U " + img_->path(), &out);
+  EXPECT_NE(out.find("64 MiB"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace qcowfs::image::qcow2
