@@ -29,7 +29,7 @@ import helpers
 MiB = 1 << 20
 LOCK_ERROR = r'Failed to get "write" lock'
 SHARED_LOCK_ERROR = r'Failed to get shared "write" lock'
-RW_FORMATS = ["raw"]  # qcow2 joins once the qcow2 write path accepts read-write opens
+RW_FORMATS = ["raw", "qcow2"]
 
 
 def make_image(workdir: Path, fmt: str, name: str | None = None) -> Path:
