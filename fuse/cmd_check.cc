@@ -16,8 +16,8 @@ namespace {
 namespace q = image::qcow2;
 
 constexpr int kExitNoChecks = 63;
-// Metadata to walk before a progress bar is worth showing on a terminal.
-constexpr uint64_t kProgressMinMetadata = 4ull << 30;
+// L2 metadata to walk before a progress bar is worth showing on a terminal.
+constexpr uint64_t kProgressMinMetadata = 2ull << 30;
 
 struct CheckArgs {
   std::string image;
@@ -116,8 +116,10 @@ int exit_code(const q::CheckReport& r) {
   return 0;
 }
 
-// A one-line bar on stderr, redrawn in place; only used on a terminal.
+// A one-line bar on stderr, redrawn in place; only used on a terminal and
+// only when there is a lot of metadata to walk.
 void draw_progress(uint64_t done, uint64_t total) {
+  if (total < kProgressMinMetadata) return;
   int pct = total ? static_cast<int>(done * 100 / total) : 100;
   std::string bar(static_cast<size_t>(pct / 2), '#');
   fmt::print(stderr, "\r    ({:3d}/100%) [{:<50}]", pct, bar);
@@ -141,8 +143,7 @@ Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks) {
   }
   q::CheckOptions opts;
   opts.repair = a.repair;
-  bool big = (*file)->size() > kProgressMinMetadata;
-  if (!a.json && !a.quiet && big && ::isatty(STDERR_FILENO)) opts.progress = draw_progress;
+  if (!a.json && !a.quiet && ::isatty(STDERR_FILENO)) opts.progress = draw_progress;
   auto r = co_await q::check_image(**file, opts);
   if (r && (*file)->writable()) QCOWFS_CO_TRY(co_await (*file)->flush());
   co_return r;

@@ -121,6 +121,7 @@ class Walker {
     }
     inc(h_.snapshots_offset, snapshot_table_bytes);
     if (h_.crypto) inc(h_.crypto->offset, h_.crypto->length);
+    if (opts_.progress) opts_.progress(total_l2_ * cs_, total_l2_ * cs_);
     co_return co_await count_bitmaps();
   }
 
@@ -206,7 +207,10 @@ class Walker {
     for (uint32_t i = 0; i < l1_size; ++i) {
       uint64_t entry = load_be64(buf->data() + size_t{i} * 8);
       if (active) active_l1_.push_back(entry);
-      if (entry == 0) continue;
+      if (entry == 0) {
+        report_progress();
+        continue;
+      }
       uint64_t l2_offset = entry & kL1OffsetMask;
       inc(l2_offset, cs_);
       if (!is_aligned(l2_offset, cs_)) {
@@ -221,7 +225,7 @@ class Walker {
 
   void report_progress() {
     ++done_l2_;
-    if (opts_.progress && (done_l2_ % 64 == 0 || done_l2_ == total_l2_)) opts_.progress(done_l2_, total_l2_);
+    if (opts_.progress && done_l2_ % 64 == 0 && done_l2_ < total_l2_) opts_.progress(done_l2_ * cs_, total_l2_ * cs_);
   }
 
   Task<Status> walk_l2(uint64_t l2_offset, bool active) {

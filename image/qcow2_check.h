@@ -54,7 +54,8 @@ struct CheckReport {
 
 struct CheckOptions {
   RepairMode repair = RepairMode::none;
-  // Called now and then with (L2 tables walked, L2 tables to walk) while walking.
+  // Called now and then while walking, with the bytes of L2 tables walked so
+  // far and the bytes to walk in all (the last call has done == total).
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 

@@ -79,6 +79,7 @@ def test_create_matches_qemu_img(workdir: Path, qcowfs: str, opts: str) -> None:
     helpers.run([qcowfs, "create", "-q", *(["-o", o_opts] if o_opts else []), ours, "100M"])
     helpers.qemu_img("create", "-q", "-f", "qcow2", *(["-o", q_opts] if q_opts else []), theirs, "100M")
     helpers.qemu_img_check(ours)
+    assert helpers.run([qcowfs, "check", ours]).returncode == 0
     assert stable(info(ours)) == stable(info(theirs))
     assert stable(our_info(qcowfs, ours)) == stable(info(ours))
     if "data_file" in opts:

@@ -208,6 +208,23 @@ TEST(Check, ReadFailureIsACheckErrorNotACrash) {
   EXPECT_GT(r->check_errors, 0u);
 }
 
+TEST(Check, ProgressEndsAtTheTotal) {
+  auto f = create("size=512M,cluster_size=4K");
+  CheckOptions o;
+  uint64_t calls = 0, last_done = 0, last_total = 0;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    EXPECT_GE(done, last_done);
+    ++calls;
+    last_done = done;
+    last_total = total;
+  };
+  auto r = run_now(check_image(*f, o));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_GT(calls, 1u);
+  EXPECT_EQ(last_done, last_total);
+  EXPECT_EQ(last_total, 256u * 4096) << "256 L1 entries (2 MiB each with 4 KiB clusters) map 512 MiB";
+}
+
 TEST(Check, RepairNeedsAWritableFile) {
   auto f = create("size=1M");
   io::MemFileOptions ro;
