@@ -116,15 +116,23 @@ int exit_code(const q::CheckReport& r) {
   return 0;
 }
 
-// A one-line bar on stderr, redrawn in place; only used on a terminal and
-// only when there is a lot of metadata to walk.
-void draw_progress(uint64_t done, uint64_t total) {
-  if (total < kProgressMinMetadata) return;
-  int pct = total ? static_cast<int>(done * 100 / total) : 100;
-  std::string bar(static_cast<size_t>(pct / 2), '#');
-  fmt::print(stderr, "\r    ({:3d}/100%) [{:<50}]", pct, bar);
-  if (done == total) fmt::print(stderr, "\n");
-}
+// A one-line bar on stderr, redrawn in place when the percentage changes;
+// only used on a terminal and only when there is a lot of metadata to walk.
+class ProgressBar {
+ public:
+  void operator()(uint64_t done, uint64_t total) {
+    if (total < kProgressMinMetadata) return;
+    int pct = static_cast<int>(done * 100 / total);
+    if (pct == last_) return;
+    last_ = pct;
+    std::string bar(static_cast<size_t>(pct / 2), '#');
+    fmt::print(stderr, "\r    ({:3d}/100%) [{:<50}]", pct, bar);
+    if (done == total) fmt::print(stderr, "\n");
+  }
+
+ private:
+  int last_ = -1;
+};
 
 Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks) {
   io::OpenOptions o;
@@ -143,7 +151,7 @@ Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks) {
   }
   q::CheckOptions opts;
   opts.repair = a.repair;
-  if (!a.json && !a.quiet && ::isatty(STDERR_FILENO)) opts.progress = draw_progress;
+  if (!a.json && !a.quiet && ::isatty(STDERR_FILENO)) opts.progress = ProgressBar();
   auto r = co_await q::check_image(**file, opts);
   if (r && (*file)->writable()) QCOWFS_CO_TRY(co_await (*file)->flush());
   co_return r;
