@@ -93,20 +93,22 @@ TEST_P(EngineTest, ManyConcurrentRequestsAllComplete) {
   std::vector<uint32_t> values(kCount);
   int done = 0;
   ScopedEngine scope(engine_.get());
+  // Coroutine lambdas take what they use as parameters (copied into the frame):
+  // a capturing closure would be gone by the time the coroutine resumes.
+  auto one = [](int file, uint32_t* value, uint64_t off, int* finished) -> Task<void> {
+    IoRequest w;
+    w.op = IoRequest::Op::write;
+    w.fd = file;
+    w.buf = value;
+    w.length = sizeof(uint32_t);
+    w.offset = off;
+    int64_t r = co_await io::async(std::move(w));
+    EXPECT_EQ(r, 4);
+    ++*finished;
+  };
   for (int i = 0; i < kCount; ++i) {
     values[static_cast<size_t>(i)] = static_cast<uint32_t>(i * 7 + 1);
-    auto one = [&, i]() -> Task<void> {
-      IoRequest w;
-      w.op = IoRequest::Op::write;
-      w.fd = fd.get();
-      w.buf = &values[static_cast<size_t>(i)];
-      w.length = sizeof(uint32_t);
-      w.offset = static_cast<uint64_t>(i) * sizeof(uint32_t);
-      int64_t r = co_await io::async(std::move(w));
-      EXPECT_EQ(r, 4);
-      ++done;
-    };
-    spawn(one());
+    spawn(one(fd.get(), &values[static_cast<size_t>(i)], static_cast<uint64_t>(i) * sizeof(uint32_t), &done));
   }
   while (done < kCount) engine_->run_once(-1);
   std::vector<uint32_t> back(kCount);
@@ -287,17 +289,16 @@ TEST_P(EngineTest, AsyncMutexAcrossThreadsKeepsEachCoroutineOnItsLoop) {
     ScopedEngine scope(e);
     auto me = std::this_thread::get_id();
     int finished = 0;
-    for (int i = 0; i < kIters; ++i) {
-      auto one = [&]() -> Task<void> {
-        auto g = co_await mu.lock();
-        long v = counter;
-        co_await io::offload([] { return int64_t{0}; });  // hold the lock across a suspension
-        counter = v + 1;
-        if (std::this_thread::get_id() != me) *wrong_thread = true;
-        ++finished;
-      };
-      spawn(one());
-    }
+    auto one = [](AsyncMutex* m, long* count, std::thread::id home, std::atomic<bool>* wrong_home,
+                  int* fin) -> Task<void> {
+      auto g = co_await m->lock();
+      long v = *count;
+      co_await io::offload([] { return int64_t{0}; });  // hold the lock across a suspension
+      *count = v + 1;
+      if (std::this_thread::get_id() != home) *wrong_home = true;
+      ++*fin;
+    };
+    for (int i = 0; i < kIters; ++i) spawn(one(&mu, &counter, me, wrong_thread, &finished));
     while (finished < kIters) e->run_once(50);
   };
   std::atomic<bool> wrong{false};

@@ -342,14 +342,13 @@ TEST_P(PosixFileIo, ConcurrentUnalignedWritesSharingBlocksLoseNothing) {
   auto worker = [&](Engine* e, int parity, std::atomic<int>* failures) {
     ScopedEngine scope(e);
     int done = 0;
-    for (int i = parity; i < kWrites; i += 2) {
-      auto one = [&, i]() -> Task<void> {
-        auto data = pattern(100, static_cast<uint32_t>(i));
-        if (!(co_await f->write(data, static_cast<uint64_t>(i) * 100))) ++*failures;
-        ++done;
-      };
-      spawn(one());
-    }
+    // Parameters, not captures: the coroutine outlives this loop iteration.
+    auto one = [](HostFile* file, int i, std::atomic<int>* fails, int* finished) -> Task<void> {
+      auto data = pattern(100, static_cast<uint32_t>(i));
+      if (!(co_await file->write(data, static_cast<uint64_t>(i) * 100))) ++*fails;
+      ++*finished;
+    };
+    for (int i = parity; i < kWrites; i += 2) spawn(one(f.get(), i, failures, &done));
     while (done < kWrites / 2) e->run_once(50);
   };
   std::atomic<int> failures{0};
@@ -381,22 +380,21 @@ TEST_P(PosixFileIo, UnalignedWritesRacingAlignedWritesOfTheSameBlock) {
   }
   int done = 0, failures = 0;
   ScopedEngine scope(engine_.get());
+  const std::vector<std::byte> seven(7, std::byte{0x5A});
+  auto write_one = [](HostFile* file, std::span<const std::byte> data, uint64_t off, int* fails,
+                      int* finished) -> Task<void> {
+    if (!(co_await file->write(data, off))) ++*fails;
+    ++*finished;
+  };
   for (int b = 0; b < kBlocks; ++b) {
-    auto aligned = [&, b]() -> Task<void> {
-      if (!(co_await f->write(blocks[static_cast<size_t>(b)].span(), static_cast<uint64_t>(b) * a))) ++failures;
-      ++done;
-    };
-    auto small = [&, b]() -> Task<void> {
-      std::vector<std::byte> seven(7, std::byte{0x5A});
-      if (!(co_await f->write(seven, static_cast<uint64_t>(b) * a))) ++failures;
-      ++done;
-    };
+    const uint64_t off = static_cast<uint64_t>(b) * a;
+    auto whole = blocks[static_cast<size_t>(b)].span();
     if (b % 2) {
-      spawn(aligned());
-      spawn(small());
+      spawn(write_one(f.get(), whole, off, &failures, &done));
+      spawn(write_one(f.get(), seven, off, &failures, &done));
     } else {
-      spawn(small());
-      spawn(aligned());
+      spawn(write_one(f.get(), seven, off, &failures, &done));
+      spawn(write_one(f.get(), whole, off, &failures, &done));
     }
   }
   while (done < 2 * kBlocks) engine_->run_once(50);
