@@ -237,9 +237,24 @@ void Server::on_session_end(Status st) {
   (void)n;  // the counter cannot overflow with a handful of writers
 }
 
+// Idle metadata write-back: while nothing else happens the main thread wakes
+// every kIdleWritebackMs and lets a writable driver write back dirty metadata,
+// so nothing dirty is kept for long even without fsync.
+constexpr int kIdleWritebackMs = 1000;
+
+void Server::idle_writeback() {
+  Status st = io::run_sync(*main_engine_, driver_->idle_writeback());
+  if (!st) log::warn("writing back metadata of {}: {}", opts_.image, st.to_string());
+}
+
 void Server::wait_for_end() {
   pollfd fds[2] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}};
-  while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+  const int timeout = driver_->read_only() ? -1 : kIdleWritebackMs;
+  for (;;) {
+    int n = ::poll(fds, 2, timeout);
+    if (n > 0) break;
+    if (n == 0) idle_writeback();
+    else if (errno != EINTR) break;
   }
   if (fds[0].revents & POLLIN) {
     signalfd_siginfo info = {};

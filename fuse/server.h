@@ -52,6 +52,7 @@ class Server {
   Status mount();
   Status start_loops();
   void wait_for_end();
+  void idle_writeback();
   void on_session_end(Status st);  // from any loop thread
   Status shutdown();
   Status close_images();
