@@ -235,6 +235,7 @@ class Walker {
       ++r_.check_errors;
       co_return Status::ok();
     }
+    next_contiguous_ = 0;  // fragmentation is counted within each L2 table, as QEMU does
     size_t esize = h_.l2_entry_size();
     for (uint64_t i = 0; i < h_.l2_entries(); ++i) {
       const std::byte* p = buf->data() + i * esize;

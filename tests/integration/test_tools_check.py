@@ -11,6 +11,7 @@ result qemu-img's own repair of a copy gives (clean wherever qemu can fix it).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -295,3 +296,20 @@ def test_exit_codes_and_human_output(workdir: Path, qcowfs: str) -> None:
     assert helpers.run([qcowfs, "check", workdir / "missing.qcow2"], check=False).returncode == 1
     # No progress bar on a pipe.
     assert b"\r" not in helpers.run([qcowfs, "check", make_case(workdir, "clean")], check=False).stderr
+
+
+def test_image_written_through_a_mount(workdir: Path, qcowfs: str) -> None:
+    """An image qcowfs itself wrote: both checkers agree it is clean."""
+    img = base_image(workdir, "cluster_size=4K", snapshot=True)
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    with helpers.mounted(img, mnt, ["rw"]) as m:
+        with open(m.path, "r+b") as f:
+            for i in range(40):
+                f.seek((i * 1_234_567) % (60 * MiB))
+                f.write(bytes([i]) * (3000 + i * 97))
+            os.fsync(f.fileno())
+    q_rc, q_rep = qemu_check(img)
+    o_rc, o_rep = our_check(qcowfs, img)
+    assert q_rc == 0, q_rep
+    assert (o_rc, counters(o_rep), counters(o_rep, STATS)) == (q_rc, counters(q_rep), counters(q_rep, STATS))
