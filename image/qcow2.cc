@@ -195,11 +195,18 @@ Qcow2Driver::~Qcow2Driver() = default;
 uint64_t Qcow2Driver::size() const { return writer_ ? writer_->size() : size_; }
 
 Task<Status> Qcow2Driver::enable_writes(const ImageOptions& opts) {
+  auto layout = co_await build_metadata_layout(*image_->file, image_->header, l1_.entries, image_->snapshots);
+  if (!layout) co_return co_await signal_corruption(*image_, layout.status().message());
+  image_->layout = std::move(*layout);
   auto w = co_await Qcow2Writer::open(
       *image_, l1_, [this](uint64_t off, std::span<std::byte> dst) { return read_unlocked(off, dst); }, opts);
   if (!w) co_return w.status();
   writer_ = std::move(*w);
   co_return Status::ok();
+}
+
+Status Qcow2Driver::refuse_corrupt() const {
+  return Status::errorf(EIO, "{}: image is marked corrupt; writes are refused", image_->path);
 }
 
 Status Qcow2Driver::corrupt(uint64_t guest, const Status& why) const {
@@ -417,6 +424,7 @@ Task<Result<BlockStatus>> Qcow2Driver::backing_status(uint64_t off, uint64_t len
 
 Task<Status> Qcow2Driver::write(uint64_t off, std::span<const std::byte> buf) {
   if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  if (image_->corrupt) co_return refuse_corrupt();
   co_return co_await writer_->write(off, buf);
 }
 Task<Status> Qcow2Driver::flush() {
@@ -425,14 +433,17 @@ Task<Status> Qcow2Driver::flush() {
 }
 Task<Status> Qcow2Driver::discard(uint64_t off, uint64_t len) {
   if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  if (image_->corrupt) co_return refuse_corrupt();
   co_return co_await writer_->discard(off, len);
 }
 Task<Status> Qcow2Driver::write_zeroes(uint64_t off, uint64_t len, bool may_unmap) {
   if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  if (image_->corrupt) co_return refuse_corrupt();
   co_return co_await writer_->write_zeroes(off, len, may_unmap);
 }
 Task<Status> Qcow2Driver::truncate(uint64_t new_size) {
   if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
+  if (image_->corrupt) co_return refuse_corrupt();
   co_return co_await writer_->truncate(new_size);
 }
 Task<Status> Qcow2Driver::close() {

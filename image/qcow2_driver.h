@@ -22,6 +22,7 @@
 // The caches are internally synchronised.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <type_traits>
 #include <string>
@@ -32,6 +33,7 @@
 #include "image/qcow2_header.h"
 #include "image/qcow2_l2.h"
 #include "image/qcow2_l2_cache.h"
+#include "image/qcow2_layout.h"
 #include "image/qcow2_snapshot.h"
 
 namespace qcowfs::image::qcow2 {
@@ -54,6 +56,10 @@ struct Qcow2Image {
   std::vector<Snapshot> snapshots;
   std::unique_ptr<L2Cache> l2_cache;
   std::unique_ptr<ClusterCache> cluster_cache;
+  // Writable images: metadata at open, and whether corruption was found since
+  // (then writes fail with EIO; image/qcow2_layout.h).
+  MetadataLayout layout;
+  std::atomic<bool> corrupt{false};
 
   size_t l2_slice_entries() const { return l2_cache->slice_size() / geometry.l2_entry_size(); }
 };
@@ -119,6 +125,7 @@ class Qcow2Driver final : public BlockDriver {
   Task<Status> read_unlocked(uint64_t off, std::span<std::byte> buf);
   Result<uint64_t> l2_table_for(uint64_t l1_index, uint64_t guest);
   Status corrupt(uint64_t guest, const Status& why) const;
+  Status refuse_corrupt() const;  // EIO for writes after corruption was found
   Task<Status> run_sub_read(SubRead r);
   Task<Status> read_host(io::HostFile& f, uint64_t host, std::span<std::byte> dst);
   Task<Status> read_backing(uint64_t guest, std::span<std::byte> dst);

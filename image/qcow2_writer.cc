@@ -303,6 +303,14 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, uint64_t off, std::span<const s
     }
   }
   io::HostFile& f = *img_.data_file;
+  // QEMU's overlap check: guest data must never land on metadata.
+  for (const HostRun& r : runs) {
+    if (img_.data_file != img_.file.get()) break;
+    if (const MetadataRange* m = img_.layout.overlap(r.host, r.len))
+      co_return co_await signal_corruption(
+          img_, fmt::format("guest write at {:#x} maps to host {:#x}, inside the {} at {:#x}", off, r.host, m->what,
+                            m->start));
+  }
   std::vector<Task<Status>> writes;
   writes.reserve(runs.size());
   for (HostRun& r : runs) {
