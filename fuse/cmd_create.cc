@@ -97,30 +97,6 @@ Result<std::unique_ptr<io::HostFile>> create_file(const std::string& path) {
   return io::open_host_file(path, o);
 }
 
-Task<Status> create_raw(const std::string& path, const q::CreateOptions& o) {
-  auto f = create_file(path);
-  if (!f) co_return f.status();
-  QCOWFS_CO_TRY(co_await (*f)->truncate(o.size));
-  if (o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full)
-    QCOWFS_CO_TRY(co_await (*f)->write_zeroes(0, o.size));
-  co_return co_await (*f)->flush();
-}
-
-Task<Status> create_qcow2(const std::string& path, q::CreateOptions o) {
-  QCOWFS_CO_TRY(co_await inspect_backing(path, o));
-  auto valid = q::validate_create_options(std::move(o));
-  if (!valid) co_return valid.status();
-  std::unique_ptr<io::HostFile> data;
-  if (!valid->data_file.empty()) {
-    auto d = create_file(resolve_relative(path, valid->data_file));
-    if (!d) co_return d.status();
-    data = std::move(*d);
-  }
-  auto f = create_file(path);
-  if (!f) co_return f.status();
-  co_return co_await q::write_new_image(**f, data.get(), *valid);
-}
-
 void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
   if (a.format == "raw") {
     fmt::print("Formatting '{}', fmt=raw size={}\n", a.image, o.size);
@@ -134,6 +110,32 @@ void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
   fmt::print(" lazy_refcounts={} refcount_bits={}", o.lazy_refcounts ? "on" : "off", o.refcount_bits);
   if (o.preallocation != q::Preallocation::off) fmt::print(" preallocation={}", q::to_string(o.preallocation));
   fmt::print("\n");
+}
+
+Task<Status> create_raw(const std::string& path, const q::CreateOptions& o) {
+  auto f = create_file(path);
+  if (!f) co_return f.status();
+  QCOWFS_CO_TRY(co_await (*f)->truncate(o.size));
+  if (o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full)
+    QCOWFS_CO_TRY(co_await (*f)->write_zeroes(0, o.size));
+  co_return co_await (*f)->flush();
+}
+
+Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
+  const std::string& path = a.image;
+  QCOWFS_CO_TRY(co_await inspect_backing(path, o));
+  auto valid = q::validate_create_options(std::move(o));
+  if (!valid) co_return valid.status();
+  if (!a.quiet) print_formatting(a, *valid);
+  std::unique_ptr<io::HostFile> data;
+  if (!valid->data_file.empty()) {
+    auto d = create_file(resolve_relative(path, valid->data_file));
+    if (!d) co_return d.status();
+    data = std::move(*d);
+  }
+  auto f = create_file(path);
+  if (!f) co_return f.status();
+  co_return co_await q::write_new_image(**f, data.get(), *valid);
 }
 
 }  // namespace
@@ -178,9 +180,9 @@ int cmd_create(std::span<const std::string> args) {
   if (a->format == "raw" && !o->size_given) return usage_error("create", "a raw image needs a SIZE");
   auto engine = tool_engine();
   if (!engine) return cmd_fail("create", engine.status());
-  if (!a->quiet) print_formatting(*a, *o);
+  if (a->format == "raw" && !a->quiet) print_formatting(*a, *o);
   Status st = a->format == "raw" ? io::run_sync(**engine, create_raw(a->image, *o))
-                                 : io::run_sync(**engine, create_qcow2(a->image, *o));
+                                 : io::run_sync(**engine, create_qcow2(*a, *o));
   if (!st) return cmd_fail("create", st);
   return 0;
 }
