@@ -9,6 +9,8 @@ For every case of the corpus, per its expected outcome:
 Always: no hang (every step has a timeout, reads run in a child process), the
 daemon's peak RSS (VmHWM) stays small, and no file of the image is changed
 (sha256, size and mtime before and after).
+Read-write mounts of inconsistent images follow QEMU's corrupt-bit rule: the
+corrupt bit is set, writes fail with EIO, reads go on, nothing else changes.
 """
 
 from __future__ import annotations
@@ -198,3 +200,56 @@ def test_corrupt_image_refused_read_write(workdir):
         assert re.search(r"corrupt", m.stderr(), re.IGNORECASE), m.stderr()
     assert fingerprints([img]) == before
 
+
+
+# --------------------------------------------------------------------------
+# Read-write mounts of inconsistent images: QEMU's corrupt-bit rule
+
+
+def file_without_incompat_field(path: Path) -> bytes:
+    """The image's bytes with the incompatible-features field (the one field allowed to change) blanked."""
+    data = bytearray(path.read_bytes())
+    data[72:80] = bytes(8)
+    return bytes(data)
+
+
+def corrupt_bit(path: Path) -> bool:
+    return bool(hostile.hdr.get_field(path, "incompatible_features") & 2)
+
+
+def test_write_onto_metadata_sets_corrupt_bit_and_stops_writes(workdir):
+    """A guest cluster whose L2 entry points at the refcount table: writing it would
+    destroy metadata. The write fails with EIO, the corrupt bit is set, later writes
+    fail too, reads go on, and nothing but the header's feature field changed."""
+    b = hostile.build("l2_entry_into_refcount_table", workdir / "case")
+    before = file_without_incompat_field(b.image)
+    with helpers.mounted(b.image, workdir / "view.raw", ["rw"], expect_exit=None) as m:
+        fd = os.open(m.path, os.O_RDWR)
+        try:
+            with pytest.raises(OSError) as e:
+                os.pwrite(fd, b"\xaa" * 4096, 64 * 1024)
+            assert e.value.errno == 5
+            with pytest.raises(OSError) as e:
+                os.pwrite(fd, b"\xbb" * 4096, 8 * MiB)  # an innocent range: refused as well now
+            assert e.value.errno == 5
+            assert os.pread(fd, 4096, 4 * MiB) == b"\x02" * 4096
+        finally:
+            os.close(fd)
+        assert re.search(r"corrupt", m.stderr(), re.IGNORECASE), m.stderr()
+    assert corrupt_bit(b.image)
+    assert file_without_incompat_field(b.image) == before, "metadata or data changed"
+    code, text = helpers.mount_fails(b.image, workdir / "again.raw", ["rw"])
+    assert re.search(r"corrupt", text, re.IGNORECASE), text
+
+
+@pytest.mark.parametrize("name", ["reftable_entry_beyond_eof", "reftable_entry_into_l1", "l1_entry_into_l1_table"])
+def test_inconsistent_metadata_refuses_read_write_and_marks_corrupt(name, workdir):
+    b = hostile.build(name, workdir / "case")
+    before = file_without_incompat_field(b.image)
+    code, text = helpers.mount_fails(b.image, workdir / "view.raw", ["rw"])
+    assert re.search(r"corrupt", text, re.IGNORECASE), text
+    assert corrupt_bit(b.image)
+    assert file_without_incompat_field(b.image) == before
+    ref = helpers.convert_to_raw(b.image, workdir / "ref.raw")
+    with helpers.mounted(b.image, workdir / "view.raw") as m:  # read-only still works
+        assert helpers.files_equal(m.path, ref)
