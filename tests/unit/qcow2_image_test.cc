@@ -278,18 +278,28 @@ TEST_F(Qcow2Image, TinyL2CacheUnderConcurrentReaders) {
   expect_same_as_qemu("t.qcow2", opts);
 }
 
-TEST_F(Qcow2Image, WritableOpenIsRefused) {
+TEST_F(Qcow2Image, WritableOpenWorksAndRefusesCorruptImages) {
   sh("qemu-img create -q -f qcow2 w.qcow2 1M");
   ImageOptions opts;
   opts.file.writable = true;
-  auto d = open("w.qcow2", opts);
-  ASSERT_FALSE(d.is_ok());
-  EXPECT_EQ(d.status().code(), EROFS);
-  EXPECT_NE(d.status().message().find("qcow2 writing is not available in this build"), std::string::npos);
+  {
+    auto d = open("w.qcow2", opts);
+    ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+    EXPECT_FALSE((*d)->read_only());
+    ASSERT_TRUE(io::run_sync(*engine_, (*d)->close()));
+  }
   auto ro = open("w.qcow2");
   ASSERT_TRUE(ro.is_ok());
   std::byte b[512] = {};
   EXPECT_EQ(io::run_sync(*engine_, (*ro)->write(0, b)).code(), EROFS);
+  ro = Status::error(EIO, "closed");
+  // Set the corrupt bit (incompatible feature bit 1, byte 79).
+  sh("printf '\\002' | dd of=w.qcow2 bs=1 seek=79 conv=notrunc status=none");
+  auto c = open("w.qcow2", opts);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), EROFS);
+  EXPECT_NE(c.status().message().find("corrupt"), std::string::npos) << c.status().message();
+  EXPECT_TRUE(open("w.qcow2").is_ok()) << "still readable";
 }
 
 // Finds the host offset of the L2 table covering guest offset 0.
