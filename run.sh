@@ -60,7 +60,7 @@ make_demo_image() {
 
 find_binary() {
   local b
-  for b in "$repo/build/fuse/qcowfs" "$repo/build/qcowfs"; do
+  for b in "$repo/build/qcowfs"; do
     if [ -x "$b" ]; then echo "$b"; return; fi
   done
   echo "run.sh: build finished but no qcowfs binary found under build/" >&2

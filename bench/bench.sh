@@ -12,7 +12,7 @@
 # Needs: fio, qemu-utils, qemu-system-common, fuse3; root (or the fuse group).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-bin=${1:-$here/../build/fuse/qcowfs}
+bin=${1:-$here/../build/qcowfs}
 bin=$(readlink -f "$bin")
 [ -x "$bin" ] || { echo "no qcowfs binary at $bin (build first)" >&2; exit 1; }
 work=$(mktemp -d /var/tmp/qcowfs-bench.XXXXXX)

@@ -24,7 +24,7 @@ cmake --build "$BUILD_DIR" --target qcowfs -j "$JOBS" >/dev/null
 
 STAGE=$OUT_DIR/stage
 rm -rf "$STAGE"
-install -D -m 0755 "$BUILD_DIR/fuse/qcowfs" "$STAGE/usr/bin/qcowfs"
+install -D -m 0755 "$BUILD_DIR/qcowfs" "$STAGE/usr/bin/qcowfs"
 strip --strip-unneeded "$STAGE/usr/bin/qcowfs"
 install -d "$STAGE/usr/share/man/man1"
 gzip -9n -c "$REPO/docs/qcowfs.1" >"$STAGE/usr/share/man/man1/qcowfs.1.gz"

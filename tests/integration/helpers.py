@@ -50,9 +50,9 @@ IMAGE_SUFFIXES = (".qcow2", ".img", ".raw")
 
 
 def qcowfs_bin() -> str:
-    """The binary under test: $QCOWFS_BIN, else build/fuse/qcowfs in the repo."""
+    """The binary under test: $QCOWFS_BIN, else build/qcowfs in the repo."""
     env = os.environ.get("QCOWFS_BIN")
-    path = Path(env) if env else REPO_ROOT / "build" / "fuse" / "qcowfs"
+    path = Path(env) if env else REPO_ROOT / "build" / "qcowfs"
     assert path.is_file() and os.access(path, os.X_OK), (
         f"qcowfs binary not found at {path} (build it, or set QCOWFS_BIN)")
     return str(path)
