@@ -134,13 +134,16 @@ Task<Status> RefcountTable::add(uint64_t first, uint64_t n, int64_t delta) {
   // Check every entry first so that a failure changes nothing.
   for (uint64_t c = first; c < first + n; ++c) {
     uint64_t index = c / per;
-    if (!has_block(index))
+    if (!has_block(index)) {
+      corruption_found_ = true;
       co_return Status::errorf(EIO, "refcount update of cluster {:#x}: no refcount block covers it", c);
+    }
     auto b = co_await block(index);
     if (!b) co_return b.status();
     uint64_t v = get_refcount_entry((*b)->data.span(), order_, c % per);
     bool bad = delta >= 0 ? maxv - v < static_cast<uint64_t>(delta) : v < static_cast<uint64_t>(-delta);
     if (bad) {
+      corruption_found_ = true;
       log::error("refcount of host cluster {:#x} would leave [0, {}] ({} {:+})", c << cluster_bits_, maxv, v, delta);
       co_return Status::errorf(EIO, "refcount {} of host cluster {:#x} {} ", v, c << cluster_bits_,
                                delta >= 0 ? "overflows" : "underflows");

@@ -106,6 +106,9 @@ class RefcountTable {
   void mark_table_entry_written(uint64_t index, uint64_t value);
   bool has_dirty() const;
   size_t dirty_block_count() const;
+  // True once add() met an impossible refcount (overflow, underflow, no block):
+  // the image's metadata is inconsistent.
+  bool corruption_found() const { return corruption_found_; }
 
   // Highest cluster index with a non-zero refcount, plus one (0 if none). Loads the last blocks.
   Task<Result<uint64_t>> end_of_used();
@@ -125,6 +128,7 @@ class RefcountTable {
   std::set<uint64_t> dirty_table_;  // reftable indices changed in memory
   std::map<uint64_t, BlockPtr> blocks_;
   const size_t cache_blocks_;
+  bool corruption_found_ = false;
 };
 
 }  // namespace qcowfs::image::qcow2

@@ -125,11 +125,14 @@ Task<Result<L2Cache::Ref>> Qcow2Writer::slice_for(uint64_t l2_offset, uint64_t l
 
 Task<Result<uint64_t>> Qcow2Writer::ensure_l2(uint64_t l1_index) {
   const uint64_t e = l1_.entries[l1_index];
-  const uint64_t old = e & kL1OffsetMask;
+  auto decoded = decode_l1_entry(img_.geometry, e);
+  if (!decoded) co_return corruption(fmt::format("L1 entry {}: {}", l1_index, decoded.status().message()));
+  const uint64_t old = *decoded;
   if (old != 0 && (e & kOflagCopied)) co_return old;
   const uint64_t cs = img_.geometry.cluster_size();
   auto c = co_await alloc_->allocate(1);
   if (!c) co_return c.status();
+  QCOWFS_CO_TRY(check_fresh(*c, 1));
   uint64_t fresh = *c << img_.geometry.cluster_bits;
   io::AlignedBuffer table(static_cast<size_t>(cs), img_.file->mem_align(), true);
   Status st;
@@ -155,10 +158,8 @@ Task<Status> Qcow2Writer::classify(Slot& s, bool exclusive) {
   const uint64_t entry = s.old_entry, bitmap = s.old_bitmap;
   auto check = decode_cluster_run(g, entry, bitmap, 0, cs);
   if (!check) {
-    log::error("{}: corrupt L2 entry for guest cluster {:#x}: {}", img_.path, s.cluster << g.cluster_bits,
-               check.status().message());
-    co_return Status::errorf(EIO, "corrupt qcow2 metadata at guest offset {:#x}: {}", s.cluster << g.cluster_bits,
-                             check.status().message());
+    co_return corruption(fmt::format("L2 entry for guest offset {:#x}: {}", s.cluster << g.cluster_bits,
+                                     check.status().message()));
   }
   const bool compressed = (entry & kOflagCompressed) != 0;
   const uint64_t host = compressed ? 0 : entry & kL2OffsetMask;
@@ -214,7 +215,9 @@ Task<Status> Qcow2Writer::map(uint64_t off, uint64_t len, bool exclusive, Plan& 
       l2 = *r;
     } else {
       uint64_t e = l1_.entries[l1_index];
-      l2 = e & kL1OffsetMask;
+      auto decoded = decode_l1_entry(g, e);
+      if (!decoded) co_return corruption(fmt::format("L1 entry {}: {}", l1_index, decoded.status().message()));
+      l2 = *decoded;
       if (l2 == 0 || !(e & kOflagCopied)) {
         plan.needs_exclusive = true;
         co_return Status::ok();
@@ -248,6 +251,7 @@ Task<Status> Qcow2Writer::allocate_run(Plan& plan) {
   if (n == 0) co_return Status::ok();
   auto first = co_await alloc_->allocate(n);
   if (!first) co_return first.status();
+  QCOWFS_CO_TRY(check_fresh(*first, n));
   plan.run_first = *first;
   plan.run_count = n;
   uint64_t next = *first;
@@ -345,6 +349,7 @@ void Qcow2Writer::release_old(uint64_t entry) {
     uint64_t end = c.host_offset + c.size;  // sector aligned
     uint64_t first = start >> g.cluster_bits, last = (end - 1) >> g.cluster_bits;
     tracker_.release_later(first, last - first + 1);
+    img_.cluster_cache->erase(c.host_offset);
     return;
   }
   uint64_t host = entry & kL2OffsetMask;
@@ -417,14 +422,52 @@ Task<Status> Qcow2Writer::write_once(uint64_t off, std::span<const std::byte> bu
 
 Task<Status> Qcow2Writer::write(uint64_t off, std::span<const std::byte> buf) {
   if (buf.empty()) co_return Status::ok();
+  if (marked_corrupt_) co_return corrupt_error();
   QCOWFS_CO_TRY(co_await prepare());
   bool retry = false;
-  QCOWFS_CO_TRY(co_await write_once(off, buf, false, &retry));
+  QCOWFS_CO_TRY(co_await check_corruption(co_await write_once(off, buf, false, &retry)));
   if (retry) {
     bool again = false;
-    QCOWFS_CO_TRY(co_await write_once(off, buf, true, &again));
+    QCOWFS_CO_TRY(co_await check_corruption(co_await write_once(off, buf, true, &again)));
   }
-  co_return co_await maybe_writeback();
+  co_return co_await check_corruption(co_await maybe_writeback());
+}
+
+Status Qcow2Writer::corruption(std::string what) {
+  corruption_seen_ = true;
+  log::error("{}: corrupt qcow2 metadata: {}", img_.path, what);
+  return Status::errorf(EIO, "corrupt qcow2 metadata: {}", what);
+}
+
+Status Qcow2Writer::check_fresh(uint64_t first_cluster, uint64_t n) {
+  const uint64_t cs = img_.geometry.cluster_size();
+  const uint64_t start = first_cluster * cs, end = (first_cluster + n) * cs;
+  auto overlaps = [&](uint64_t off, uint64_t len) { return len > 0 && off < end && start < off + len; };
+  const Header& h = img_.header;
+  if (overlaps(0, cs) || overlaps(l1_.host_offset, l1_.entries.size() * 8) ||
+      overlaps(refcounts_->table_offset(), uint64_t{refcounts_->table_clusters()} * cs) ||
+      overlaps(h.snapshots_offset, h.nb_snapshots ? cs : 0))
+    return corruption(fmt::format("refcounts say host clusters {:#x}..{:#x} are free but metadata lives there",
+                                  start, end - 1));
+  return Status::ok();
+}
+
+Status Qcow2Writer::corrupt_error() const {
+  return Status::error(EIO, "the qcow2 image was marked corrupt: only reads are allowed");
+}
+
+Task<Status> Qcow2Writer::check_corruption(Status st) {
+  if (st) co_return st;
+  bool seen;
+  {
+    auto m = co_await meta_.lock();
+    seen = corruption_seen_ || refcounts_->corruption_found();
+  }
+  if (!seen || marked_corrupt_.exchange(true)) co_return st;
+  log::error("{}: marking the image corrupt (incompatible feature bit 1); further writes fail with EIO", img_.path);
+  Status mark = co_await set_incompatible_bits(img_.header.incompatible_features | kIncompatCorrupt);
+  if (!mark) log::error("{}: could not set the corrupt bit: {}", img_.path, mark.message());
+  co_return Status::error(EIO, st.message());
 }
 
 // ---- discard / zeroes ----
@@ -498,6 +541,7 @@ Task<Status> Qcow2Writer::write_zero_bytes(uint64_t off, uint64_t len) {
 
 Task<Status> Qcow2Writer::zero_range(uint64_t off, uint64_t len, ZeroMode mode) {
   if (len == 0) co_return Status::ok();
+  if (marked_corrupt_) co_return corrupt_error();
   QCOWFS_CO_TRY(co_await prepare());
   const Geometry& g = img_.geometry;
   const uint64_t cs = g.cluster_size(), end = off + len;
@@ -517,6 +561,10 @@ Task<Status> Qcow2Writer::zero_range(uint64_t off, uint64_t len, ZeroMode mode) 
     for (;;) {
       need_data.clear();
       Status st = co_await zero_clusters(a >> g.cluster_bits, b >> g.cluster_bits, mode, &need_data);
+      if (!st && st.code() != EAGAIN) {
+        m.release();
+        co_return co_await check_corruption(st);
+      }
       if (st.code() == EAGAIN) {
         m.release();
         QCOWFS_CO_TRY(co_await grow_refcount_table());
@@ -597,7 +645,7 @@ Task<Status> Qcow2Writer::maybe_writeback() {
   co_return co_await writeback_locked();
 }
 
-Task<Status> Qcow2Writer::flush() { co_return co_await writeback(); }
+Task<Status> Qcow2Writer::flush() { co_return co_await check_corruption(co_await writeback()); }
 
 Task<Status> Qcow2Writer::idle_writeback() {
   {
@@ -750,6 +798,7 @@ Task<Status> Qcow2Writer::rebuild_refcounts() {
 Task<Status> Qcow2Writer::truncate(uint64_t new_size) {
   const uint64_t old_size = size();
   if (new_size == old_size) co_return Status::ok();
+  if (marked_corrupt_) co_return corrupt_error();
   QCOWFS_CO_TRY(co_await prepare());
   const Geometry& g = img_.geometry;
   const uint64_t cs = g.cluster_size();

@@ -90,6 +90,14 @@ class Qcow2Writer {
   struct Plan;
 
   Task<Status> prepare();
+  // Corruption found while writing (as QEMU's qcow2_signal_corruption): sets
+  // the corrupt bit on disk and fails this and every later change with EIO.
+  Task<Status> check_corruption(Status st);
+  Status corrupt_error() const;
+  Status corruption(std::string what);
+  // A fresh run must not overlap metadata we know about (refcount 0 there
+  // means the refcounts are wrong).
+  Status check_fresh(uint64_t first_cluster, uint64_t n);
   Task<Status> set_incompatible_bits(uint64_t bits);
   Task<Status> rebuild_refcounts();
 
@@ -134,6 +142,8 @@ class Qcow2Writer {
   bool prepared_ = false;
   bool set_dirty_bit_ = false;  // we set the dirty bit (lazy refcounts): clear at close
   bool closed_ = false;
+  bool corruption_seen_ = false;          // guarded by meta_
+  std::atomic<bool> marked_corrupt_{false};
 };
 
 }  // namespace qcowfs::image::qcow2

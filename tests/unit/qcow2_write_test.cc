@@ -230,5 +230,33 @@ TEST_F(Qcow2Write, GrowingPastTheL1TableMovesItWithOneHeaderWrite) {
   EXPECT_NE(out.find("64 MiB"), std::string::npos) << out;
 }
 
+TEST_F(Qcow2Write, CorruptMetadataFoundWhileWritingMarksTheImageCorrupt) {
+  img_ = std::make_unique<TempImage>("corrupt", "cluster_size=65536", "64M");
+  ASSERT_TRUE(img_->error().empty()) << img_->error();
+  std::string out;
+  ASSERT_EQ(testing::shell("qemu-io -f qcow2 -c 'write -P 7 0 64k' -c 'write -P 8 1M 64k' " + img_->path(), &out), 0)
+      << out;
+  auto bytes = file_bytes(img_->path());
+  uint64_t l1 = load_be64(bytes.data() + 40);
+  uint64_t l2 = load_be64(bytes.data() + l1) & kL1OffsetMask;
+  // Reserved bit 1 in the L2 entry of guest cluster 0.
+  store_be64(bytes.data() + l2, load_be64(bytes.data() + l2) | 2);
+  auto mem = std::make_unique<io::MemFile>(io::MemFileOptions{}, bytes);
+  mem_ = mem.get();
+  ImageOptions o;
+  o.file.writable = true;
+  auto d = run(open_qcow2(std::move(mem), img_->path(), o));
+  ASSERT_TRUE(d) << d.status().to_string();
+  drv_ = std::move(*d);
+  auto data = pattern(4096, 6);
+  EXPECT_EQ(run(drv_->write(0, data)).code(), EIO);
+  EXPECT_EQ(run(drv_->write(8 << 20, data)).code(), EIO) << "later writes fail too";
+  EXPECT_EQ(run(drv_->write_zeroes(8 << 20, 4096, true)).code(), EIO);
+  EXPECT_EQ(read(1 << 20, 4096), std::vector<std::byte>(4096, std::byte{8})) << "reads elsewhere work";
+  auto now = mem_->content();
+  EXPECT_NE(load_be64(now.data() + 72) & kIncompatCorrupt, 0u) << "corrupt bit set on disk";
+  ASSERT_TRUE(run(drv_->close()));
+}
+
 }  // namespace
 }  // namespace qcowfs::image::qcow2
