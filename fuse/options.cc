@@ -12,9 +12,11 @@ namespace qcowfs::fuse {
 namespace {
 
 // Options mount(8) and mount.fuse3 may pass that mean nothing for us.
-constexpr std::array<std::string_view, 14> kIgnoredOptions = {
+constexpr std::array<std::string_view, 22> kIgnoredOptions = {
     "dev",  "suid",   "nodev", "nosuid", "exec",    "noexec",   "auto",
     "noauto", "user", "nouser", "users", "_netdev", "defaults", "nofail",
+    // access-time and sync flags fstab lines carry: the view's times are fixed
+    "atime", "noatime", "relatime", "norelatime", "strictatime", "nodiratime", "diratime", "lazytime",
 };
 
 bool is_ignored(std::string_view opt) {
@@ -200,7 +202,8 @@ std::string usage_text(std::string_view program) {
       "  allow_other          let other users access the mount\n"
       "\n"
       "mount(8) options such as dev, suid, nodev, nosuid, exec, noexec, auto, noauto,\n"
-      "user, nouser, _netdev, defaults, nofail and x-* are accepted and ignored.\n"
+      "user, nouser, _netdev, defaults, nofail, the atime family (atime, noatime,\n"
+      "relatime, strictatime, nodiratime, lazytime, ...) and x-* are accepted and ignored.\n"
       "\n"
       "Image tools: {0} create|info|check|map ... (see {0} COMMAND --help).\n",
       program, kMaxDefaultQueues);

@@ -58,7 +58,7 @@ def test_fstab_entry(workdir: Path, qcowfs: str) -> None:
     mnt = workdir / "mnt"
     mnt.mkdir()
     fstab = workdir / "fstab"
-    fstab.write_text(f"{qcowfs}#{img}  {mnt}  fuse  ro,noauto,nofail,_netdev,x-systemd.automount  0  0\n")
+    fstab.write_text(f"{qcowfs}#{img}  {mnt}  fuse  defaults,noatime,ro,noauto,nofail,_netdev,x-systemd.automount  0  0\n")
     mount(["-T", str(fstab), str(mnt)])
     try:
         line = next(l for l in Path("/proc/mounts").read_text().splitlines() if f" {mnt} " in l)

@@ -3,6 +3,7 @@
 
 #include "fuse/cmd.h"
 #include "fuse/cmd_json.h"
+#include "fuse/options.h"
 
 namespace qcowfs::fuse {
 namespace {
@@ -54,6 +55,16 @@ TEST(Subcommands, AreRecognised) {
   for (const char* c : {"create", "info", "check", "map"}) EXPECT_TRUE(is_subcommand(c)) << c;
   EXPECT_FALSE(is_subcommand("image.qcow2"));
   EXPECT_FALSE(is_subcommand("-o"));
+}
+
+TEST(MountHelperOptions, FstabAtimeFlagsAreAccepted) {
+  // mount(8) hands fstab options such as "defaults,noatime" to the helper.
+  std::vector<std::string> args = {"disk.qcow2", "/mnt", "-o", "rw,defaults,noatime,nodiratime,relatime,_netdev"};
+  auto o = parse_command_line(args);
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_TRUE(o->writable);
+  std::vector<std::string> bad = {"disk.qcow2", "/mnt", "-o", "noatimes"};
+  EXPECT_FALSE(parse_command_line(bad).is_ok());
 }
 
 }  // namespace
