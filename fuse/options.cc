@@ -15,7 +15,7 @@ namespace {
 constexpr std::array<std::string_view, 22> kIgnoredOptions = {
     "dev",  "suid",   "nodev", "nosuid", "exec",    "noexec",   "auto",
     "noauto", "user", "nouser", "users", "_netdev", "defaults", "nofail",
-    // access-time and sync flags fstab lines carry: the view's times are fixed
+    // access-time flags fstab lines carry: the view's times are fixed
     "atime", "noatime", "relatime", "norelatime", "strictatime", "nodiratime", "diratime", "lazytime",
 };
 
