@@ -93,6 +93,7 @@ Task<Status> Qcow2Writer::set_incompatible_bits(uint64_t bits) {
 // Before the first change: clear autoclear bits we do not maintain and, with
 // lazy refcounts, set the dirty bit (each one header write + flush).
 Task<Status> Qcow2Writer::prepare() {
+  if (prepared_.load(std::memory_order_acquire)) co_return Status::ok();
   auto m = co_await meta_.lock();
   if (prepared_) co_return Status::ok();
   Header& h = img_.header;
@@ -111,7 +112,7 @@ Task<Status> Qcow2Writer::prepare() {
       set_dirty_bit_ = true;
     }
   }
-  prepared_ = true;
+  prepared_.store(true, std::memory_order_release);
   co_return Status::ok();
 }
 
@@ -373,6 +374,7 @@ Task<Status> Qcow2Writer::commit(Plan& plan) {
     QCOWFS_CO_TRY(co_await set_l2(plan.slices[s.slice], s.index, s.host | kOflagCopied, bitmap));
     if (s.kind == Kind::allocate) release_old(s.old_entry);
   }
+  note_dirty_amount();
   co_return Status::ok();
 }
 
@@ -574,6 +576,7 @@ Task<Status> Qcow2Writer::zero_range(uint64_t off, uint64_t len, ZeroMode mode) 
       if (!st) co_return st;
       break;
     }
+    note_dirty_amount();
   }
   for (size_t i = 0; i < need_data.size();) {
     size_t j = i + 1;
@@ -634,14 +637,16 @@ Task<Status> Qcow2Writer::writeback_locked() {
   co_return Status::ok();
 }
 
+void Qcow2Writer::note_dirty_amount() {
+  if (tracker_.dirty_l2_slices() > kMaxDirtySlices || refcounts_->dirty_block_count() > kMaxDirtyBlocks)
+    writeback_due_.store(true, std::memory_order_release);
+}
+
 Task<Status> Qcow2Writer::maybe_writeback() {
-  {
-    auto m = co_await meta_.lock();
-    if (tracker_.dirty_l2_slices() <= kMaxDirtySlices && refcounts_->dirty_block_count() <= kMaxDirtyBlocks)
-      co_return Status::ok();
-  }
+  if (!writeback_due_.load(std::memory_order_acquire)) co_return Status::ok();
   if (!writeback_lock_.try_lock()) co_return Status::ok();  // someone is writing back already
   io::AsyncMutex::Guard wb(&writeback_lock_);
+  writeback_due_.store(false, std::memory_order_release);
   co_return co_await writeback_locked();
 }
 

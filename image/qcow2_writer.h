@@ -121,6 +121,7 @@ class Qcow2Writer {
   Task<Status> writeback();
   Task<Status> writeback_locked();
   Task<Status> maybe_writeback();
+  void note_dirty_amount();  // metadata lock held
   Task<Status> grow_refcount_table();
   Task<Status> grow_l1(uint64_t entries, uint64_t new_size);
   Task<Status> write_header_bytes(uint64_t off, std::span<const std::byte> bytes);
@@ -139,7 +140,8 @@ class Qcow2Writer {
   std::unique_ptr<RefcountTable> refcounts_;
   std::unique_ptr<ClusterAllocator> alloc_;
   MetadataTracker tracker_;
-  bool prepared_ = false;
+  std::atomic<bool> prepared_{false};
+  std::atomic<bool> writeback_due_{false};  // more dirty metadata than the bounds allow
   bool set_dirty_bit_ = false;  // we set the dirty bit (lazy refcounts): clear at close
   bool closed_ = false;
   bool corruption_seen_ = false;          // guarded by meta_
