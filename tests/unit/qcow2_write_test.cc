@@ -258,5 +258,36 @@ TEST_F(Qcow2Write, CorruptMetadataFoundWhileWritingMarksTheImageCorrupt) {
   ASSERT_TRUE(run(drv_->close()));
 }
 
+TEST_F(Qcow2Write, LazyRefcountsSetTheDirtyBitAndADirtyImageIsRebuiltOnOpen) {
+  open("cluster_size=65536,lazy_refcounts=on", "64M");
+  auto data = pattern(3 << 20, 9);
+  ASSERT_TRUE(run(drv_->write(1 << 20, data)));
+  ASSERT_TRUE(run(drv_->flush()));
+  auto crashed = mem_->content();  // as if the process died here: no close
+  EXPECT_NE(load_be64(crashed.data() + 72) & kIncompatDirty, 0u) << "dirty bit set before the first change";
+  // Damage the refcounts further: the first refcount block says nothing is used
+  // except the header.
+  uint64_t reftable = load_be64(crashed.data() + 48);
+  uint64_t block = load_be64(crashed.data() + reftable) & kReftableOffsetMask;
+  std::memset(crashed.data() + block + 2, 0, 65536 - 2);
+  ASSERT_TRUE(run(drv_->close()));
+  drv_.reset();
+  auto mem = std::make_unique<io::MemFile>(io::MemFileOptions{}, crashed);
+  mem_ = mem.get();
+  ImageOptions o;
+  o.file.writable = true;
+  auto d = run(open_qcow2(std::move(mem), img_->path(), o));
+  ASSERT_TRUE(d) << d.status().to_string();
+  drv_ = std::move(*d);
+  EXPECT_EQ(load_be64(mem_->content().data() + 72) & kIncompatDirty, 0u) << "rebuilt and clean";
+  EXPECT_EQ(read(1 << 20, 3 << 20), data);
+  ASSERT_TRUE(run(drv_->write(10 << 20, data)));  // allocations do not land on used clusters
+  EXPECT_EQ(read(1 << 20, 3 << 20), data);
+  ASSERT_TRUE(run(drv_->close()));
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+}
+
 }  // namespace
 }  // namespace qcowfs::image::qcow2
