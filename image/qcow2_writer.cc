@@ -391,6 +391,18 @@ Task<Status> Qcow2Writer::write_once(uint64_t off, std::span<const std::byte> bu
   auto range = co_await ranges_.lock(align_down(off, cs), align_up(off + buf.size(), cs),
                                      exclusive ? io::RangeLock::Mode::exclusive : io::RangeLock::Mode::shared);
   Plan plan;
+  if (!exclusive) {
+    // Pure overwrites need no metadata lock: the shared range lock keeps every
+    // mapping change of these clusters out (those hold it exclusive), L1
+    // entries that may change meanwhile belong to other clusters, and the L2
+    // cache is internally synchronised.
+    QCOWFS_CO_TRY(co_await map(off, buf.size(), false, plan));
+    if (plan.needs_exclusive) {
+      *retry_exclusive = true;
+      co_return Status::ok();
+    }
+    co_return co_await write_data(plan, off, buf);
+  }
   {
     auto m = co_await meta_.lock();
     for (;;) {

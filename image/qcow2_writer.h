@@ -28,10 +28,11 @@
 // more than kMaxDirtySlices L2 slices or kMaxDirtyBlocks refcount blocks are dirty.
 //
 // Lock order: guest range lock -> writeback lock -> metadata lock. The
-// metadata lock guards the L1 table, L2 slice contents, refcounts, allocator
-// and tracker; it is held across metadata reads (cache misses) and the few
-// metadata writes that must happen in place (new L2 tables), never across
-// guest data I/O.
+// metadata lock guards changes to the L1 table and L2 slice contents and all
+// of the refcounts, allocator and tracker; it is held across metadata reads
+// (cache misses) and the few metadata writes that must happen in place (new
+// L2 tables), never across guest data I/O. Pure overwrites map without it
+// (their shared range lock excludes every change to their clusters' entries).
 //
 // Thread-safety: all methods may be called concurrently from any event-loop thread.
 #pragma once
@@ -144,7 +145,7 @@ class Qcow2Writer {
   std::atomic<bool> writeback_due_{false};  // more dirty metadata than the bounds allow
   bool set_dirty_bit_ = false;  // we set the dirty bit (lazy refcounts): clear at close
   bool closed_ = false;
-  bool corruption_seen_ = false;          // guarded by meta_
+  std::atomic<bool> corruption_seen_{false};
   std::atomic<bool> marked_corrupt_{false};
 };
 
