@@ -224,3 +224,56 @@ def test_raw_flush_error_reaches_fsync(workdir):
             assert r[0] == {"written": 4096}, r
             assert r[1] == {"errno": EIO}, r
             assert r[2] == {"sha": pattern(5, 4096), "len": 4096}, r
+
+
+# --------------------------------------------------------------------------
+# qcow2 writes: data, metadata write-back, flush
+
+
+def check_consistent(img: Path) -> dict:
+    """qemu-img check: no corruption and no check errors (a failed write may leak clusters)."""
+    proc = helpers.run(["qemu-img", "check", "--output=json", "-f", "qcow2", img], check=False)
+    report = json.loads(proc.stdout.decode())
+    assert report.get("corruptions", 0) == 0 and report.get("check-errors", 0) == 0, report
+    return report
+
+
+def test_qcow2_data_write_error_reaches_writer_and_image_stays_consistent(workdir):
+    img = qcow2_image(workdir)
+    with faulty_export(img, workdir, [{"event": "write_aio"}], writable=True) as exp:
+        with helpers.mounted(exp, workdir / "view.raw", ["rw", "format=qcow2"], expect_exit=None) as m:
+            r = steps(m.path, ["r", 4 * MiB, 64 * KiB], ["w", 12 * MiB, 64 * KiB, 9], ["r", 4 * MiB, 64 * KiB],
+                      ["r", 12 * MiB, 4096])
+            assert r[0] == {"sha": pattern(2, 64 * KiB), "len": 64 * KiB}, r
+            assert r[1] == {"errno": EIO}, r
+            assert r[2] == {"sha": pattern(2, 64 * KiB), "len": 64 * KiB}, r  # unaffected data still served
+            assert r[3] == {"sha": pattern(0, 4096), "len": 4096}, r  # the failed write left nothing visible
+    check_consistent(img)
+    assert helpers.convert_to_raw(img, workdir / "after.raw").read_bytes()[12 * MiB: 12 * MiB + 4096] == bytes(4096)
+
+
+def test_qcow2_metadata_writeback_error_reaches_fsync(workdir):
+    # 64 KiB clusters: guest 2M is mapped by the same L2 table as guest 0, so
+    # allocating it must rewrite that table, whose sector fails.
+    img = qcow2_image(workdir)
+    l2 = l2_table_offset(img, 0)
+    with faulty_export(img, workdir, [{"event": "write_aio", "sector": l2 // 512}], writable=True) as exp:
+        with helpers.mounted(exp, workdir / "view.raw", ["rw", "format=qcow2"], expect_exit=None) as m:
+            r = steps(m.path, ["w", 2 * MiB, 64 * KiB, 6], ["f"], ["r", 0, 64 * KiB], ["r", 8 * MiB, 64 * KiB])
+            # The L2 update fails either with the write itself or at the write-back fsync forces.
+            assert {"errno": EIO} in r[:2], r
+            assert r[2] == {"sha": pattern(1, 64 * KiB), "len": 64 * KiB}, r
+            assert r[3] == {"sha": pattern(3, 64 * KiB), "len": 64 * KiB}, r
+    check_consistent(img)
+
+
+def test_qcow2_flush_error_reaches_fsync(workdir):
+    img = qcow2_image(workdir)
+    with faulty_export(img, workdir, [{"event": "flush_to_disk"}], writable=True) as exp:
+        with helpers.mounted(exp, workdir / "view.raw", ["rw", "format=qcow2"], expect_exit=None) as m:
+            r = steps(m.path, ["w", 4 * MiB, 4096, 5], ["f"], ["r", 4 * MiB, 4096], ["r", 0, 4096])
+            assert r[0] == {"written": 4096}, r
+            assert r[1] == {"errno": EIO}, r
+            assert r[2] == {"sha": pattern(5, 4096), "len": 4096}, r
+            assert r[3] == {"sha": pattern(1, 4096), "len": 4096}, r
+    check_consistent(img)
