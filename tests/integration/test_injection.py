@@ -277,3 +277,15 @@ def test_qcow2_flush_error_reaches_fsync(workdir):
             assert r[2] == {"sha": pattern(5, 4096), "len": 4096}, r
             assert r[3] == {"sha": pattern(1, 4096), "len": 4096}, r
     check_consistent(img)
+
+
+def test_qcow2_first_read_of_unaffected_data_after_write_error(workdir):
+    """Data never read before the failed write must still be served afterwards."""
+    img = qcow2_image(workdir)
+    with faulty_export(img, workdir, [{"event": "write_aio"}], writable=True) as exp:
+        with helpers.mounted(exp, workdir / "view.raw", ["rw", "format=qcow2"], expect_exit=None) as m:
+            r = steps(m.path, ["w", 12 * MiB, 64 * KiB, 9], ["r", 4 * MiB, 64 * KiB], ["r", 8 * MiB, 64 * KiB])
+            assert r[0] == {"errno": EIO}, r
+            assert r[1] == {"sha": pattern(2, 64 * KiB), "len": 64 * KiB}, (r, m.stderr()[-3000:])
+            assert r[2] == {"sha": pattern(3, 64 * KiB), "len": 64 * KiB}, (r, m.stderr()[-3000:])
+    check_consistent(img)
