@@ -4,7 +4,8 @@
 #
 #   packaging/build-deb.sh [OUT_DIR]      (default OUT_DIR: build-deb/ in the repo)
 #
-# Environment: BUILD_DIR (default OUT_DIR/build), JOBS (default 2).
+# Environment: BUILD_DIR (default OUT_DIR/build), JOBS (default 2), QCOWFS_BINARY (package
+# this already built binary instead of building a Release one, e.g. in the test suite).
 # Prints the path of the .deb on its last line. Install it with
 #   apt-get install ./qcowfs_<version>_<arch>.deb
 set -eu
@@ -19,12 +20,17 @@ VERSION=$(sed -n 's/^project(qcowfs VERSION \([0-9.]*\).*/\1/p' "$REPO/CMakeList
 ARCH=$(dpkg --print-architecture)
 DEPENDS="libc6, libstdc++6, libgcc-s1, libfuse3-3, liburing2, zlib1g, libzstd1, libfmt9, fuse3"
 
-cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DQCOWFS_TESTS=OFF >/dev/null
-cmake --build "$BUILD_DIR" --target qcowfs -j "$JOBS" >/dev/null
+if [ -n "${QCOWFS_BINARY:-}" ]; then
+    BINARY=$QCOWFS_BINARY
+else
+    cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DQCOWFS_TESTS=OFF >/dev/null
+    cmake --build "$BUILD_DIR" --target qcowfs -j "$JOBS" >/dev/null
+    BINARY=$BUILD_DIR/qcowfs
+fi
 
 STAGE=$OUT_DIR/stage
 rm -rf "$STAGE"
-install -D -m 0755 "$BUILD_DIR/qcowfs" "$STAGE/usr/bin/qcowfs"
+install -D -m 0755 "$BINARY" "$STAGE/usr/bin/qcowfs"
 strip --strip-unneeded "$STAGE/usr/bin/qcowfs"
 install -d "$STAGE/usr/share/man/man1"
 gzip -9n -c "$REPO/docs/qcowfs.1" >"$STAGE/usr/share/man/man1/qcowfs.1.gz"

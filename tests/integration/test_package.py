@@ -46,8 +46,10 @@ def purge() -> None:
 
 
 @pytest.fixture
-def package(workdir: Path) -> Path:
+def package(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     assert not installed(), "qcowfs is already installed on this system: refusing to replace it"
+    # Package the binary under test rather than compiling a second, Release one.
+    monkeypatch.setenv("QCOWFS_BINARY", str(helpers.qcowfs_bin()))
     build_root = os.environ.get("QCOWFS_BUILD_DIR")
     out = Path(build_root) / "deb" if build_root else workdir / "deb"
     proc = helpers.run([REPO / "packaging" / "build-deb.sh", out], timeout=BUILD_TIMEOUT_S)
