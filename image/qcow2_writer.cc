@@ -311,7 +311,13 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, uint64_t off, std::span<const s
   // QEMU's overlap check: guest data must never land on metadata.
   for (const HostRun& r : runs) {
     if (img_.data_file != img_.file.get()) break;
-    if (const MetadataRange* m = img_.layout.overlap(r.host, r.len))
+    const MetadataRange* m = img_.layout.overlap(r.host, r.len);
+    // The layout is taken at open; the writer moves the L1 and refcount
+    // tables when they grow and frees the old ones, which may then hold data.
+    if (m && ((m->what == "L1 table" && m->start != l1_.host_offset) ||
+              (m->what == "refcount table" && m->start != refcounts_->table_offset())))
+      m = nullptr;
+    if (m)
       co_return co_await signal_corruption(
           img_, fmt::format("guest write at {:#x} maps to host {:#x}, inside the {} at {:#x}", off, r.host, m->what,
                             m->start));

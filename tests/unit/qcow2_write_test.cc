@@ -217,6 +217,10 @@ TEST_F(Qcow2Write, GrowingPastTheL1TableMovesItWithOneHeaderWrite) {
   EXPECT_EQ(drv_->size(), 64ull << 20);
   EXPECT_NE(q().l1_table().host_offset, old_l1);
   EXPECT_EQ(q().l1_table().entries.size(), 32u);
+  // A single-cluster write under an existing L2 table reuses the old L1
+  // table's cluster for data: not metadata any more.
+  ASSERT_TRUE(run(drv_->write(8192, data)));
+  EXPECT_EQ(read(8192, 4096), data);
   ASSERT_TRUE(run(drv_->write((64ull << 20) - 4096, data)));
   EXPECT_EQ(read(0, 4096), data);
   EXPECT_EQ(read((64ull << 20) - 4096, 4096), data);
