@@ -43,7 +43,7 @@ TOOL_TIMEOUT_S = 120
 
 @dataclass(frozen=True)
 class Refused:
-    pattern: str  # regex the error message must match (case-insensitive)
+    pattern: str  # "a|b c|d": literal alternatives, one must occur in the message (any case)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <algorithm>
+#include <cctype>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -51,6 +52,20 @@ std::vector<Range> parse_ranges(const std::string& s) {
     out.push_back(Range{std::stoull(r.substr(0, colon)), std::stoull(r.substr(colon + 1))});
   }
   return out;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return s;
+}
+
+// The corpus patterns are alternations of literal words ("a|b c|d"), matched
+// case-insensitively like the Python side's re.search.
+bool matches_any(const std::string& text, const std::string& pattern) {
+  std::string t = lower(text);
+  for (const std::string& alt : split(pattern, '|'))
+    if (t.find(lower(alt)) != std::string::npos) return true;
+  return false;
 }
 
 std::string slurp(const std::string& path, uint64_t off, uint64_t len) {
@@ -104,8 +119,7 @@ class HostileCorpus : public ::testing::Test {
   void check_refused(const CorpusCase& c) {
     auto d = open(c.image);
     ASSERT_FALSE(d) << "opened although it must be refused";
-    std::regex pattern(c.fields.at(0), std::regex::icase | std::regex::ECMAScript);
-    EXPECT_TRUE(std::regex_search(d.status().message(), pattern))
+    EXPECT_TRUE(matches_any(d.status().message(), c.fields.at(0)))
         << "message '" << d.status().message() << "' does not match /" << c.fields[0] << "/";
   }
 
