@@ -280,7 +280,8 @@ void put_fixed_fields(const Header& h, std::byte* p) {
   if (h.header_length > offsetof(HeaderLayout, compression_type))
     p[offsetof(HeaderLayout, compression_type)] = std::byte{h.compression_type};
   size_t room = h.header_length > sizeof(HeaderLayout) ? h.header_length - sizeof(HeaderLayout) : 0;
-  std::memcpy(p + sizeof(HeaderLayout), h.unknown_header_fields.data(), std::min(room, h.unknown_header_fields.size()));
+  size_t n = std::min(room, h.unknown_header_fields.size());
+  if (n > 0) std::memcpy(p + sizeof(HeaderLayout), h.unknown_header_fields.data(), n);  // data() may be null when empty
 }
 
 std::vector<std::byte> feature_table_bytes(const Header& h) {
