@@ -35,10 +35,13 @@ struct Qcow2Writer::Slot {
   uint64_t old_entry = 0, old_bitmap = 0;
   uint64_t host = 0;                  // host cluster offset (existing or new)
   uint64_t wr_start = 0, wr_end = 0;  // bytes of the cluster written to the host
+  uint64_t map_start = 0, map_end = 0;  // bytes the new L2 entry maps (from classify)
+  bool fresh = false;                 // host cluster known to read as zeros: no COW read
   uint64_t rq_start = 0, rq_end = 0;  // bytes of the cluster the request covers
   size_t slice = 0;                   // index into Plan::slices
   size_t index = 0;                   // entry index inside that slice
   io::AlignedBuffer cow;              // [wr_start, wr_end) when it is wider than the request
+                                      // (fresh: the request padded with zeros to the host alignment)
   bool needs_cow() const { return wr_start != rq_start || wr_end != rq_end; }
 };
 
@@ -192,6 +195,8 @@ Task<Status> Qcow2Writer::classify(Slot& s, bool exclusive) {
     s.wr_end = subclusters ? (sc_last + 1) * scs : cs;
     if (g.external_data) s.host = s.cluster << g.cluster_bits;  // guest offset == host offset
   }
+  s.map_start = s.wr_start;
+  s.map_end = s.wr_end;
   (void)exclusive;
   co_return Status::ok();
 }
@@ -250,15 +255,74 @@ Task<Status> Qcow2Writer::allocate_run(Plan& plan) {
   uint64_t n = 0;
   for (const Slot& s : plan.slots) n += s.kind == Kind::allocate ? 1 : 0;
   if (n == 0) co_return Status::ok();
+  // Clusters at or past the allocator's end have never been allocated in this
+  // session and lie past the host file's end at open: they read as zeros.
+  const uint64_t zero_from = alloc_->end_cluster();
   auto first = co_await alloc_->allocate(n);
   if (!first) co_return first.status();
   QCOWFS_CO_TRY(check_fresh(*first, n));
   plan.run_first = *first;
   plan.run_count = n;
   uint64_t next = *first;
-  for (Slot& s : plan.slots)
-    if (s.kind == Kind::allocate) s.host = (next++) << img_.geometry.cluster_bits;
+  bool partial_fresh = false;
+  for (Slot& s : plan.slots) {
+    if (s.kind != Kind::allocate) continue;
+    if (next >= zero_from && old_reads_zero(s)) {
+      write_only_request(s);
+      partial_fresh = partial_fresh || s.wr_start != 0 || s.wr_end != img_.geometry.cluster_size();
+    }
+    s.host = (next++) << img_.geometry.cluster_bits;
+  }
+  if (partial_fresh) QCOWFS_CO_TRY(co_await preallocate(zero_from, *first + n));
   co_return Status::ok();
+}
+
+// Small writes into fresh clusters would each extend the host file, and the
+// host serialises extending (and hole-filling) writes. Allocate the host space
+// ahead in kPreallocBytes steps instead (zero-reading extents past the file's
+// end). Only clusters at or past zero_from (never handed out, never written)
+// are covered, so no data in flight is touched. Metadata lock held.
+Task<Status> Qcow2Writer::preallocate(uint64_t zero_from, uint64_t run_end) {
+  io::HostFile& f = *img_.file;
+  const uint64_t bits = img_.geometry.cluster_bits;
+  if (f.is_block_device() || (run_end << bits) <= prealloc_end_) co_return Status::ok();
+  const uint64_t from = std::max(zero_from << bits, prealloc_end_);
+  const uint64_t to = align_up((run_end << bits) + kPreallocBytes, uint64_t{1} << bits);
+  QCOWFS_CO_TRY(co_await f.write_zeroes(from, to - from));
+  prealloc_end_ = to;
+  co_return Status::ok();
+}
+
+// The preallocated space past the last allocated cluster goes at close.
+Task<Status> Qcow2Writer::trim_preallocation() {
+  io::HostFile& f = *img_.file;
+  const uint64_t end = alloc_->end_cluster() << img_.geometry.cluster_bits;
+  if (prealloc_end_ <= end || f.size() <= end) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await f.truncate(end));
+  prealloc_end_ = end;
+  co_return Status::ok();
+}
+
+// Whether the guest bytes [map_start, map_end) of an allocating slot read as
+// zeros before this write (so a host cluster that reads as zeros needs no COW).
+bool Qcow2Writer::old_reads_zero(const Slot& s) const {
+  const Geometry& g = img_.geometry;
+  if ((s.old_entry & kOflagCompressed) || (s.old_entry & kL2OffsetMask) != 0) return false;
+  if (!has_backing()) return true;  // unallocated and zero clusters alike
+  if (!g.extended_l2) return (s.old_entry & kOflagZero) != 0;
+  const uint64_t scs = g.subcluster_size();
+  const uint64_t zero_bits = subcluster_mask(s.map_start / scs, (s.map_end - 1) / scs) << kSubclusterZeroShift;
+  return (s.old_bitmap & zero_bits) == zero_bits;
+}
+
+// A slot on a host cluster that reads as zeros and whose old contents are
+// zeros: only the request goes to the host, padded to the host's alignment.
+void Qcow2Writer::write_only_request(Slot& s) const {
+  const uint64_t cs = img_.geometry.cluster_size();
+  const uint64_t a = std::max<uint64_t>(img_.data_file->offset_align(), 1);
+  s.fresh = true;
+  s.wr_start = align_down(s.rq_start, a);
+  s.wr_end = std::min(align_up(s.rq_end, a), cs);
 }
 
 // ---- data ----
@@ -270,7 +334,7 @@ Task<Status> Qcow2Writer::fill_cow(Plan& plan, uint64_t off, std::span<const std
     if (s.kind == Kind::overwrite || !s.needs_cow()) continue;
     s.cow = io::AlignedBuffer(static_cast<size_t>(s.wr_end - s.wr_start), img_.data_file->mem_align(), true);
     uint64_t guest = s.cluster * cs + s.wr_start;
-    uint64_t n = guest < disk ? std::min(s.wr_end - s.wr_start, disk - guest) : 0;
+    uint64_t n = guest < disk && !s.fresh ? std::min(s.wr_end - s.wr_start, disk - guest) : 0;
     if (n > 0) QCOWFS_CO_TRY(co_await read_old_(guest, s.cow.span().first(static_cast<size_t>(n))));
     std::memcpy(s.cow.data() + (s.rq_start - s.wr_start), buf.data() + (s.cluster * cs + s.rq_start - off),
                 static_cast<size_t>(s.rq_end - s.rq_start));
@@ -373,8 +437,8 @@ Task<Status> Qcow2Writer::commit(Plan& plan) {
       // A whole-cluster write holds the complete contents (old ones copied in):
       // every subcluster is allocated. Otherwise the written subclusters become
       // allocated and the others keep their state.
-      uint64_t mask = subcluster_mask(s.wr_start / scs, (s.wr_end - 1) / scs);
-      bool whole = s.wr_start == 0 && s.wr_end == g.cluster_size();
+      uint64_t mask = subcluster_mask(s.map_start / scs, (s.map_end - 1) / scs);
+      bool whole = s.map_start == 0 && s.map_end == g.cluster_size();
       bitmap = whole ? kSubclusterAllocMask : (s.old_bitmap | mask) & ~(mask << kSubclusterZeroShift);
     }
     QCOWFS_CO_TRY(co_await set_l2(plan.slices[s.slice], s.index, s.host | kOflagCopied, bitmap));
@@ -690,6 +754,10 @@ Task<Status> Qcow2Writer::close() {
     QCOWFS_CO_TRY(co_await writeback());
     auto m = co_await meta_.lock();
     if (!tracker_.has_dirty() && !refcounts_->has_dirty()) break;
+  }
+  {
+    auto m = co_await meta_.lock();
+    QCOWFS_CO_TRY(co_await trim_preallocation());
   }
   if (set_dirty_bit_) {
     auto m = co_await meta_.lock();

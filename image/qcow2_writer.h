@@ -16,6 +16,13 @@
 // their old contents (backing file, zero, compressed or shared data) read
 // first, and the whole run goes out as one writev per host-contiguous range:
 // head COW + guest data + tail COW. Host I/O runs without the metadata lock.
+// Exception: a cluster allocated past everything the allocator has handed out
+// (so past the host file's end at open, never written since) reads as zeros;
+// when the COW regions read as zeros too (no backing data, no compressed or
+// shared source), only the request is written, padded to the host alignment,
+// and the host space is preallocated ahead (zero-reading) in kPreallocBytes
+// steps so those small writes do not each extend the file; close() trims what
+// was not used.
 //
 // Concurrency: every request holds a guest range lock on its clusters. Pure
 // overwrites hold it shared and run in parallel; anything that changes the
@@ -62,6 +69,8 @@ class Qcow2Writer {
 
   static constexpr size_t kMaxDirtySlices = 512;
   static constexpr size_t kMaxDirtyBlocks = 64;
+  // Host space allocated ahead of small writes into fresh clusters.
+  static constexpr uint64_t kPreallocBytes = 4ull << 20;
 
   // Prepares image (opened writable) for writing: loads the refcount table,
   // and rebuilds the refcounts first when the dirty bit is set.
@@ -106,6 +115,10 @@ class Qcow2Writer {
   Task<Status> map(uint64_t off, uint64_t len, bool exclusive, Plan& plan);
   Task<Status> classify(Slot& s, bool exclusive);
   Task<Status> allocate_run(Plan& plan);
+  bool old_reads_zero(const Slot& s) const;
+  Task<Status> preallocate(uint64_t zero_from, uint64_t run_end);
+  Task<Status> trim_preallocation();
+  void write_only_request(Slot& s) const;
   Task<Result<uint64_t>> ensure_l2(uint64_t l1_index);
   Task<Result<L2Cache::Ref>> slice_for(uint64_t l2_offset, uint64_t l2_index, size_t* index_in_slice);
   Task<Status> fill_cow(Plan& plan, uint64_t off, std::span<const std::byte> buf);
@@ -143,6 +156,7 @@ class Qcow2Writer {
   MetadataTracker tracker_;
   std::atomic<bool> prepared_{false};
   std::atomic<bool> writeback_due_{false};  // more dirty metadata than the bounds allow
+  uint64_t prealloc_end_ = 0;  // host bytes below it are allocated (preallocated) space
   bool set_dirty_bit_ = false;  // we set the dirty bit (lazy refcounts): clear at close
   bool closed_ = false;
   std::atomic<bool> corruption_seen_{false};
