@@ -107,13 +107,14 @@ TEST_F(Qcow2Write, FlushWritesDataRefcountsL2ThenL1WithFlushesBetween) {
   open("cluster_size=65536", "1G");
   auto data = pattern(100000, 2);
   rec_->clear();
-  ASSERT_TRUE(run(drv_->write(70000, data)));  // partial clusters at both ends: COW merged
+  ASSERT_TRUE(run(drv_->write(70000, data)));  // partial clusters at both ends, on fresh clusters
   auto ev = rec_->events();
-  ASSERT_EQ(ev.size(), 2u) << "new L2 table + one data write";
+  ASSERT_EQ(ev.size(), 3u) << "new L2 table + host space preallocation + one data write";
   const uint64_t l2 = q().l1_table().entries[0] & kL1OffsetMask;
   EXPECT_EQ(ev[0].offset, l2);
-  EXPECT_EQ(ev[1].length, 2u * 65536) << "head COW + data + tail COW in one write";
-  const uint64_t data_off = ev[1].offset;
+  EXPECT_GE(ev[1].length, Qcow2Writer::kPreallocBytes) << "preallocated ahead of the small write";
+  EXPECT_EQ(ev[2].length, 100000u) << "fresh clusters read as zeros: no COW written";
+  const uint64_t data_off = ev[2].offset;
   rec_->clear();
   ASSERT_TRUE(run(drv_->flush()));
   ev = rec_->events();
@@ -157,6 +158,55 @@ TEST_F(Qcow2Write, FlushWritesDataRefcountsL2ThenL1WithFlushesBetween) {
   std::vector<std::byte> want(100000);
   std::memcpy(want.data(), data.data(), data.size());
   EXPECT_EQ(read(70000, 100000), want);
+  ASSERT_TRUE(run(drv_->close()));
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+}
+
+TEST_F(Qcow2Write, FreshClusterPastTheFileEndGetsOnlyTheRequestWritten) {
+  open("cluster_size=65536", "64M");
+  ASSERT_TRUE(run(drv_->write(0, pattern(65536, 10))));  // creates the L2 table
+  ASSERT_TRUE(run(drv_->write(65536, pattern(512, 15))));  // preallocates host space
+  auto data = pattern(4096, 11);
+  rec_->clear();
+  ASSERT_TRUE(run(drv_->write(3 * 65536 + 8192, data)));
+  auto ev = rec_->events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].op, Op::write);
+  EXPECT_EQ(ev[0].length, 4096u) << "no zero COW head or tail on a never-written cluster";
+  EXPECT_EQ(ev[0].offset % 65536, 8192u);
+  std::vector<std::byte> want(65536);
+  std::memcpy(want.data() + 8192, data.data(), data.size());
+  EXPECT_EQ(read(3 * 65536, 65536), want);
+  ASSERT_TRUE(run(drv_->close()));
+  EXPECT_EQ(mem_->size() % 65536, 0u) << "close trims the preallocation to whole clusters";
+  EXPECT_LE(mem_->size(), ev[0].offset + 65536) << "nothing preallocated is left past the last cluster";
+  save();
+  auto check = testing::qemu_img_check(img_->path());
+  EXPECT_EQ(check.status, 0) << check.output;
+}
+
+TEST_F(Qcow2Write, ReusedFreedClusterHoldingOldBytesStillGetsItsZeroCow) {
+  open("cluster_size=65536", "64M");
+  ASSERT_TRUE(run(drv_->write(0, pattern(65536, 12))));
+  rec_->clear();
+  ASSERT_TRUE(run(drv_->write(65536, pattern(65536, 13))));  // the cluster to free
+  ASSERT_EQ(rec_->events().size(), 1u);
+  const uint64_t old_host = rec_->events()[0].offset;
+  ASSERT_TRUE(run(drv_->flush()));
+  ASSERT_TRUE(run(drv_->discard(65536, 65536)));
+  ASSERT_TRUE(run(drv_->flush()));  // frees the host cluster; its old bytes stay in the file
+  auto data = pattern(4096, 14);
+  rec_->clear();
+  ASSERT_TRUE(run(drv_->write(7 * 65536 + 8192, data)));
+  auto ev = rec_->events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].length, 65536u) << "a reused cluster is not known to be zero: whole cluster written";
+  EXPECT_EQ(ev[0].offset, old_host) << "the freed cluster was reused";
+  std::vector<std::byte> want(65536);
+  std::memcpy(want.data() + 8192, data.data(), data.size());
+  EXPECT_EQ(read(7 * 65536, 65536), want);
   ASSERT_TRUE(run(drv_->close()));
   save();
   auto check = testing::qemu_img_check(img_->path());
