@@ -34,7 +34,7 @@ qemu-img create -q -f qcow2 "$work/empty.qcow2" 1G
 dd if=/dev/zero of="$work/raw.img" bs=1M count=1024 status=none
 : > "$results"
 
-mounted() { for _ in $(seq 100); do grep -q " $1 fuse" /proc/self/mountinfo && return 0; sleep 0.1; done; return 1; }
+mounted() { for _ in $(seq 100); do grep -q " $1 [^ ]* [^-]*- fuse" /proc/self/mountinfo && return 0; sleep 0.1; done; return 1; }
 record() { sed "s/^/$1 /" >> "$results"; }  # prefix lines with the image set
 
 # run_on SET SYSTEM TEMPLATE FORMAT JOBS...: mount a fresh copy of TEMPLATE with SYSTEM, run JOBS
