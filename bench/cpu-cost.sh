@@ -36,5 +36,5 @@ awk -F, -v n="$ios" '/task-clock/ {printf "task-clock/request: %.2f us\n", $1 * 
 strace -c -f -e trace=read,writev,io_uring_enter -p "$pid" -o "$work/strace" & spid=$!
 sleep 0.5; run_fio; kill -INT "$spid"; wait "$spid" || true
 awk -v n="$ios" '$NF == "read" || $NF == "writev" || $NF == "io_uring_enter" {
-  calls = ($5 ~ /^[0-9]+$/) ? $4 : $4; errs = ($5 ~ /^[0-9]+$/) ? $5 : 0
+  calls = $4; errs = ($5 ~ /^[0-9]+$/) ? $5 : 0
   printf "%s/request: %.3f (errors %.3f)\n", $NF, calls / n, errs / n }' "$work/strace"
