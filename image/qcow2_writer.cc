@@ -342,8 +342,32 @@ Task<Status> Qcow2Writer::fill_cow(Plan& plan, uint64_t off, std::span<const std
   co_return Status::ok();
 }
 
+// QEMU's overlap check: guest data must never land on metadata. Returns the
+// metadata range [host, host + len) overlaps, or null.
+const MetadataRange* Qcow2Writer::data_overlap(uint64_t host, uint64_t len) const {
+  if (img_.data_file != img_.file.get()) return nullptr;
+  const MetadataRange* m = img_.layout.overlap(host, len);
+  // The layout is taken at open; the writer moves the L1 and refcount
+  // tables when they grow and frees the old ones, which may then hold data.
+  if (m && ((m->what == "L1 table" && m->start != l1_.host_offset) ||
+            (m->what == "refcount table" && m->start != refcounts_->table_offset())))
+    return nullptr;
+  return m;
+}
+
+Task<Status> Qcow2Writer::data_overlap_error(uint64_t off, uint64_t host, const MetadataRange& m) {
+  co_return co_await signal_corruption(
+      img_, fmt::format("guest write at {:#x} maps to host {:#x}, inside the {} at {:#x}", off, host, m.what, m.start));
+}
+
 Task<Status> Qcow2Writer::write_data(Plan& plan, uint64_t off, std::span<const std::byte> buf) {
   const uint64_t cs = img_.geometry.cluster_size();
+  if (plan.slots.size() == 1 && plan.slots[0].cow.empty()) {  // the common small write: no vectors
+    const Slot& s = plan.slots[0];
+    const uint64_t host = s.host + s.wr_start;
+    if (const MetadataRange* m = data_overlap(host, s.rq_end - s.rq_start)) co_return co_await data_overlap_error(off, host, *m);
+    co_return co_await img_.data_file->write(buf, host);
+  }
   struct HostRun {
     uint64_t host = 0, len = 0;
     std::vector<iovec> iov;
@@ -372,20 +396,8 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, uint64_t off, std::span<const s
     }
   }
   io::HostFile& f = *img_.data_file;
-  // QEMU's overlap check: guest data must never land on metadata.
-  for (const HostRun& r : runs) {
-    if (img_.data_file != img_.file.get()) break;
-    const MetadataRange* m = img_.layout.overlap(r.host, r.len);
-    // The layout is taken at open; the writer moves the L1 and refcount
-    // tables when they grow and frees the old ones, which may then hold data.
-    if (m && ((m->what == "L1 table" && m->start != l1_.host_offset) ||
-              (m->what == "refcount table" && m->start != refcounts_->table_offset())))
-      m = nullptr;
-    if (m)
-      co_return co_await signal_corruption(
-          img_, fmt::format("guest write at {:#x} maps to host {:#x}, inside the {} at {:#x}", off, r.host, m->what,
-                            m->start));
-  }
+  for (const HostRun& r : runs)
+    if (const MetadataRange* m = data_overlap(r.host, r.len)) co_return co_await data_overlap_error(off, r.host, *m);
   std::vector<Task<Status>> writes;
   writes.reserve(runs.size());
   for (HostRun& r : runs) {

@@ -54,6 +54,7 @@
 #include "image/block_driver.h"
 #include "image/qcow2_alloc.h"
 #include "image/qcow2_driver.h"
+#include "image/qcow2_layout.h"
 #include "image/qcow2_metadata.h"
 #include "image/qcow2_refcount.h"
 #include "io/range_lock.h"
@@ -123,6 +124,8 @@ class Qcow2Writer {
   Task<Result<L2Cache::Ref>> slice_for(uint64_t l2_offset, uint64_t l2_index, size_t* index_in_slice);
   Task<Status> fill_cow(Plan& plan, uint64_t off, std::span<const std::byte> buf);
   Task<Status> write_data(Plan& plan, uint64_t off, std::span<const std::byte> buf);
+  const MetadataRange* data_overlap(uint64_t host, uint64_t len) const;
+  Task<Status> data_overlap_error(uint64_t off, uint64_t host, const MetadataRange& m);
   Task<Status> commit(Plan& plan);
   Task<Status> undo(Plan& plan);
   Task<Status> set_l2(L2Cache::Ref& slice, size_t index, uint64_t entry, uint64_t bitmap);
