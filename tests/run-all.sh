@@ -65,5 +65,18 @@ run_ctest main --test-dir build
 build build-tiny -DQCOWFS_TINY_CACHE=ON
 run_ctest tiny-cache --test-dir build-tiny -R '[Qq]cow2'
 
+# ASan+UBSan (CMakePresets.json "asan", docs/SANITIZERS.md): every unit test and
+# the hostile-image, locking and injection mounts against the sanitized daemon.
+# Unlimited stack: sanitized builds do not tail-call coroutine resumptions.
+echo "=== configure and build build-asan (ASan+UBSan)"
+if cmake --preset asan && cmake --build build-asan -j"$jobs"; then
+  ulimit -s unlimited || true
+  run_ctest asan-unit --preset asan -E '^(fuzz|integration)\.'
+  run_ctest asan-mounts --preset asan -R '^integration\.test_(hostile|locking|injection)$'
+else
+  echo "=== the asan build failed: counted as one failure"
+  failed=$((failed + 1))
+fi
+
 echo "run-all: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
