@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -242,16 +243,32 @@ void Server::on_session_end(Status st) {
 // so nothing dirty is kept for long even without fsync.
 constexpr int kIdleWritebackMs = 1000;
 
+// After a failed write-back the next try waits twice as long (up to 64 s), and
+// only the first failure of a series is logged, so a dead host disk does not
+// flood the log.
+constexpr unsigned kMaxIdleBackoffShift = 6;
+
 void Server::idle_writeback() {
   Status st = io::run_sync(*main_engine_, driver_->idle_writeback());
-  if (!st) log::warn("writing back metadata of {}: {}", opts_.image, st.to_string());
+  if (st) {
+    if (idle_failures_ > 0) log::info("writing back metadata of {} works again", opts_.image);
+    idle_failures_ = 0;
+    return;
+  }
+  if (idle_failures_ == 0)
+    log::warn("writing back metadata of {}: {} (retrying with back-off)", opts_.image, st.to_string());
+  ++idle_failures_;
+}
+
+int Server::idle_timeout_ms() const {
+  if (driver_->read_only()) return -1;
+  return kIdleWritebackMs << std::min(idle_failures_, kMaxIdleBackoffShift);
 }
 
 void Server::wait_for_end() {
   pollfd fds[2] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}};
-  const int timeout = driver_->read_only() ? -1 : kIdleWritebackMs;
   for (;;) {
-    int n = ::poll(fds, 2, timeout);
+    int n = ::poll(fds, 2, idle_timeout_ms());
     if (n > 0) break;
     if (n == 0) idle_writeback();
     else if (errno != EINTR) break;

@@ -53,6 +53,7 @@ class Server {
   Status start_loops();
   void wait_for_end();
   void idle_writeback();
+  int idle_timeout_ms() const;
   void on_session_end(Status st);  // from any loop thread
   Status shutdown();
   Status close_images();
@@ -67,6 +68,7 @@ class Server {
   // Destroyed bottom-up: loops before the session, the session before the
   // filesystem it points to, the filesystem (snapshot views) before the image.
   std::unique_ptr<io::Engine> main_engine_;
+  unsigned idle_failures_ = 0;  // consecutive failed idle write-backs (main thread only)
   std::unique_ptr<image::BlockDriver> driver_;
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<MountedSession> session_;
