@@ -70,4 +70,25 @@ bool take_option(std::span<const std::string> args, size_t& i, std::string_view 
   return false;
 }
 
+Status parse_common_image_arg(std::span<const std::string> args, size_t& i, ImageCommandArgs& a) {
+  std::string v;
+  if (args[i] == "-h" || args[i] == "--help") {
+    a.help = true;
+  } else if (args[i] == "--json") {
+    a.json = true;
+  } else if (take_option(args, i, "--output", "", v)) {
+    if (v != "json" && v != "human") return Status::errorf(EINVAL, "bad output format '{}' (json or human)", v);
+    a.json = v == "json";
+  } else if (take_option(args, i, "--format", "-f", v)) {
+    a.format = v;
+  } else if (args[i].size() > 1 && args[i][0] == '-') {
+    return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
+  } else if (a.image.empty()) {
+    a.image = args[i];
+  } else {
+    return Status::errorf(EINVAL, "unexpected argument '{}'", args[i]);
+  }
+  return Status::ok();
+}
+
 }  // namespace qcowfs::fuse

@@ -52,4 +52,29 @@ std::string human_size(uint64_t bytes);
 bool take_option(std::span<const std::string> args, size_t& i, std::string_view long_name,
                  std::string_view short_name, std::string& value);
 
+// What the image-inspecting commands (info, check, map) all take: -h/--help,
+// --json or --output=json|human, -f/--format FMT and one IMAGE.
+struct ImageCommandArgs {
+  std::string image;
+  std::string format;
+  bool json = false;
+  bool help = false;
+};
+// Parses args into `common`. Each argument is first offered to
+// `extra(args, i)` (command-specific flags), which returns true when it took
+// args[i] (advancing i past a value), false to pass, or an error; then to
+// parse_common_image_arg(). Unknown options and stray arguments are errors.
+Status parse_common_image_arg(std::span<const std::string> args, size_t& i, ImageCommandArgs& a);
+
+template <typename Extra>
+Status parse_image_command(std::span<const std::string> args, ImageCommandArgs& common, Extra extra) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    Result<bool> took = extra(args, i);
+    if (!took) return took.status();
+    if (!*took) QCOWFS_TRY(parse_common_image_arg(args, i, common));
+  }
+  if (!common.help && common.image.empty()) return Status::error(EINVAL, "missing IMAGE");
+  return Status::ok();
+}
+
 }  // namespace qcowfs::fuse

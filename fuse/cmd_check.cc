@@ -19,13 +19,9 @@ constexpr int kExitNoChecks = 63;
 // L2 metadata to walk before a progress bar is worth showing on a terminal.
 constexpr uint64_t kProgressMinMetadata = 2ull << 30;
 
-struct CheckArgs {
-  std::string image;
-  std::string format;
+struct CheckArgs : ImageCommandArgs {
   q::RepairMode repair = q::RepairMode::none;
-  bool json = false;
   bool quiet = false;
-  bool help = false;
 };
 
 Result<q::RepairMode> parse_repair(const std::string& v) {
@@ -36,32 +32,18 @@ Result<q::RepairMode> parse_repair(const std::string& v) {
 
 Result<CheckArgs> parse_check_args(std::span<const std::string> args) {
   CheckArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
+  QCOWFS_TRY(parse_image_command(args, a, [&](std::span<const std::string> as, size_t& i) -> Result<bool> {
     std::string v;
-    if (args[i] == "-h" || args[i] == "--help") {
-      a.help = true;
-    } else if (args[i] == "--json") {
-      a.json = true;
-    } else if (args[i] == "-q" || args[i] == "--quiet") {
+    if (as[i] == "-q" || as[i] == "--quiet") {
       a.quiet = true;
-    } else if (take_option(args, i, "--output", "", v)) {
-      if (v != "json" && v != "human") return Status::errorf(EINVAL, "bad output format '{}' (json or human)", v);
-      a.json = v == "json";
-    } else if (take_option(args, i, "--repair", "-r", v)) {
-      auto r = parse_repair(v);
-      if (!r) return r.status();
-      a.repair = *r;
-    } else if (take_option(args, i, "--format", "-f", v)) {
-      a.format = v;
-    } else if (args[i].size() > 1 && args[i][0] == '-') {
-      return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
-    } else if (a.image.empty()) {
-      a.image = args[i];
-    } else {
-      return Status::errorf(EINVAL, "unexpected argument '{}'", args[i]);
+      return true;
     }
-  }
-  if (!a.help && a.image.empty()) return Status::error(EINVAL, "missing IMAGE");
+    if (!take_option(as, i, "--repair", "-r", v)) return false;
+    auto r = parse_repair(v);
+    if (!r) return r.status();
+    a.repair = *r;
+    return true;
+  }));
   return a;
 }
 

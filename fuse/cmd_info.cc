@@ -15,38 +15,17 @@ namespace {
 
 namespace q = image::qcow2;
 
-struct InfoArgs {
-  std::string image;
-  std::string format;
-  bool json = false;
+struct InfoArgs : ImageCommandArgs {
   bool backing_chain = false;
-  bool help = false;
 };
 
 Result<InfoArgs> parse_info_args(std::span<const std::string> args) {
   InfoArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string v;
-    if (args[i] == "-h" || args[i] == "--help") {
-      a.help = true;
-    } else if (args[i] == "--json") {
-      a.json = true;
-    } else if (args[i] == "--backing-chain") {
-      a.backing_chain = true;
-    } else if (take_option(args, i, "--output", "", v)) {
-      if (v != "json" && v != "human") return Status::errorf(EINVAL, "bad output format '{}' (json or human)", v);
-      a.json = v == "json";
-    } else if (take_option(args, i, "--format", "-f", v)) {
-      a.format = v;
-    } else if (args[i].size() > 1 && args[i][0] == '-') {
-      return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
-    } else if (a.image.empty()) {
-      a.image = args[i];
-    } else {
-      return Status::errorf(EINVAL, "unexpected argument '{}'", args[i]);
-    }
-  }
-  if (!a.help && a.image.empty()) return Status::error(EINVAL, "missing IMAGE");
+  QCOWFS_TRY(parse_image_command(args, a, [&](std::span<const std::string> as, size_t& i) -> Result<bool> {
+    if (as[i] != "--backing-chain") return false;
+    a.backing_chain = true;
+    return true;
+  }));
   return a;
 }
 

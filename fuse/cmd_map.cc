@@ -10,35 +10,13 @@
 namespace qcowfs::fuse {
 namespace {
 
-struct MapArgs {
-  std::string image;
-  std::string format;
-  bool json = false;
-  bool help = false;
-};
+struct MapArgs : ImageCommandArgs {};
 
 Result<MapArgs> parse_map_args(std::span<const std::string> args) {
   MapArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string v;
-    if (args[i] == "-h" || args[i] == "--help") {
-      a.help = true;
-    } else if (args[i] == "--json") {
-      a.json = true;
-    } else if (take_option(args, i, "--output", "", v)) {
-      if (v != "json" && v != "human") return Status::errorf(EINVAL, "bad output format '{}' (json or human)", v);
-      a.json = v == "json";
-    } else if (take_option(args, i, "--format", "-f", v)) {
-      a.format = v;
-    } else if (args[i].size() > 1 && args[i][0] == '-') {
-      return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
-    } else if (a.image.empty()) {
-      a.image = args[i];
-    } else {
-      return Status::errorf(EINVAL, "unexpected argument '{}'", args[i]);
-    }
-  }
-  if (!a.help && a.image.empty()) return Status::error(EINVAL, "missing IMAGE");
+  QCOWFS_TRY(parse_image_command(args, a, [](std::span<const std::string>, size_t&) -> Result<bool> {
+    return false;  // map has no options of its own
+  }));
   return a;
 }
 
