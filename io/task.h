@@ -3,11 +3,27 @@
 // while host I/O is in flight and resumes on the thread whose Engine completed
 // that I/O. spawn() starts a Task detached; run_sync() drives one to completion
 // on a private loop (used at open time and in tests).
-// Thread-safety: a Task object is owned by one awaiter; it is not shared.
+//
+// How an awaited Task hands control back (detail::Handoff): `co_await task`
+// starts the task with resume() inside await_suspend. If the task finishes
+// before that resume() returns (it never suspended, e.g. cache hits or an
+// in-memory file), await_suspend returns false and the awaiter continues on
+// the same, unwound stack; if it suspended, the awaiter suspends too and the
+// task's final_suspend transfers straight to it when the task finishes, on
+// whatever thread that is. So stack depth follows the nesting of coroutines,
+// never the number of awaits one after another, even in builds where the
+// compiler cannot make symmetric transfer a tail call (sanitizers, -O0).
+//
+// Thread-safety: a Task object is owned by one awaiter and awaited once; it is
+// not shared. The task may finish on another thread than the one that awaited
+// it (io::switch_to); the handoff is one atomic, so the awaiter then resumes on
+// that thread, seeing everything the task wrote.
 // No exceptions cross a Task: an escaping exception terminates the process.
 #pragma once
 
+#include <atomic>
 #include <coroutine>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -20,20 +36,53 @@ class Task;
 
 namespace detail {
 
+// Who gets to the end of an await first: the awaiting coroutine (suspending in
+// await_suspend) or the awaited task (finishing in final_suspend). Transitions:
+//   running -> done                     the task finished before the awaiter
+//                                       suspended: the awaiter goes on by itself.
+//   running -> awaiter_suspended        the task suspended inside resume();
+//   awaiter_suspended -> done           later it finishes and resumes the awaiter.
+enum class Handoff : uint8_t { running, awaiter_suspended, done };
+
 struct PromiseBase {
-  std::coroutine_handle<> continuation = std::noop_coroutine();
+  std::coroutine_handle<> continuation;  // the awaiting coroutine
+  std::atomic<Handoff> handoff{Handoff::running};
 
   std::suspend_always initial_suspend() noexcept { return {}; }
   struct FinalAwaiter {
     bool await_ready() noexcept { return false; }
+    // acq_rel: release publishes the result to an awaiter that reads it after
+    // seeing `done`; acquire pairs with the awaiter's release when it suspended,
+    // so the awaiter resumed here sees its own earlier writes. When the awaiter
+    // has not suspended it may destroy this frame as soon as it sees `done`, so
+    // nothing after the exchange touches the frame.
     template <typename P>
     std::coroutine_handle<> await_suspend(std::coroutine_handle<P> h) noexcept {
-      return h.promise().continuation;
+      PromiseBase& p = h.promise();
+      if (p.handoff.exchange(Handoff::done, std::memory_order_acq_rel) == Handoff::awaiter_suspended) {
+        return p.continuation;
+      }
+      return std::noop_coroutine();
     }
     void await_resume() noexcept {}
   };
   FinalAwaiter final_suspend() noexcept { return {}; }
   void unhandled_exception() noexcept { std::terminate(); }
+
+  // Runs the task from the awaiter's await_suspend; returns whether the awaiter
+  // must suspend (false: the task has finished and its result can be taken).
+  // The load keeps the common, synchronous case to the one exchange in
+  // final_suspend. Once the compare-exchange succeeds the task may finish on
+  // another thread and resume the awaiter at once, so nothing after it touches
+  // either frame.
+  bool start_and_suspend_unless_done(std::coroutine_handle<> self, std::coroutine_handle<> awaiting) noexcept {
+    continuation = awaiting;
+    self.resume();
+    if (handoff.load(std::memory_order_acquire) == Handoff::done) return false;
+    Handoff expected = Handoff::running;
+    return handoff.compare_exchange_strong(expected, Handoff::awaiter_suspended, std::memory_order_acq_rel,
+                                           std::memory_order_acquire);
+  }
 };
 
 template <typename T>
@@ -80,9 +129,8 @@ class [[nodiscard]] Task {
     struct Awaiter {
       Handle h;
       bool await_ready() const noexcept { return false; }
-      std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiting) noexcept {
-        h.promise().continuation = awaiting;
-        return h;
+      bool await_suspend(std::coroutine_handle<> awaiting) noexcept {
+        return h.promise().start_and_suspend_unless_done(h, awaiting);
       }
       T await_resume() { return h.promise().take(); }
     };
