@@ -205,7 +205,7 @@ Task<Result<uint64_t>> RefcountTable::grow(uint64_t min_entries, uint64_t at) {
   if (tc * cs > kMaxRefcountTableBytes)
     co_return Status::errorf(EFBIG, "refcount table would exceed {} bytes", kMaxRefcountTableBytes);
   std::vector<uint64_t> old_table = table_;
-  uint64_t old_offset = table_offset_;
+  uint64_t old_offset = table_offset();
   uint32_t old_clusters = table_clusters();
   table_.resize(tc * cs / 8, 0);
   uint64_t c = at + tc;
@@ -234,9 +234,9 @@ Task<Result<uint64_t>> RefcountTable::grow(uint64_t min_entries, uint64_t at) {
     for (uint64_t r : missing) dirty_table_.erase(r);
     co_return st;
   }
-  table_offset_ = at * cs;
+  table_offset_.store(at * cs, std::memory_order_release);
   dirty_table_.clear();
-  log::debug("refcount table grown to {} clusters at {:#x}", tc, table_offset_);
+  log::debug("refcount table grown to {} clusters at {:#x}", tc, at * cs);
   QCOWFS_CO_TRY(co_await add(old_offset / cs, old_clusters, -1));
   co_return c;
 }

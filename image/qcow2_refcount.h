@@ -13,12 +13,17 @@
 // refcount blocks it needs, which cover themselves), flushes, switches the two
 // header fields in one write, flushes again and only then frees the old table.
 //
-// Thread-safety: none. Every call is made with the image's metadata lock held
-// (Qcow2Writer::meta); grow() also needs the writeback lock, so that no
-// writeback copies blocks out while it writes them. Block data stays alive while a caller holds its
+// Thread-safety: none, except table_offset(). Every other call is made with
+// the image's metadata lock held (Qcow2Writer::meta); grow() also needs the
+// writeback lock, so that no writeback copies blocks out while it writes them.
+// table_offset() may be read without the lock (the data write path's overlap
+// check): grow() publishes the new offset with release ordering before it
+// frees the old table, so a reader that can see the old table's clusters
+// reused (through the lock that ordered the reuse) sees the new offset. Block data stays alive while a caller holds its
 // shared_ptr ("pinned"); eviction only drops clean blocks nobody holds.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -70,7 +75,7 @@ class RefcountTable {
   uint64_t cluster_size() const { return uint64_t{1} << cluster_bits_; }
   uint32_t refcount_order() const { return order_; }
   uint64_t block_entries() const { return (cluster_size() * 8) >> order_; }
-  uint64_t table_offset() const { return table_offset_; }
+  uint64_t table_offset() const { return table_offset_.load(std::memory_order_acquire); }
   uint64_t table_entries() const { return table_.size(); }
   uint32_t table_clusters() const;
   uint64_t table_entry(uint64_t index) const { return index < table_.size() ? table_[index] : 0; }
@@ -123,7 +128,7 @@ class RefcountTable {
   io::HostFile& file_;
   const uint32_t cluster_bits_;
   const uint32_t order_;
-  uint64_t table_offset_;
+  std::atomic<uint64_t> table_offset_;  // the only field read without the metadata lock
   std::vector<uint64_t> table_;
   std::set<uint64_t> dirty_table_;  // reftable indices changed in memory
   std::map<uint64_t, BlockPtr> blocks_;

@@ -150,7 +150,7 @@ Task<Result<uint64_t>> Qcow2Writer::ensure_l2(uint64_t l1_index) {
     (void)co_await alloc_->release(*c, 1, nullptr);
     co_return st;
   }
-  l1_.entries[l1_index] = fresh | kOflagCopied;
+  l1_.store(static_cast<size_t>(l1_index), fresh | kOflagCopied);  // read lock-free by map() and reads
   tracker_.l1_changed(l1_index);
   if (old != 0) tracker_.release_later(old >> img_.geometry.cluster_bits, 1);
   co_return fresh;
@@ -220,7 +220,7 @@ Task<Status> Qcow2Writer::map(uint64_t off, uint64_t len, bool exclusive, Plan& 
       if (!r) co_return r.status();
       l2 = *r;
     } else {
-      uint64_t e = l1_.entries[l1_index];
+      uint64_t e = l1_.load(static_cast<size_t>(l1_index));  // ensure_l2 may store it meanwhile
       auto decoded = decode_l1_entry(g, e);
       if (!decoded) co_return corruption(fmt::format("L1 entry {}: {}", l1_index, decoded.status().message()));
       l2 = *decoded;
@@ -349,6 +349,11 @@ const MetadataRange* Qcow2Writer::data_overlap(uint64_t host, uint64_t len) cons
   const MetadataRange* m = img_.layout.overlap(host, len);
   // The layout is taken at open; the writer moves the L1 and refcount
   // tables when they grow and frees the old ones, which may then hold data.
+  // Called without the metadata lock (pure overwrites never take it). The L1
+  // table moves only with the whole guest range locked exclusive, which our
+  // range lock excludes; the refcount table moves under the metadata lock
+  // alone, so its offset is an atomic (RefcountTable::table_offset): a reused
+  // old-table cluster was handed out after the move was published.
   if (m && ((m->what == "L1 table" && m->start != l1_.host_offset) ||
             (m->what == "refcount table" && m->start != refcounts_->table_offset())))
     return nullptr;
@@ -475,9 +480,11 @@ Task<Status> Qcow2Writer::write_once(uint64_t off, std::span<const std::byte> bu
   Plan plan;
   if (!exclusive) {
     // Pure overwrites need no metadata lock: the shared range lock keeps every
-    // mapping change of these clusters out (those hold it exclusive), L1
-    // entries that may change meanwhile belong to other clusters, and the L2
-    // cache is internally synchronised.
+    // mapping change of these clusters out (those hold it exclusive); an L1
+    // entry another cluster's allocation sets meanwhile is read atomically
+    // (L1Table::load), only the refcount table offset of the overlap check
+    // moves under the metadata lock alone (an atomic, see data_overlap), and
+    // the L2 cache is internally synchronised.
     QCOWFS_CO_TRY(co_await map(off, buf.size(), false, plan));
     if (plan.needs_exclusive) {
       *retry_exclusive = true;
