@@ -5,10 +5,14 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
+#include "fuse/fuse_ring.h"
 #include "fuse/request_buffer.h"
+#include "io/align.h"
 #include "io/log.h"
 
 namespace qcowfs::fuse {
@@ -48,6 +52,11 @@ Status EventLoop::make_wake_fds() {
   return Status::ok();
 }
 
+void EventLoop::start_ring() {
+  std::lock_guard lk(engine_mu_);
+  if (engine_) engine_->post([this] { start_ring_here(); });
+}
+
 Status EventLoop::start() {
   QCOWFS_TRY(make_wake_fds());
   std::promise<Status> started;
@@ -71,18 +80,109 @@ void EventLoop::join() {
 }
 
 void EventLoop::thread_main(std::promise<Status>* started) {
-  auto engine = io::make_engine(cfg_.engine_kind);
+  io::EngineFeatures features;
+  features.uring_cmd = !cfg_.ring_qids.empty();
+  auto engine = io::make_engine(cfg_.engine_kind, 256, features);
   if (!engine) {
     started->set_value(engine.status().with_context("starting a queue thread"));
     return;
   }
-  io::ScopedEngine scope(engine->get());
-  t_current = this;
-  started->set_value(Status::ok());  // `started` is gone after this line
+  {
+    std::lock_guard lk(engine_mu_);
+    engine_ = engine->get();
+  }
+  {
+    io::ScopedEngine scope(engine->get());
+    t_current = this;
+    started->set_value(Status::ok());  // `started` is gone after this line
+    serve(**engine);
+    t_current = nullptr;
+  }
+  {
+    std::lock_guard lk(engine_mu_);
+    engine_ = nullptr;
+  }
+  // Closing the ring first: until then the kernel may copy requests into ring entries.
+  engine->reset();
+  if (ring_) log::debug("queue thread served {} requests through io_uring", ring_->requests_served());
+  ring_.reset();
+}
+
+void EventLoop::serve(io::Engine& engine) {
   bool reader_done = false;
   spawn_then(reader(), [&reader_done] { reader_done = true; });
-  while (!reader_done || inflight_ > 0) (*engine)->run_once(-1);
-  t_current = nullptr;
+  while (!reader_done || inflight_ > 0) engine.run_once(-1);
+  if (ring_) ring_->stop();
+  engine.run_once(0);  // submits the ring commits of the last replies
+}
+
+void EventLoop::start_ring_here() {
+  if (ring_ || cfg_.ring_qids.empty() || stop_requested()) return;
+  FuseRing::Config rc;
+  rc.fuse_fd = cfg_.fuse_fd;
+  rc.qids = cfg_.ring_qids;
+  rc.entries_per_queue = cfg_.ring_depth;
+  rc.payload_bytes = kMaxWrite + kPayloadAlign;  // >= max_write and max_pages * page size
+  rc.dispatch = [this](std::span<std::byte> message) { dispatch(message); };
+  rc.on_failure = [this](Status st) {
+    if (cfg_.on_ring_failure) cfg_.on_ring_failure(std::move(st));
+  };
+  ring_ = std::make_unique<FuseRing>(std::move(rc));
+  if (Status st = ring_->start(); !st && cfg_.on_ring_failure) cfg_.on_ring_failure(std::move(st));
+}
+
+void EventLoop::dispatch(std::span<std::byte> message) {
+  if (stop_requested()) {  // left to the kernel, as unread /dev/fuse requests are
+    ring_->stop();
+    return;
+  }
+  fuse_buf buf = {};
+  buf.mem = message.data();
+  buf.size = message.size();
+  fuse_session_process_buf(cfg_.session, &buf);
+}
+
+ssize_t EventLoop::write_reply(int fd, iovec* iov, int count, void*) {
+  EventLoop* loop = t_current;
+  if (loop && loop->ring_) {
+    if (auto taken = loop->ring_->reply(iov, count)) return *taken;
+  }
+  if (loop && loop->init_unique_ != 0) return loop->write_init_reply(fd, iov, count);
+  return ::writev(fd, iov, count);
+}
+
+// The kernel offers FUSE_OVER_IO_URING (flags2 bit 9, protocol 7.42) in
+// FUSE_INIT when fuse.enable_uring is on; libfuse 3.14 does not know the flag.
+constexpr uint32_t kOverIoUringFlag2 = 1u << 9;
+
+void EventLoop::note_init(const fuse_buf& buf) {
+  const auto* in = static_cast<const fuse_in_header*>(buf.mem);
+  init_unique_ = in->unique;
+  init_claims_ring_ = false;
+  fuse_init_in arg = {};
+  if (buf.size < sizeof *in + offsetof(fuse_init_in, flags2) + sizeof arg.flags2) return;
+  std::memcpy(&arg, static_cast<const std::byte*>(buf.mem) + sizeof *in,
+              std::min(sizeof arg, buf.size - sizeof *in));
+  const bool offered = (arg.flags & FUSE_INIT_EXT) && (arg.flags2 & kOverIoUringFlag2);
+  init_claims_ring_ = offered && cfg_.fuse_uring && engine_ && engine_->supports_uring_cmd();
+}
+
+// Once the INIT reply claims io_uring, the kernel holds new requests until every
+// queue has a ring entry (or a registration fails), so the claim is made only
+// when this process will register (see Config::fuse_uring).
+ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
+  fuse_out_header out;
+  std::memcpy(&out, iov[0].iov_base, sizeof out);
+  if (!init_claims_ring_ || out.unique != init_unique_ || out.error != 0 || count != 2 ||
+      iov[0].iov_len != sizeof out || iov[1].iov_len < offsetof(fuse_init_out, flags2) + sizeof(uint32_t) ||
+      iov[1].iov_len > sizeof(fuse_init_out))
+    return ::writev(fd, iov, count);
+  fuse_init_out arg = {};
+  std::memcpy(&arg, iov[1].iov_base, iov[1].iov_len);
+  arg.flags |= FUSE_INIT_EXT;
+  arg.flags2 |= kOverIoUringFlag2;
+  iovec patched[2] = {iov[0], {&arg, iov[1].iov_len}};
+  return ::writev(fd, patched, 2);
 }
 
 Task<void> EventLoop::reader() {
@@ -113,7 +213,14 @@ bool EventLoop::drain() {
     fuse_buf buf = {};
     buf.mem = request_read_start(current_);
     buf.size = static_cast<size_t>(n);
+    const bool init = buf.size >= sizeof(fuse_in_header) &&
+                      reinterpret_cast<const fuse_in_header*>(buf.mem)->opcode == FUSE_INIT;
+    if (init) note_init(buf);
     fuse_session_process_buf(cfg_.session, &buf);
+    if (init) {
+      init_unique_ = 0;
+      if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
+    }
   }
   return true;
 }
@@ -124,6 +231,7 @@ void EventLoop::spawn_request(Task<void> t) {
 }
 
 PooledBuffer EventLoop::hold_write_payload(std::span<const std::byte>& payload) {
+  if (ring_ && !ring_->dispatching_payload().empty()) return PooledBuffer();
   if (payload.size() > kCopyWriteMax) return PooledBuffer(this, std::move(current_));
   io::AlignedBuffer copy = read_pool_.take(payload.size());
   std::memcpy(copy.data(), payload.data(), payload.size());
@@ -131,7 +239,13 @@ PooledBuffer EventLoop::hold_write_payload(std::span<const std::byte>& payload) 
   return PooledBuffer(this, std::move(copy));
 }
 
-io::AlignedBuffer EventLoop::take_read_buffer(size_t size) { return read_pool_.take(size); }
+PooledBuffer EventLoop::read_buffer(size_t size) {
+  if (ring_) {
+    std::span<std::byte> payload = ring_->dispatching_payload();
+    if (size <= payload.size() && is_aligned_ptr(payload.data(), cfg_.mem_align)) return PooledBuffer(payload.data());
+  }
+  return PooledBuffer(this, read_pool_.take(size));
+}
 
 void EventLoop::recycle(io::AlignedBuffer buf) {
   if (buf.size() == kRequestBufferSize) {

@@ -13,6 +13,12 @@
 // A read() of /dev/fuse failing with ENODEV means the filesystem was unmounted
 // externally; the loop reports it through Config::on_session_end.
 //
+// FUSE over io_uring: once the session is initialized, start_ring() gives the
+// loop a FuseRing serving the kernel queues in Config::ring_qids. Requests
+// then arrive as completions on the loop's own ring and replies leave through
+// it (see fuse/fuse_ring.h); /dev/fuse stays polled for what the kernel still
+// sends there. Every libfuse reply passes through EventLoop::write_reply().
+//
 // Thread-safety: start(), request_stop() and join() are called by the thread
 // that owns the EventLoop object; request_stop() is also safe from any
 // thread. Everything in the "loop thread" section must be called on the
@@ -24,8 +30,11 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <span>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "fuse/buffer_pool.h"
 #include "io/fd.h"
@@ -34,10 +43,13 @@
 #include "io/task.h"
 
 struct fuse_session;
+struct fuse_buf;
+struct iovec;
 
 namespace qcowfs::fuse {
 
 class PooledBuffer;
+class FuseRing;
 
 constexpr int kReadBatch = 16;  // requests read per wake-up before yielding to completions
 
@@ -51,6 +63,19 @@ class EventLoop {
     // Called on the loop thread when the session ends under us: ok when the
     // filesystem was unmounted (ENODEV), an error when /dev/fuse failed.
     std::function<void(Status)> on_session_end;
+    // Called on the loop thread once the kernel has the reply to FUSE_INIT.
+    std::function<void()> on_init;
+    // FUSE over io_uring: the kernel queues (CPU numbers) this loop serves once
+    // start_ring() is called, with ring_depth entries each. Empty: none.
+    std::vector<uint16_t> ring_qids;
+    unsigned ring_depth = 0;
+    // The process serves FUSE over io_uring (fuse_uring=auto|on): the INIT
+    // reply claims it when the kernel offers it, so the connection keeps it
+    // even if fuse.enable_uring is switched off later.
+    bool fuse_uring = false;
+    // Called on the loop thread when the ring could not be set up (the loop
+    // keeps serving through /dev/fuse).
+    std::function<void(Status)> on_ring_failure;
   };
 
   explicit EventLoop(Config cfg);
@@ -60,6 +85,8 @@ class EventLoop {
 
   // Starts the thread; returns once its engine exists, or why it could not.
   Status start();
+  // Sets up FUSE over io_uring on the loop thread (thread-safe; after INIT).
+  void start_ring();
   void request_stop();
   // Waits for the thread: it ends once stopped and its requests have replied.
   void join();
@@ -72,13 +99,25 @@ class EventLoop {
   // write completes. Large payloads keep the request buffer they were read
   // into (zero copy; the reader continues with a fresh one); payloads up to
   // kCopyWriteMax are copied into a pooled buffer and `payload` is pointed there.
+  // Requests that came through the FUSE ring need no copy: their payload stays
+  // in the ring entry until the request replies.
   PooledBuffer hold_write_payload(std::span<const std::byte>& payload);
-  io::AlignedBuffer take_read_buffer(size_t size);
+  // A buffer for the data of a READ reply of `size` bytes, aligned for
+  // O_DIRECT: for a ring request its entry's payload buffer (no copy on reply).
+  PooledBuffer read_buffer(size_t size);
   // Gives a buffer back for reuse.
   void recycle(io::AlignedBuffer buf);
+  // The libfuse reply path (fuse_custom_io::writev): replies to ring requests
+  // go to their ring entry, all others are written to /dev/fuse `fd`.
+  static ssize_t write_reply(int fd, iovec* iov, int count, void* userdata);
 
  private:
   void thread_main(std::promise<Status>* started);
+  void serve(io::Engine& engine);
+  void start_ring_here();
+  void dispatch(std::span<std::byte> message);
+  void note_init(const fuse_buf& buf);
+  ssize_t write_init_reply(int fd, iovec* iov, int count);
   Status make_wake_fds();
   Task<void> reader();
   // Reads and dispatches up to kReadBatch requests; false when the session ended.
@@ -90,18 +129,25 @@ class EventLoop {
   io::UniqueFd wake_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  std::mutex engine_mu_;
+  io::Engine* engine_ = nullptr;  // the loop thread's engine while it runs (for start_ring())
 
   // Loop-thread state.
   size_t inflight_ = 0;
   io::AlignedBuffer current_;  // the buffer the next request is read into
   BufferPool request_pool_;
   SizedBufferPool read_pool_;
+  std::unique_ptr<FuseRing> ring_;  // outlives the engine: see thread_main()
+  uint64_t init_unique_ = 0;        // the FUSE_INIT being answered, else 0
+  bool init_claims_ring_ = false;   // its reply claims FUSE_OVER_IO_URING
 };
 
 // Returns a loop buffer to its loop's pools when dropped (on the loop thread).
 class PooledBuffer {
  public:
   PooledBuffer(EventLoop* loop, io::AlignedBuffer buf) : loop_(loop), buf_(std::move(buf)) {}
+  // Owns nothing: `borrowed` belongs to someone that keeps it alive (a ring entry).
+  explicit PooledBuffer(std::byte* borrowed = nullptr) : loop_(nullptr), borrowed_(borrowed) {}
   PooledBuffer(PooledBuffer&&) = default;
   PooledBuffer& operator=(PooledBuffer&&) = delete;
   PooledBuffer(const PooledBuffer&) = delete;
@@ -109,11 +155,12 @@ class PooledBuffer {
   ~PooledBuffer() {
     if (loop_ && buf_.data()) loop_->recycle(std::move(buf_));
   }
-  std::byte* data() { return buf_.data(); }
+  std::byte* data() { return borrowed_ ? borrowed_ : buf_.data(); }
 
  private:
   EventLoop* loop_;
   io::AlignedBuffer buf_;
+  std::byte* borrowed_ = nullptr;
 };
 
 }  // namespace qcowfs::fuse

@@ -60,9 +60,8 @@ image::BlockDriver* driver_or_reply(fuse_req_t req, fuse_ino_t ino) {
 
 // ---- request tasks: each replies exactly once when its I/O is done ----
 
-Task<void> read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t len) {
-  EventLoop* loop = EventLoop::current();
-  PooledBuffer buf(loop, loop->take_read_buffer(len));
+// `buf` (len bytes) is taken while the request is dispatched (see EventLoop::read_buffer()).
+Task<void> read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t len, PooledBuffer buf) {
   Status st = co_await d.read(off, std::span<std::byte>(buf.data(), len));
   if (!st) {
     reply_error(req, st);
@@ -241,7 +240,8 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
-  EventLoop::current()->spawn_request(read_task(req, *d, static_cast<uint64_t>(off), len));
+  EventLoop* loop = EventLoop::current();
+  loop->spawn_request(read_task(req, *d, static_cast<uint64_t>(off), len, loop->read_buffer(len)));
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info*) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <fstream>
 #include <limits>
 #include <vector>
 
@@ -72,6 +73,11 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "force-share") {
     if (value != "on" && value != "off") return bad_value(key, value, "on or off");
     o.force_share = value == "on";
+  } else if (key == "fuse_uring") {
+    if (value == "auto") o.fuse_uring = FuseUringMode::automatic;
+    else if (value == "on") o.fuse_uring = FuseUringMode::on;
+    else if (value == "off") o.fuse_uring = FuseUringMode::off;
+    else return bad_value(key, value, "auto, on or off");
   } else if (key == "l2_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
@@ -174,6 +180,28 @@ unsigned default_queue_count() {
   return std::min(static_cast<unsigned>(cpus), kMaxDefaultQueues);
 }
 
+unsigned possible_cpu_count() {
+  std::ifstream in("/sys/devices/system/cpu/possible");
+  std::string mask;
+  std::getline(in, mask);  // e.g. "0-3" or "0,2-5"
+  unsigned highest = 0;
+  bool any = false;
+  for (size_t i = 0; i < mask.size();) {
+    unsigned v = 0;
+    auto [end, ec] = std::from_chars(mask.data() + i, mask.data() + mask.size(), v);
+    if (ec != std::errc()) {
+      ++i;
+      continue;
+    }
+    highest = std::max(highest, v);
+    any = true;
+    i = static_cast<size_t>(end - mask.data());
+  }
+  if (any) return highest + 1;
+  long conf = sysconf(_SC_NPROCESSORS_CONF);
+  return conf > 0 ? static_cast<unsigned>(conf) : 1;
+}
+
 std::string usage_text(std::string_view program) {
   return fmt::format(
       "usage: {0} [-f] [-d] [-o OPTION[,OPTION...]] IMAGE MOUNTPOINT\n"
@@ -193,6 +221,8 @@ std::string usage_text(std::string_view program) {
       "  cache=MODE           none (O_DIRECT), writethrough, writeback (default), unsafe\n"
       "  aio=ENGINE           io_uring or threads (default: io_uring when available)\n"
       "  queues=N             event-loop threads (default: one per CPU, at most {1})\n"
+      "  fuse_uring=MODE      FUSE over io_uring: auto (default: when the kernel allows),\n"
+      "                       on (fail when it does not), off (/dev/fuse only)\n"
       "  format=FMT           raw or qcow2 (default: probed)\n"
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"

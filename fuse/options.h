@@ -24,6 +24,9 @@ namespace qcowfs::fuse {
 constexpr unsigned kMaxDefaultQueues = 4;
 constexpr unsigned kMaxQueues = 64;
 
+// fuse_uring=: FUSE over io_uring (Linux 6.14+ with fuse.enable_uring=Y).
+enum class FuseUringMode { automatic, on, off };
+
 struct Options {
   std::string image;
   std::string mountpoint;
@@ -44,6 +47,7 @@ struct Options {
   uint64_t l2_cache_size = 0;  // 0: driver default
   io::LockMode locking = io::LockMode::automatic;  // locking=auto|on|off (QEMU's names)
   bool force_share = false;  // force-share: coexist with writers (read-only only)
+  FuseUringMode fuse_uring = FuseUringMode::automatic;
 };
 
 // Parses argv without the program name. --help and --version set their flags
@@ -55,6 +59,10 @@ Result<uint64_t> parse_size(std::string_view text);
 
 // One event-loop thread per CPU, at most kMaxDefaultQueues.
 unsigned default_queue_count();
+
+// The number of FUSE-over-io_uring queues the kernel keeps: one per possible
+// CPU (the highest CPU number in /sys/devices/system/cpu/possible, plus one).
+unsigned possible_cpu_count();
 
 std::string usage_text(std::string_view program);
 

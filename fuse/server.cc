@@ -35,6 +35,12 @@ class MountedSession {
     if (fuse_session_mount(se_, mountpoint.c_str()) != 0)
       return Status::errorf(EIO, "cannot mount on {} (see the message above)", mountpoint);
     mounted_ = true;
+    // Every reply passes through the event loops (FUSE over io_uring).
+    fuse_custom_io io = {};
+    io.writev = &EventLoop::write_reply;
+    io.read = [](int fd, void* buf, size_t len, void*) { return ::read(fd, buf, len); };
+    if (int r = fuse_session_custom_io(se_, &io, fd()); r != 0)
+      return Status::from_errno(r < 0 ? -r : EINVAL, "setting up the FUSE reply path");
     return Status::ok();
   }
   // Lazily detaches the mount (a no-op when the kernel already dropped it).
@@ -212,8 +218,12 @@ Status Server::mount() {
   return set_nonblocking(session_->fd());
 }
 
+// Ring entries per kernel queue: enough for a QD32 job or two per CPU.
+constexpr unsigned kRingDepth = 64;
+
 Status Server::start_loops() {
-  unsigned n = opts_.queues ? opts_.queues : default_queue_count();
+  const unsigned n = opts_.queues ? opts_.queues : default_queue_count();
+  const unsigned kernel_queues = opts_.fuse_uring == FuseUringMode::off ? 0 : possible_cpu_count();
   for (unsigned i = 0; i < n; ++i) {
     EventLoop::Config cfg;
     cfg.session = session_->get();
@@ -221,11 +231,36 @@ Status Server::start_loops() {
     cfg.engine_kind = opts_.aio;
     cfg.mem_align = driver_->mem_align();
     cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
-    loops_.push_back(std::make_unique<EventLoop>(std::move(cfg)));
-    QCOWFS_TRY(loops_.back()->start());
+    cfg.on_init = [this] { start_rings(); };
+    for (unsigned q = i; q < kernel_queues; q += n) cfg.ring_qids.push_back(static_cast<uint16_t>(q));
+    cfg.ring_depth = kRingDepth;
+    cfg.fuse_uring = kernel_queues > 0;
+    cfg.on_ring_failure = [this](Status st) { on_ring_failure(std::move(st)); };
+    auto loop = std::make_unique<EventLoop>(std::move(cfg));
+    QCOWFS_TRY(loop->start());
+    std::lock_guard lk(loops_mu_);
+    if (initialized_) loop->start_ring();  // INIT was answered before this loop was listed
+    loops_.push_back(std::move(loop));
   }
   log::debug("serving {} on {} with {} queue thread{}", opts_.image, opts_.mountpoint, n, n == 1 ? "" : "s");
   return Status::ok();
+}
+
+// On the loop thread that answered FUSE_INIT: every loop sets up its ring.
+void Server::start_rings() {
+  std::lock_guard lk(loops_mu_);
+  initialized_ = true;
+  for (auto& loop : loops_) loop->start_ring();
+}
+
+void Server::on_ring_failure(Status st) {
+  if (ring_failed_.exchange(true)) return;  // each loop reports the same cause
+  if (opts_.fuse_uring == FuseUringMode::on) {
+    log::error("fuse_uring=on: {}", st.to_string());
+    on_session_end(std::move(st));
+    return;
+  }
+  log::debug("FUSE over io_uring unavailable ({}): serving through /dev/fuse", st.to_string());
 }
 
 void Server::on_session_end(Status st) {
@@ -291,7 +326,10 @@ Status Server::shutdown() {
   shut_down_ = true;
   for (auto& loop : loops_) loop->request_stop();
   for (auto& loop : loops_) loop->join();
-  loops_.clear();
+  {
+    std::lock_guard lk(loops_mu_);
+    loops_.clear();
+  }
   Status closed = close_images();
   if (session_) session_->unmount();
   if (!closed) return closed;

@@ -17,6 +17,7 @@
 // Thread-safety: start(), run() and destruction on the main thread only.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -55,6 +56,8 @@ class Server {
   void idle_writeback();
   int idle_timeout_ms() const;
   void on_session_end(Status st);  // from any loop thread
+  void start_rings();                // from the loop thread that answered INIT
+  void on_ring_failure(Status st);   // from any loop thread
   Status shutdown();
   Status close_images();
 
@@ -72,6 +75,9 @@ class Server {
   std::unique_ptr<image::BlockDriver> driver_;
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<MountedSession> session_;
+  std::mutex loops_mu_;  // loops_ and initialized_: loop threads read them (start_rings)
+  bool initialized_ = false;
+  std::atomic<bool> ring_failed_{false};
   std::vector<std::unique_ptr<EventLoop>> loops_;
 };
 

@@ -31,9 +31,9 @@ Engine* Engine::set_current(Engine* e) {
   return prev;
 }
 
-Result<std::unique_ptr<Engine>> make_engine(EngineKind kind, unsigned queue_depth) {
+Result<std::unique_ptr<Engine>> make_engine(EngineKind kind, unsigned queue_depth, EngineFeatures features) {
   if (kind != EngineKind::threads) {
-    auto uring = UringEngine::create(queue_depth);
+    auto uring = UringEngine::create(queue_depth, features.uring_cmd);
     if (uring) return std::unique_ptr<Engine>(std::move(*uring));
     if (kind == EngineKind::io_uring) return uring.status().with_context("aio=io_uring");
     // Every event-loop thread makes an engine: say it once per process.

@@ -38,6 +38,9 @@ struct IoRequest {
     fallocate,  // fallocate(fd, mode, offset, length)
     poll_in,    // wait until fd is readable (one-shot)
     call,       // run `call` on a worker thread (blocking syscalls, CPU work)
+    uring_cmd,  // IORING_OP_URING_CMD on fd: cmd_op, the command bytes in buf/length
+                // (at most kUringCmdBytes), iov/iovcnt as the SQE's addr/len;
+                // only on engines with supports_uring_cmd()
   };
   Op op = Op::read;
   int fd = -1;
@@ -47,13 +50,34 @@ struct IoRequest {
   const struct iovec* iov = nullptr;
   unsigned iovcnt = 0;
   int mode = 0;  // fallocate mode
+  uint32_t cmd_op = 0;  // uring_cmd: the driver's command code
   std::function<int64_t()> call;  // Op::call: returns >= 0 or -errno
 
   int64_t result = 0;  // >= 0 on success (bytes for read/write), -errno on failure
   std::coroutine_handle<> waiter;  // resumed on the engine thread on completion
+  // Instead of a waiter: called on the engine thread on completion (for
+  // long-lived requests owned by an object rather than a coroutine frame).
+  void (*on_done)(IoRequest*) = nullptr;
+
+  void finish() {
+    if (on_done) {
+      on_done(this);
+    } else {
+      waiter.resume();
+    }
+  }
 };
 
+// Size of the command area of a 128-byte SQE (IORING_SETUP_SQE128).
+constexpr size_t kUringCmdBytes = 80;
+
 enum class EngineKind { automatic, io_uring, threads };
+
+struct EngineFeatures {
+  // Ask for 128-byte SQEs so Op::uring_cmd can carry a driver command (FUSE
+  // over io_uring). An engine that cannot have them still works without.
+  bool uring_cmd = false;
+};
 
 class Engine {
  public:
@@ -72,6 +96,8 @@ class Engine {
   // Runs fn on this engine's thread soon. Thread-safe; wakes run_once().
   virtual void post(std::function<void()> fn) = 0;
   virtual std::string_view name() const = 0;
+  // Whether Op::uring_cmd works (an io_uring engine made with uring_cmd).
+  virtual bool supports_uring_cmd() const { return false; }
 
   // The engine of the calling thread (nullptr when none is installed).
   static Engine* current();
@@ -81,7 +107,8 @@ class Engine {
 
 // Makes an engine for the calling thread. automatic: io_uring, else threads
 // (with a one-line warning saying why io_uring is unavailable).
-Result<std::unique_ptr<Engine>> make_engine(EngineKind kind, unsigned queue_depth = 256);
+Result<std::unique_ptr<Engine>> make_engine(EngineKind kind, unsigned queue_depth = 256,
+                                            EngineFeatures features = {});
 
 // Awaitable owning one request, queued on the calling thread's engine.
 //   int64_t r = co_await io::async(IoRequest{...});   // bytes, or -errno

@@ -31,6 +31,7 @@ int64_t execute_once(const IoRequest& req) {
       break;
     }
     case Op::call: break;  // handled by execute_blocking
+    case Op::uring_cmd: return -EOPNOTSUPP;  // io_uring only
   }
   return r < 0 ? -errno : r;
 }
@@ -62,7 +63,7 @@ void ThreadEngine::post(std::function<void()> fn) {
 void ThreadEngine::run_once(int timeout_ms) {
   submit_queued();
   wait(mailbox_->has_work() ? 0 : timeout_ms);
-  for (IoRequest* req : ready_) req->waiter.resume();
+  for (IoRequest* req : ready_) req->finish();
   ready_.clear();
   run_posted();
 }
@@ -78,7 +79,7 @@ void ThreadEngine::submit_queued() {
       mailbox->post(
           [req, r] {
             req->result = r;
-            req->waiter.resume();
+            req->finish();
           },
           false);
     });

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstring>
 
 #include "io/log.h"
 #include "io/thread_pool.h"
@@ -24,12 +25,11 @@ constexpr uint64_t kMaxRwCount = INT_MAX & ~uint64_t{4095};
 unsigned clamp_len(uint64_t len) { return static_cast<unsigned>(std::min(len, kMaxRwCount)); }
 
 // Tries the fastest setup first; older kernels reject unknown flags with EINVAL.
-int init_ring(unsigned depth, io_uring* ring, unsigned* flags_out) {
-  const unsigned candidates[] = {
-      IORING_SETUP_R_DISABLED | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
-      IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
-      0,
-  };
+// With extra = IORING_SETUP_SQE128 every candidate is tried with it first.
+int init_ring(unsigned depth, unsigned extra, io_uring* ring, unsigned* flags_out) {
+  const unsigned fast = IORING_SETUP_R_DISABLED | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+  const unsigned coop = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
+  const unsigned candidates[] = {fast | extra, coop | extra, extra, fast, coop, 0};
   int r = -EINVAL;
   for (unsigned flags : candidates) {
     io_uring_params p{};
@@ -46,12 +46,12 @@ int init_ring(unsigned depth, io_uring* ring, unsigned* flags_out) {
 
 }  // namespace
 
-Result<std::unique_ptr<UringEngine>> UringEngine::create(unsigned queue_depth) {
+Result<std::unique_ptr<UringEngine>> UringEngine::create(unsigned queue_depth, bool uring_cmd) {
   auto mailbox = Mailbox::create();
   if (!mailbox) return mailbox.status();
   io_uring ring;
   unsigned flags = 0;
-  int r = init_ring(std::clamp(queue_depth, 8u, 4096u), &ring, &flags);
+  int r = init_ring(std::clamp(queue_depth, 8u, 4096u), uring_cmd ? IORING_SETUP_SQE128 : 0u, &ring, &flags);
   if (r < 0) return Status::from_errno(-r, "io_uring_queue_init");
   return std::unique_ptr<UringEngine>(new UringEngine(std::move(*mailbox), ring, flags));
 }
@@ -95,6 +95,11 @@ void UringEngine::enqueue(IoRequest* req) {
     start_call(req);
     return;
   }
+  if (req->op == IoRequest::Op::uring_cmd && !supports_uring_cmd()) {
+    req->result = -EOPNOTSUPP;
+    done_.push_back(req);  // resumed by the next run_once(), never inline
+    return;
+  }
   if (!backlog_.empty() || !try_prepare(req)) backlog_.push_back(req);
 }
 
@@ -123,9 +128,22 @@ void UringEngine::prepare_sqe(io_uring_sqe* sqe, IoRequest* req) {
                               static_cast<off_t>(req->length));
       break;
     case Op::poll_in: io_uring_prep_poll_add(sqe, req->fd, POLLIN); break;
+    case Op::uring_cmd: prepare_uring_cmd(sqe, req); break;
     case Op::call: break;  // never reaches the ring (see enqueue)
   }
   io_uring_sqe_set_data(sqe, req);
+}
+
+// The 128-byte SQE's second half is the command area; it is filled whole
+// (zero padded) because the ring reuses SQE slots.
+void UringEngine::prepare_uring_cmd(io_uring_sqe* sqe, const IoRequest* req) {
+  std::memset(sqe, 0, 2 * sizeof(io_uring_sqe));
+  sqe->opcode = IORING_OP_URING_CMD;
+  sqe->fd = req->fd;
+  sqe->cmd_op = req->cmd_op;
+  sqe->addr = reinterpret_cast<uint64_t>(req->iov);
+  sqe->len = req->iovcnt;
+  std::memcpy(sqe->cmd, req->buf, std::min<uint64_t>(req->length, kUringCmdBytes));
 }
 
 void UringEngine::start_call(IoRequest* req) {
@@ -134,7 +152,7 @@ void UringEngine::start_call(IoRequest* req) {
     mailbox->post(
         [req, r] {
           req->result = r;
-          req->waiter.resume();
+          req->finish();
         },
         false);
   });
@@ -148,7 +166,7 @@ void UringEngine::run_once(int timeout_ms) {
   start_on_this_thread();
   refill_from_backlog();
   if (!wakeup_armed_) arm_wakeup_poll();
-  wait(mailbox_->has_work() ? 0 : timeout_ms);
+  wait(mailbox_->has_work() || !done_.empty() ? 0 : timeout_ms);
   reap();
   run_posted();
 }
@@ -191,12 +209,13 @@ void UringEngine::reap() {
   if (!wakeup_armed_) arm_wakeup_poll();
   // Resumed coroutines may enqueue more; they land in the SQ for the next round.
   resuming_.swap(done_);
-  for (IoRequest* req : resuming_) req->waiter.resume();
+  for (IoRequest* req : resuming_) req->finish();
   resuming_.clear();
 }
 
 void UringEngine::complete(IoRequest* req, int res) {
-  if (res == -EINTR || res == -EAGAIN) {  // transient: queue the same request again
+  // Transient: queue the same request again (a driver command's EAGAIN is the driver's to interpret).
+  if ((res == -EINTR || res == -EAGAIN) && req->op != IoRequest::Op::uring_cmd) {
     if (!try_prepare(req)) backlog_.push_back(req);
     return;
   }

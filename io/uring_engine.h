@@ -27,19 +27,23 @@ namespace qcowfs::io {
 class UringEngine final : public Engine {
  public:
   // Fails (carrying io_uring_queue_init's errno) when io_uring is unavailable.
-  static Result<std::unique_ptr<UringEngine>> create(unsigned queue_depth);
+  // uring_cmd: ask for 128-byte SQEs (see EngineFeatures); kernels without
+  // them get a plain ring on which supports_uring_cmd() is false.
+  static Result<std::unique_ptr<UringEngine>> create(unsigned queue_depth, bool uring_cmd = false);
   ~UringEngine() override;
 
   void enqueue(IoRequest* req) override;
   void run_once(int timeout_ms) override;
   void post(std::function<void()> fn) override;
   std::string_view name() const override { return "io_uring"; }
+  bool supports_uring_cmd() const override { return (setup_flags_ & IORING_SETUP_SQE128) != 0; }
 
  private:
   UringEngine(std::shared_ptr<Mailbox> mailbox, const io_uring& ring, unsigned setup_flags);
   void start_on_this_thread();
   bool try_prepare(IoRequest* req);
   void prepare_sqe(io_uring_sqe* sqe, IoRequest* req);
+  void prepare_uring_cmd(io_uring_sqe* sqe, const IoRequest* req);
   void arm_wakeup_poll();
   void refill_from_backlog();
   void wait(int timeout_ms);

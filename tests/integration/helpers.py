@@ -377,6 +377,7 @@ class Mount:
     argv: list[str]
     log_path: Path
     daemon_pids: list[int] = field(default_factory=list)
+    final_log: str = ""  # everything the daemon wrote, read after it exited
 
     def stderr(self) -> str:
         """What the daemon wrote to stderr so far."""
@@ -426,7 +427,10 @@ def mounted(image: str | os.PathLike, target: str | os.PathLike, opts: Sequence[
         try:
             yield m
         finally:
-            finish_mount(m, foreground, expect_exit)
+            try:
+                finish_mount(m, foreground, expect_exit)
+            finally:
+                m.final_log = m.stderr()
     finally:
         with contextlib.suppress(OSError):
             os.unlink(m.log_path)

@@ -1,0 +1,184 @@
+#include "fuse/fuse_ring.h"
+
+#include <linux/fuse.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "io/log.h"
+
+namespace qcowfs::fuse {
+
+namespace {
+// The header buffer and the message prefix share the page before the payload.
+constexpr size_t kPrefixBytes = 4096;
+static_assert(sizeof(uring_abi::ReqHeader) + sizeof(fuse_in_header) + uring_abi::kOpInBytes <= kPrefixBytes);
+
+// Completions that mean the connection is going away, not that something broke.
+bool connection_ended(int64_t res) { return res == -ENOTCONN || res == -ECANCELED || res == -ECONNABORTED; }
+}  // namespace
+
+struct FuseRing::Entry : io::IoRequest {
+  FuseRing* ring = nullptr;
+  uint16_t qid = 0;
+  io::AlignedBuffer mem;
+  iovec iovs[2] = {};
+  uring_abi::CmdReq cmd = {};
+  bool registered = false;  // the kernel accepted this entry at least once
+
+  uring_abi::ReqHeader* header() { return reinterpret_cast<uring_abi::ReqHeader*>(mem.data()); }
+  std::byte* payload() { return mem.data() + kPrefixBytes; }
+};
+
+FuseRing::FuseRing(Config cfg) : cfg_(std::move(cfg)) {}
+
+// Entries are only freed once the engine that registered them is gone (see
+// EventLoop::thread_main): the kernel writes requests into them until then.
+FuseRing::~FuseRing() = default;
+
+Status FuseRing::start() {
+  if (!io::Engine::current() || !io::Engine::current()->supports_uring_cmd())
+    return Status::error(EOPNOTSUPP, "the loop's engine cannot submit io_uring commands");
+  for (uint16_t qid : cfg_.qids) {
+    for (unsigned i = 0; i < cfg_.entries_per_queue; ++i) {
+      auto e = std::make_unique<Entry>();
+      e->ring = this;
+      e->qid = qid;
+      // Not zeroed: pages are touched only as requests use them.
+      e->mem = io::AlignedBuffer(kPrefixBytes + cfg_.payload_bytes, kPrefixBytes, false);
+      e->iovs[0] = {e->mem.data(), sizeof(uring_abi::ReqHeader)};
+      e->iovs[1] = {e->payload(), cfg_.payload_bytes};
+      entries_.push_back(std::move(e));
+    }
+  }
+  in_userspace_.reserve(entries_.size() * 2);
+  for (auto& e : entries_) submit(*e, uring_abi::kCmdRegister, 0);
+  return Status::ok();
+}
+
+void FuseRing::submit(Entry& e, uint32_t cmd_op, uint64_t commit_id) {
+  e.cmd = {};
+  e.cmd.commit_id = commit_id;
+  e.cmd.qid = e.qid;
+  e.op = io::IoRequest::Op::uring_cmd;
+  e.fd = cfg_.fuse_fd;
+  e.cmd_op = cmd_op;
+  e.buf = &e.cmd;
+  e.length = sizeof e.cmd;
+  e.iov = e.iovs;
+  e.iovcnt = 2;
+  e.on_done = &FuseRing::on_entry_done;
+  io::Engine::current()->enqueue(&e);
+}
+
+void FuseRing::on_entry_done(io::IoRequest* req) {
+  auto* e = static_cast<Entry*>(req);
+  e->ring->entry_done(*e);
+}
+
+void FuseRing::entry_done(Entry& e) {
+  const int64_t res = e.result;
+  if (res < 0) {
+    if (connection_ended(res) || stopping_) return;
+    if (!e.registered) {
+      fail(Status::from_errno(static_cast<int>(-res), "registering FUSE io_uring queue entries"));
+      return;
+    }
+    // The kernel refused a commit (it no longer knew the request): give it the
+    // entry again so its queue keeps its depth.
+    log::warn("FUSE io_uring commit failed: {}", Status::from_errno(static_cast<int>(-res), "").to_string());
+    e.registered = false;
+    submit(e, uring_abi::kCmdRegister, 0);
+    return;
+  }
+  e.registered = true;
+  if (!stopping_) deliver(e);
+}
+
+void FuseRing::fail(Status st) {
+  if (failed_) return;
+  failed_ = true;
+  if (served_ == 0 && cfg_.on_failure) {
+    cfg_.on_failure(std::move(st));
+    return;
+  }
+  log::error("{}", st.to_string());
+}
+
+// Turns the entry's buffers into one /dev/fuse-format message ending where the
+// payload begins, so the payload itself is not copied.
+void FuseRing::deliver(Entry& e) {
+  uring_abi::ReqHeader* h = e.header();
+  fuse_in_header in;
+  std::memcpy(&in, h->in_out, sizeof in);
+  const uint64_t payload = h->ring_ent_in_out.payload_sz;
+  if (in.len < sizeof in + payload || in.len - sizeof in - payload > uring_abi::kOpInBytes ||
+      payload > cfg_.payload_bytes) {
+    log::error("malformed FUSE io_uring request: opcode {} length {} payload {}", in.opcode, in.len, payload);
+    reply_protocol_error(e, in.unique);
+    return;
+  }
+  const size_t op_bytes = in.len - sizeof in - payload;
+  std::byte* msg = e.payload() - op_bytes - sizeof in;
+  std::memcpy(msg, &in, sizeof in);
+  std::memcpy(msg + sizeof in, h->op_in, op_bytes);
+  in_userspace_[in.unique] = &e;
+  ++served_;
+  dispatching_ = &e;
+  cfg_.dispatch(std::span<std::byte>(msg, in.len));
+  dispatching_ = nullptr;
+}
+
+void FuseRing::reply_protocol_error(Entry& e, uint64_t unique) {
+  fuse_out_header out = {};
+  out.len = sizeof out;
+  out.error = -EIO;
+  out.unique = unique;
+  std::memcpy(e.header()->in_out, &out, sizeof out);
+  e.header()->ring_ent_in_out.payload_sz = 0;
+  submit(e, uring_abi::kCmdCommitAndFetch, unique);
+}
+
+std::optional<ssize_t> FuseRing::reply(const iovec* iov, int count) {
+  if (count < 1 || iov[0].iov_len < sizeof(fuse_out_header)) return std::nullopt;
+  fuse_out_header out;
+  std::memcpy(&out, iov[0].iov_base, sizeof out);
+  auto it = in_userspace_.find(out.unique);
+  if (it == in_userspace_.end()) return std::nullopt;
+  Entry& e = *it->second;
+  in_userspace_.erase(it);
+
+  // Gather the reply's arguments into the payload buffer; a READ reply built
+  // in place (see dispatching_payload()) is already there.
+  std::byte* dst = e.payload();
+  size_t n = 0;
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    const auto* src = static_cast<const std::byte*>(iov[i].iov_base);
+    size_t len = iov[i].iov_len;
+    total += len;
+    if (i == 0) {
+      src += sizeof out;
+      len -= sizeof out;
+    }
+    if (len == 0) continue;
+    if (n + len > cfg_.payload_bytes) {
+      out.error = -EIO;
+      n = 0;
+      break;
+    }
+    if (src != dst + n) std::memcpy(dst + n, src, len);
+    n += len;
+  }
+  std::memcpy(e.header()->in_out, &out, sizeof out);
+  e.header()->ring_ent_in_out.payload_sz = static_cast<uint32_t>(n);
+  submit(e, uring_abi::kCmdCommitAndFetch, out.unique);
+  return static_cast<ssize_t>(total);
+}
+
+std::span<std::byte> FuseRing::dispatching_payload() const {
+  if (!dispatching_) return {};
+  return std::span<std::byte>(dispatching_->payload(), cfg_.payload_bytes);
+}
+
+}  // namespace qcowfs::fuse
