@@ -3,7 +3,9 @@
 # markdown table of IOPS / MiB/s and ratios (qcowfs / raw host file, qcowfs / qemu-storage-daemon).
 #   raw-host    the plain raw host file (the disk's limit)
 #   qsd         qemu-storage-daemon 7.2's FUSE export of the same image (cache.direct=on, io_uring)
-#   qcowfs      our binary: `BINARY -f -o rw,cache=none IMAGE MOUNTFILE`
+#   qcowfs      our binary: `BINARY -f -o rw,cache=none IMAGE MOUNTFILE`, FUSE over io_uring
+#               (the script turns the fuse module's enable_uring on for the run when it can)
+#   qcowfs-dev  the same with -o fuse_uring=off: requests through /dev/fuse reads and writes
 # Image sets:
 #   qcow2-full  fully written 1 GiB qcow2: randread4k randwrite4k (overwrite) seqread1m
 #   qcow2-empty empty 1 GiB qcow2: seqwrite1m and randwrite4k (allocating), fresh copy per job
@@ -17,12 +19,17 @@ bin=$(readlink -f "$bin")
 [ -x "$bin" ] || { echo "no qcowfs binary at $bin (build first)" >&2; exit 1; }
 work=$(mktemp -d /var/tmp/qcowfs-bench.XXXXXX)
 results="$work/results.txt"
+uring_param=/sys/module/fuse/parameters/enable_uring
+uring_old=$(cat "$uring_param" 2>/dev/null || true)
 cleanup() {
   for m in "$work"/*.mnt; do [ -e "$m" ] && fusermount3 -u "$m" 2>/dev/null; done
   [ -n "${qsdpid:-}" ] && kill "$qsdpid" 2>/dev/null
+  [ -n "$uring_old" ] && echo "$uring_old" > "$uring_param" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
+if [ -w "$uring_param" ]; then echo Y > "$uring_param"; fi
+echo "fuse.enable_uring=$(cat "$uring_param" 2>/dev/null || echo absent)" >&2
 export RUNTIME=${RUNTIME:-6} SIZE=1G
 suite="$here/fio-suite.sh"
 read -ra sets <<< "${SETS:-raw qcow2-full qcow2-empty}"
@@ -45,6 +52,7 @@ run_on() {
   case $sys in
     qsd) qsdpid=$(FMT=$fmt "$here/qsd-mount.sh" "$img" "$mnt") ;;
     qcowfs) "$bin" -f -o "rw,cache=none,format=$fmt" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
+    qcowfs-dev) "$bin" -f -o "rw,cache=none,format=$fmt,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
   esac
   if mounted "$mnt" && [ "$(stat -c %s "$mnt")" = 1073741824 ]; then
     "$suite" "$mnt" "$sys" "$@" | record "$set"
@@ -54,7 +62,7 @@ run_on() {
   fi
   fusermount3 -u "$mnt" 2>/dev/null; sleep 0.3
   [ "$sys" = qsd ] && { kill "$qsdpid" 2>/dev/null; qsdpid=; }
-  [ "$sys" = qcowfs ] && wait "$qpid" 2>/dev/null
+  [ "${sys%-dev}" = qcowfs ] && wait "$qpid" 2>/dev/null
   rm -f "$img" "$mnt"
 }
 
@@ -62,13 +70,13 @@ for set in "${sets[@]}"; do
   case $set in
     raw)
       "$suite" "$work/raw.img" raw-host randread4k randwrite4k seqread1m seqwrite1m | record raw
-      for s in qsd qcowfs; do run_on raw "$s" "$work/raw.img" raw randread4k randwrite4k seqread1m seqwrite1m; done ;;
+      for s in qsd qcowfs qcowfs-dev; do run_on raw "$s" "$work/raw.img" raw randread4k randwrite4k seqread1m seqwrite1m; done ;;
     qcow2-full)
       "$suite" "$work/raw.img" raw-host randread4k randwrite4k seqread1m | record qcow2-full
-      for s in qsd qcowfs; do run_on qcow2-full "$s" "$work/full.qcow2" qcow2 randread4k randwrite4k seqread1m; done ;;
+      for s in qsd qcowfs qcowfs-dev; do run_on qcow2-full "$s" "$work/full.qcow2" qcow2 randread4k randwrite4k seqread1m; done ;;
     qcow2-empty)
       "$suite" "$work/raw.img" raw-host seqwrite1m randwrite4k | record qcow2-empty
-      for s in qsd qcowfs; do
+      for s in qsd qcowfs qcowfs-dev; do
         run_on qcow2-empty "$s" "$work/empty.qcow2" qcow2 seqwrite1m
         run_on qcow2-empty "$s" "$work/empty.qcow2" qcow2 randwrite4k
       done ;;
@@ -90,9 +98,11 @@ def fmt(v, job):
     return f"{v:,.0f} MiB/s" if job.endswith("1m") else f"{v:,.0f} IOPS"
 def ratio(a, b):
     return "-" if a is None or not b else f"{a / b:.2f}x"
-print("| image | job | raw host file | qemu-storage-daemon | qcowfs | qcowfs / raw | qcowfs / qsd |")
-print("|---|---|---|---|---|---|---|")
+print("| image | job | raw host file | qemu-storage-daemon | qcowfs | qcowfs / raw | qcowfs / qsd "
+      "| qcowfs, /dev/fuse | its / raw | its / qsd |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for (s, job), v in rows.items():
-    q, r, d = v.get("qcowfs"), v.get("raw-host"), v.get("qsd")
-    print(f"| {s} | {job} | {fmt(r, job)} | {fmt(d, job)} | {fmt(q, job)} | {ratio(q, r)} | {ratio(q, d)} |")
+    q, r, d, o = v.get("qcowfs"), v.get("raw-host"), v.get("qsd"), v.get("qcowfs-dev")
+    print(f"| {s} | {job} | {fmt(r, job)} | {fmt(d, job)} | {fmt(q, job)} | {ratio(q, r)} | {ratio(q, d)} "
+          f"| {fmt(o, job)} | {ratio(o, r)} | {ratio(o, d)} |")
 PY
