@@ -26,12 +26,23 @@
 
 namespace qcowfs::image {
 
-// Allocation status of a range, as `qemu-img map` reports it.
+// Allocation status of a range, as `qemu-img map` reports it. Every byte of
+// the range has the same flags, depth and file, and host offsets that follow
+// each other (byte i of the range is stored at host_offset + i).
 struct BlockStatus {
   uint64_t length = 0;  // bytes from the queried offset with the same status (> 0)
   bool data = false;    // bytes are stored somewhere in the chain (not a hole)
   bool zero = false;    // bytes are known to read as zeros
+  // The layer at `depth` records these bytes (data or zeros); false where
+  // nothing in the chain does and they read as zeros (qemu's "present").
+  bool present = false;
   int depth = 0;        // 0 = this image, 1 = its backing file, ...
+  // Where the bytes live uncompressed in a host file (qemu's "offset"): the
+  // file and the offset of the range's first byte. nullptr for compressed,
+  // zero and unallocated ranges that name no host cluster. The file belongs to
+  // the driver (or a driver below it) and lives as long as that driver.
+  const io::HostFile* file = nullptr;
+  uint64_t host_offset = 0;
 };
 
 struct SnapshotInfo {

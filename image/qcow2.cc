@@ -10,6 +10,7 @@
 
 #include "image/endian.h"
 #include "image/qcow2_driver.h"
+#include "image/qcow2_status.h"
 #include "image/qcow2_writer.h"
 #include "io/align.h"
 #include "io/buffer.h"
@@ -27,16 +28,13 @@ constexpr std::string_view kReadOnly = "the qcow2 image is open read-only";
 // fragmented range stays short; callers continue from the returned length.
 constexpr size_t kMaxStatusRuns = 65536;
 
-std::string directory_of(const std::string& path) {
-  auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Relative backing and data file names are relative to the image's directory.
+// Relative backing and data file names are relative to the image's directory,
+// spelled as QEMU's path_combine() does (the image path up to its last slash,
+// then the name), so tools name these files the way qemu-img does.
 std::string resolve_relative(const std::string& image_path, const std::string& name) {
   if (!name.empty() && name[0] == '/') return name;
-  return directory_of(image_path) + "/" + name;
+  auto slash = image_path.rfind('/');
+  return slash == std::string::npos ? name : image_path.substr(0, slash + 1) + name;
 }
 
 std::string real_path(const std::string& path) {
@@ -217,7 +215,7 @@ Status Qcow2Driver::corrupt(uint64_t guest, const Status& why) const {
 
 Result<uint64_t> Qcow2Driver::l2_table_for(uint64_t l1_index, uint64_t guest) {
   if (l1_index >= l1_.entries.size()) return uint64_t{0};
-  auto l2 = decode_l1_entry(image_->geometry, l1_.load(static_cast<size_t>(l1_index)));
+  auto l2 = decode_l1_entry(image_->geometry, l1_.entries[l1_index]);
   if (!l2) return corrupt(guest, l2.status());
   return *l2;
 }
@@ -382,41 +380,68 @@ Task<Result<ClusterCache::Cluster>> Qcow2Driver::load_compressed(CompressedClust
   co_return cluster;
 }
 
+namespace {
+
+// Runs that qemu-img map would report as one range: same kind, and host
+// offsets that continue each other where the clusters name host clusters.
+bool continues_status(const ClusterRun& first, uint64_t length, const ClusterRun& r) {
+  if (r.kind != first.kind || r.mapped != first.mapped) return false;
+  return !first.mapped || first.host_offset + length == r.host_offset;
+}
+
+// QEMU's guess whether the image was made with preallocation=metadata, made
+// once per image. Only for images open read-only: a writable image's on-disk
+// refcounts lag behind its writer, and its header changes under the writer's
+// lock; a mount only asks for data versus holes, which the guess never changes.
+Task<bool> metadata_preallocated(Qcow2Image& img) {
+  using Guess = Qcow2Image::PreallocGuess;
+  if (img.file->writable()) co_return false;
+  Guess g = img.metadata_prealloc.load(std::memory_order_acquire);
+  if (g == Guess::unknown) {
+    auto r = co_await detect_metadata_preallocation(*img.file, img.header);
+    g = r && *r ? Guess::yes : Guess::no;  // as in QEMU, a failed guess is a no
+    img.metadata_prealloc.store(g, std::memory_order_release);
+  }
+  co_return g == Guess::yes;
+}
+
+}  // namespace
+
 Task<Result<BlockStatus>> Qcow2Driver::block_status(uint64_t off, uint64_t len) {
   len = std::min(len, size() - std::min(off, size()));
   if (len == 0) co_return Status::errorf(EINVAL, "block status query at {:#x} is beyond the end of the image", off);
-  bool have = false;
-  RunKind kind = RunKind::unallocated;
+  ClusterRun first;
   uint64_t length = 0;
   size_t runs = 0;
   Status st = co_await walk(off, len, [&](uint64_t, const ClusterRun& r) {
-    RunKind k = r.kind == RunKind::compressed ? RunKind::data : r.kind;
-    if (have && (k != kind || runs >= kMaxStatusRuns)) return false;
-    have = true;
-    kind = k;
+    if (runs > 0 && (!continues_status(first, length, r) || runs >= kMaxStatusRuns)) return false;
+    if (runs == 0) first = r;
     length += r.length;
     ++runs;
     return true;
   });
   if (!st) co_return st;
-  if (kind == RunKind::unallocated) co_return co_await backing_status(off, length);
+  BlockDriver* backing = image_->backing.get();
+  if (first.kind == RunKind::unallocated && backing != nullptr && off < backing->size())
+    co_return co_await backing_status(off, length);
   BlockStatus b;
   b.length = length;
-  b.data = kind == RunKind::data;
-  b.zero = kind == RunKind::zero;
+  // Unallocated with nothing below: zeros that no layer records.
+  b.present = first.kind != RunKind::unallocated;
+  b.data = first.kind == RunKind::data || first.kind == RunKind::compressed;
+  b.zero = first.kind == RunKind::zero || first.kind == RunKind::unallocated;
+  if (first.mapped) {
+    b.file = image_->data_file;
+    b.host_offset = first.host_offset;
+  }
+  if (first.kind == RunKind::data && co_await metadata_preallocated(*image_))
+    QCOWFS_CO_TRY(co_await apply_host_holes(*image_->data_file, b));
   co_return b;
 }
 
 Task<Result<BlockStatus>> Qcow2Driver::backing_status(uint64_t off, uint64_t len) {
-  BlockDriver* backing = image_->backing.get();
-  BlockStatus b;
-  b.length = len;
-  b.data = false;
-  b.zero = true;
-  if (backing == nullptr) co_return b;
-  b.depth = 1;
-  if (off >= backing->size()) co_return b;
-  auto r = co_await backing->block_status(off, std::min(len, backing->size() - off));
+  BlockDriver& backing = *image_->backing;
+  auto r = co_await backing.block_status(off, std::min(len, backing.size() - off));
   if (!r) co_return r.status();
   r->depth += 1;
   co_return r;

@@ -91,7 +91,10 @@ Result<ClusterRun> decode_extended_run(const Geometry& g, uint64_t entry, uint64
   ClusterRun r;
   r.length = run_end - in_cluster;
   r.kind = *type == SubType::normal ? RunKind::data : *type == SubType::zero ? RunKind::zero : RunKind::unallocated;
-  if (r.kind == RunKind::data) r.host_offset = (entry & kL2OffsetMask) + in_cluster;
+  if (allocated) {
+    r.host_offset = (entry & kL2OffsetMask) + in_cluster;
+    r.mapped = true;
+  }
   return r;
 }
 
@@ -129,6 +132,11 @@ Result<ClusterRun> decode_cluster_run(const Geometry& g, uint64_t entry, uint64_
   if (entry & kOflagZero) {
     if (allocated) QCOWFS_TRY(check_host_cluster(g, entry));  // ZERO_ALLOC still names a valid cluster
     r.kind = RunKind::zero;
+    // As in QEMU, only a non-zero offset makes a zero cluster ZERO_ALLOC.
+    if (entry & kL2OffsetMask) {
+      r.host_offset = (entry & kL2OffsetMask) + in_cluster;
+      r.mapped = true;
+    }
     return r;
   }
   if (!allocated) {
@@ -138,6 +146,7 @@ Result<ClusterRun> decode_cluster_run(const Geometry& g, uint64_t entry, uint64_
   QCOWFS_TRY(check_host_cluster(g, entry));
   r.kind = RunKind::data;
   r.host_offset = (entry & kL2OffsetMask) + in_cluster;
+  r.mapped = true;
   return r;
 }
 

@@ -48,6 +48,9 @@ struct ClusterRun {
   RunKind kind = RunKind::unallocated;
   uint64_t length = 0;       // bytes from the queried position, within the cluster
   uint64_t host_offset = 0;  // data: host offset of the queried position
+  // host_offset is set: data, and zero or unallocated (sub)clusters of a cluster
+  // that names a host cluster (qemu's ZERO_ALLOC, UNALLOCATED_ALLOC).
+  bool mapped = false;
   CompressedCluster compressed;  // compressed: the whole cluster's stream
 };
 

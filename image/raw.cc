@@ -55,14 +55,25 @@ Task<Status> RawDriver::truncate(uint64_t new_size) {
   co_return co_await file_->truncate(new_size);
 }
 
+// Like qemu's file driver: holes read as zeros and data as data, both present
+// at their host offset. A window reaching past the end of the file reads as
+// zeros there.
 Task<Result<BlockStatus>> RawDriver::block_status(uint64_t off, uint64_t len) {
   uint64_t host = offset_ + off;
+  BlockStatus st;
+  st.present = true;
+  st.file = file_;
+  st.host_offset = host;
+  uint64_t end = file_->size();
+  if (host >= end) {
+    st.length = len;
+    st.zero = true;
+    co_return st;
+  }
   auto data = co_await file_->seek_data(host);
   if (!data) co_return data.status();
-  BlockStatus st;
   if (*data > host) {  // in a hole: reads as zeros, nothing stored
-    st.length = std::min(len, *data - host);
-    st.data = false;
+    st.length = *data >= end ? len : std::min(len, *data - host);
     st.zero = true;
     co_return st;
   }
@@ -70,7 +81,6 @@ Task<Result<BlockStatus>> RawDriver::block_status(uint64_t off, uint64_t len) {
   if (!hole) co_return hole.status();
   st.length = std::min(len, *hole > host ? *hole - host : len);
   st.data = true;
-  st.zero = false;
   co_return st;
 }
 
