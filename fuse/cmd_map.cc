@@ -1,6 +1,7 @@
-// qcowfs map: the allocation map of an image, like `qemu-img map`, built from
-// BlockDriver::block_status over the whole disk (backing chain included).
-// Adjacent ranges with the same status are merged.
+// qcowfs map: the allocation map of an image, printed as `qemu-img map` (QEMU
+// 7.2) prints it, built from BlockDriver::block_status over the whole disk
+// (backing chain included). Neighbouring ranges are merged by qemu-img's rule:
+// same flags, depth and file, and host offsets that continue each other.
 #include <cstdio>
 
 #include "fuse/cmd.h"
@@ -23,11 +24,19 @@ Result<MapArgs> parse_map_args(std::span<const std::string> args) {
 struct Extent {
   uint64_t start = 0;
   uint64_t length = 0;
-  image::BlockStatus status;
+  image::BlockStatus status;  // status.length is not used
+  std::string file;           // path of status.file ("" without one)
 };
 
-bool same_kind(const image::BlockStatus& a, const image::BlockStatus& b) {
-  return a.data == b.data && a.zero == b.zero && a.depth == b.depth;
+bool has_offset(const Extent& e) { return e.status.file != nullptr; }
+
+// qemu-img's entry_mergeable().
+bool mergeable(const Extent& cur, const Extent& next) {
+  const image::BlockStatus& a = cur.status;
+  const image::BlockStatus& b = next.status;
+  if (a.zero != b.zero || a.data != b.data || a.depth != b.depth || a.present != b.present) return false;
+  if (has_offset(cur) != has_offset(next) || cur.file != next.file) return false;
+  return !has_offset(cur) || a.host_offset + cur.length == b.host_offset;
 }
 
 Task<Result<std::vector<Extent>>> build_map(const MapArgs& a) {
@@ -41,8 +50,9 @@ Task<Result<std::vector<Extent>>> build_map(const MapArgs& a) {
     auto st = co_await (*d)->block_status(off, size - off);
     if (!st) co_return st.status();
     if (st->length == 0) co_return Status::errorf(EIO, "block status at {:#x} returned an empty range", off);
-    if (!out.empty() && same_kind(out.back().status, *st)) out.back().length += st->length;
-    else out.push_back(Extent{off, st->length, *st});
+    Extent e{off, st->length, *st, st->file ? st->file->path() : std::string()};
+    if (!out.empty() && mergeable(out.back(), e)) out.back().length += e.length;
+    else out.push_back(std::move(e));
     off += st->length;
   }
   QCOWFS_CO_TRY(co_await (*d)->close());
@@ -54,10 +64,40 @@ Json extent_json(const Extent& e) {
   j.set("start", e.start);
   j.set("length", e.length);
   j.set("depth", e.status.depth);
-  j.set("present", e.status.data);
+  j.set("present", e.status.present);
   j.set("zero", e.status.zero);
   j.set("data", e.status.data);
+  if (has_offset(e)) j.set("offset", e.status.host_offset);
   return j;
+}
+
+void print_json(const std::vector<Extent>& map) {
+  if (map.empty()) {  // an empty disk: qemu-img prints its one empty entry
+    fmt::print("[{}]\n", extent_json(Extent{}).render_compact());
+    return;
+  }
+  fmt::print("[");
+  for (size_t i = 0; i < map.size(); ++i) fmt::print("{}{}", i ? ",\n" : "", extent_json(map[i]).render_compact());
+  fmt::print("]\n");
+}
+
+// printf's "%#x": no 0x prefix for zero.
+std::string hex(uint64_t v) { return v == 0 ? "0" : fmt::format("{:#x}", v); }
+
+// The human form lists the ranges holding data that is not known to be zero,
+// with where they are stored; like qemu-img it fails at the first data range
+// without a host offset (compressed clusters).
+int print_human(const std::vector<Extent>& map) {
+  fmt::print("{:<16}{:<16}{:<16}{}\n", "Offset", "Length", "Mapped to", "File");
+  for (const auto& e : map) {
+    if (e.status.data && !has_offset(e)) {
+      std::fflush(stdout);
+      return cmd_fail("map", Status::error(EINVAL, "File contains external, encrypted or compressed clusters."));
+    }
+    if (e.status.data && !e.status.zero)
+      fmt::print("{:<16}{:<16}{:<16}{}\n", hex(e.start), hex(e.length), hex(e.status.host_offset), e.file);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -65,9 +105,11 @@ Json extent_json(const Extent& e) {
 std::string_view map_usage() {
   return "usage: qcowfs map [--json] [-f FORMAT] IMAGE\n"
          "\n"
-         "Prints the allocation map of the guest disk, like qemu-img map: for each range,\n"
-         "whether it holds data, reads as zeros, and at which depth of the backing chain\n"
-         "(0 = the image itself) it is found.\n"
+         "Prints the allocation map of the guest disk as qemu-img map does. The default\n"
+         "form lists the ranges holding data with their host offset and the file that\n"
+         "stores them (fails on compressed clusters, which have no host offset); --json\n"
+         "lists every range: depth in the backing chain (0 = the image itself), whether\n"
+         "a layer records it (present), reads as zeros, holds data, and its host offset.\n"
          "\n"
          "  --json               one JSON object per range (--output=json)\n"
          "  -f, --format=FMT     image format (default: probed)\n"
@@ -86,15 +128,10 @@ int cmd_map(std::span<const std::string> args) {
   auto map = io::run_sync(**engine, build_map(*a));
   if (!map) return cmd_fail("map", map.status());
   if (a->json) {
-    fmt::print("[");
-    for (size_t i = 0; i < map->size(); ++i) fmt::print("{}{}", i ? ",\n" : "", extent_json((*map)[i]).render_compact());
-    fmt::print("]\n");
+    print_json(*map);
     return 0;
   }
-  fmt::print("{:<16}{:<16}{}\n", "Offset", "Length", "Depth");
-  for (const auto& e : *map)
-    if (e.status.data) fmt::print("{:<#16x}{:<#16x}{}\n", e.start, e.length, e.status.depth);
-  return 0;
+  return print_human(*map);
 }
 
 }  // namespace qcowfs::fuse
