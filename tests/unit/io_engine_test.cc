@@ -340,15 +340,19 @@ std::string engine_name(const ::testing::TestParamInfo<EngineKind>& p) {
 // A request with on_done instead of a waiter: the engine calls it on its own
 // thread (the FUSE ring's entries are such requests).
 TEST_P(EngineTest, OnDoneCallbackRunsInsteadOfAWaiter) {
-  UniqueFd efd(::eventfd(7, EFD_CLOEXEC));
-  ASSERT_TRUE(efd.valid());
+  std::string path = temp_path("on_done");
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  ASSERT_TRUE(fd.valid());
+  ::unlink(path.c_str());
+  const uint64_t seven = 7;
+  ASSERT_EQ(::pwrite(fd.get(), &seven, sizeof seven, 0), static_cast<ssize_t>(sizeof seven));
   struct Probe : IoRequest {
     int calls = 0;
     std::thread::id thread;
   } probe;
   uint64_t value = 0;
   probe.op = IoRequest::Op::read;
-  probe.fd = efd.get();
+  probe.fd = fd.get();
   probe.buf = &value;
   probe.length = sizeof value;
   probe.on_done = [](IoRequest* r) {
@@ -383,9 +387,9 @@ TEST_P(EngineTest, UringCmdWithoutSupportFailsWithEopnotsupp) {
 }
 
 // A uring_cmd reaches the driver with its 128-byte SQE: /dev/fuse without a
-// mount answers ENOTCONN (EINVAL would mean the driver saw no SQE128,
-// EOPNOTSUPP that the command never left the engine or the kernel lacks FUSE
-// over io_uring).
+// mount refuses it with its own error (EINVAL would mean the driver saw no
+// SQE128, EOPNOTSUPP that the command never left the engine or that the kernel
+// lacks FUSE over io_uring).
 TEST(UringCmdTest, CommandReachesTheDriver) {
   EngineFeatures features;
   features.uring_cmd = true;
@@ -405,7 +409,10 @@ TEST(UringCmdTest, CommandReachesTheDriver) {
     r.length = sizeof cmd;
     co_return co_await io::async(std::move(r));
   };
-  EXPECT_EQ(run_sync(**e, task()), -ENOTCONN);
+  const int64_t r = run_sync(**e, task());
+  EXPECT_LT(r, 0);
+  EXPECT_NE(r, -EINVAL);
+  EXPECT_NE(r, -EOPNOTSUPP);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, EngineTest, ::testing::Values(EngineKind::io_uring, EngineKind::threads),
