@@ -312,21 +312,13 @@ class Walker {
       ++r_.corruptions;
       co_return Status::ok();
     }
-    for (const Bitmap& b : *bitmaps) QCOWFS_CO_TRY(co_await count_bitmap_table(b));
-    co_return Status::ok();
-  }
-
-  Task<Status> count_bitmap_table(const Bitmap& b) {
-    if (b.table_size == 0) co_return Status::ok();
-    inc(b.table_offset, uint64_t{b.table_size} * 8);
-    auto buf = co_await read_padded(file_, b.table_offset, size_t{b.table_size} * 8);
-    if (!buf) {
-      ++r_.check_errors;
-      co_return Status::ok();
-    }
-    for (uint32_t i = 0; i < b.table_size; ++i) {
-      uint64_t offset = load_be64(buf->data() + size_t{i} * 8) & kBitmapTableOffsetMask;
-      if (offset != 0) inc(offset, cs_);
+    for (const Bitmap& b : *bitmaps) {
+      auto ranges = co_await bitmap_ranges(file_, h_, b);
+      if (!ranges) {
+        ++r_.check_errors;
+        continue;
+      }
+      for (const HostRange& r : *ranges) inc(r.offset, r.length);
     }
     co_return Status::ok();
   }
@@ -603,6 +595,33 @@ Task<Status> rebuild_refcounts(io::HostFile& file, Header& h) {
   if (scratch.check_errors > 0)
     co_return Status::errorf(EIO, "cannot rebuild refcounts of {}: metadata could not be read", file.path());
   co_return co_await write_refcount_structure(file, h, std::move(counts->counted));
+}
+
+Task<Result<std::vector<HostRange>>> bitmap_ranges(io::HostFile& file, const Header& h, const Bitmap& b) {
+  std::vector<HostRange> out;
+  if (b.table_size == 0) co_return out;
+  out.push_back(HostRange{b.table_offset, uint64_t{b.table_size} * 8});
+  auto buf = co_await read_padded(file, b.table_offset, size_t{b.table_size} * 8);
+  if (!buf) co_return buf.status().with_context(fmt::format("reading the table of bitmap '{}'", b.name));
+  for (uint32_t i = 0; i < b.table_size; ++i) {
+    uint64_t offset = load_be64(buf->data() + size_t{i} * 8) & kBitmapTableOffsetMask;
+    if (offset != 0) out.push_back(HostRange{offset, h.cluster_size()});
+  }
+  co_return out;
+}
+
+Task<Result<std::vector<HostRange>>> bitmaps_extension_ranges(io::HostFile& file, const Header& h) {
+  std::vector<HostRange> out;
+  if (!h.bitmaps || !(h.autoclear_features & kAutoclearBitmaps)) co_return out;
+  out.push_back(HostRange{h.bitmaps->directory_offset, h.bitmaps->directory_size});
+  auto bitmaps = co_await read_qcow2_bitmaps(file, h);
+  if (!bitmaps) co_return bitmaps.status().with_context("reading the bitmap directory");
+  for (const Bitmap& b : *bitmaps) {
+    auto ranges = co_await bitmap_ranges(file, h, b);
+    if (!ranges) co_return ranges.status();
+    out.insert(out.end(), ranges->begin(), ranges->end());
+  }
+  co_return out;
 }
 
 Task<Result<CheckReport>> check_image(io::HostFile& file, CheckOptions opts) {

@@ -34,6 +34,8 @@
 
 namespace qcowfs::image::qcow2 {
 
+struct Bitmap;  // image/qcow2_inspect.h
+
 enum class RepairMode { none, leaks, all };
 
 // Counters as QEMU's BdrvCheckResult / `qemu-img check --output=json` name them.
@@ -78,5 +80,21 @@ Task<Result<CheckReport>> check_image(io::HostFile& file, CheckOptions opts);
 // opened read-write before any refcount is cached; it does not touch the
 // dirty bit.
 Task<Status> rebuild_refcounts(io::HostFile& file, Header& h);
+
+// A byte range of the image file that metadata references.
+struct HostRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// The ranges one persistent bitmap references: its bitmap table and the data
+// clusters the table names.
+Task<Result<std::vector<HostRange>>> bitmap_ranges(io::HostFile& file, const Header& h, const Bitmap& b);
+
+// Everything the bitmaps extension references, as QEMU's
+// qcow2_check_bitmaps_refcounts() counts it: the bitmap directory and every
+// bitmap's ranges. Empty without the extension or when its autoclear bit is
+// clear (QEMU then ignores the extension, so those clusters are leaks).
+Task<Result<std::vector<HostRange>>> bitmaps_extension_ranges(io::HostFile& file, const Header& h);
 
 }  // namespace qcowfs::image::qcow2

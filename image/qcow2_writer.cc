@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "image/endian.h"
+#include "image/qcow2_check.h"
 #include "image/qcow2_l2.h"
 #include "io/align.h"
 #include "io/log.h"
@@ -18,7 +19,6 @@ constexpr uint64_t kAllSubclustersZero = kSubclusterAllocMask << kSubclusterZero
 // Header field offsets written in place.
 constexpr uint64_t kHeaderSizeOffset = 24;         // size .. l1_table_offset: 24 bytes
 constexpr uint64_t kHeaderIncompatOffset = 72;
-constexpr uint64_t kHeaderAutoclearOffset = 88;
 
 // Subcluster bits [first, last] of an extended L2 bitmap.
 uint64_t subcluster_mask(uint64_t first, uint64_t last) {
@@ -58,6 +58,7 @@ Qcow2Writer::Qcow2Writer(Qcow2Image& image, L1Table& l1, ReadFn read_old, bool d
 Task<Result<std::unique_ptr<Qcow2Writer>>> Qcow2Writer::open(Qcow2Image& image, L1Table& l1, ReadFn read_old,
                                                              const ImageOptions& opts) {
   auto w = std::make_unique<Qcow2Writer>(image, l1, std::move(read_old), opts.discard_unmap);
+  if (image.header.dirty()) QCOWFS_CO_TRY(co_await w->repair_refcounts());
   const Header& h = image.header;
   size_t cache_blocks = std::max<size_t>(16, static_cast<size_t>((4ull << 20) >> h.cluster_bits));
   auto rt = co_await RefcountTable::load(*image.file, h.cluster_bits, h.refcount_order, h.refcount_table_offset,
@@ -68,10 +69,6 @@ Task<Result<std::unique_ptr<Qcow2Writer>>> Qcow2Writer::open(Qcow2Image& image, 
   if (!used) co_return used.status();
   uint64_t end = std::max(div_round_up(image.file->size(), h.cluster_size()), *used);
   w->alloc_ = std::make_unique<ClusterAllocator>(*w->refcounts_, end);
-  if (h.dirty()) {
-    log::info("{}: image was not closed cleanly: rebuilding refcounts before writing", image.path);
-    QCOWFS_CO_TRY(co_await w->rebuild_refcounts());
-  }
   w->alloc_->set_hint(0);
   co_return w;
 }
@@ -93,6 +90,49 @@ Task<Status> Qcow2Writer::set_incompatible_bits(uint64_t bits) {
   co_return Status::ok();
 }
 
+// A dirty image's refcounts are not trusted: as QEMU does when it opens one
+// read-write, every refcount is recounted from the metadata (image/qcow2_check.h:
+// everything qemu-img check counts, bitmaps included) into a fresh refcount
+// structure, then the dirty bit is cleared. Runs before the refcounts are
+// loaded; the metadata layout is taken again, since the old refcount blocks
+// are free space now.
+Task<Status> Qcow2Writer::repair_refcounts() {
+  log::info("{}: image was not closed cleanly: rebuilding refcounts before writing", img_.path);
+  QCOWFS_CO_TRY(co_await rebuild_refcounts(*img_.file, img_.header));
+  auto layout = co_await build_metadata_layout(*img_.file, img_.header, l1_.entries, img_.snapshots);
+  if (!layout) co_return co_await signal_corruption(img_, layout.status().message());
+  img_.layout = std::move(*layout);
+  co_return co_await set_incompatible_bits(img_.header.incompatible_features & ~kIncompatDirty);
+}
+
+// Autoclear bits this writer does not maintain are cleared before the first
+// change, as the qcow2 spec asks of a program that does not know them. For
+// the bitmaps bit that invalidates every persistent bitmap; QEMU then drops
+// the bitmaps extension from the header, and so does this one header write.
+// The clusters the bitmaps held (directory, tables, data) are freed after it,
+// where QEMU would leave them leaked until `qemu-img check -r`. Metadata lock held.
+Task<Status> Qcow2Writer::clear_autoclear_features() {
+  Header& h = img_.header;
+  auto held = co_await bitmaps_extension_ranges(*img_.file, h);
+  if (!held) co_return held.status();
+  Header next = h;
+  next.autoclear_features &= kAutoclearDataFileRaw;
+  next.bitmaps.reset();
+  auto bytes = serialize_header(next);
+  if (!bytes) co_return bytes.status();
+  QCOWFS_CO_TRY(co_await write_header_bytes(0, *bytes));
+  log::info("{}: cleared autoclear feature bits {:#x} (not maintained by this writer){}", img_.path,
+            h.autoclear_features & ~next.autoclear_features, h.bitmaps ? ", persistent bitmaps dropped" : "");
+  h = std::move(next);
+  const uint32_t bits = img_.geometry.cluster_bits;
+  for (const HostRange& r : *held) {
+    if (r.length == 0) continue;
+    const uint64_t first = r.offset >> bits, last = (r.offset + r.length - 1) >> bits;
+    QCOWFS_CO_TRY(co_await alloc_->release(first, last - first + 1, nullptr));
+  }
+  co_return Status::ok();
+}
+
 // Before the first change: clear autoclear bits we do not maintain and, with
 // lazy refcounts, set the dirty bit (each one header write + flush).
 Task<Status> Qcow2Writer::prepare() {
@@ -101,15 +141,7 @@ Task<Status> Qcow2Writer::prepare() {
   if (prepared_) co_return Status::ok();
   Header& h = img_.header;
   if (h.version >= 3) {
-    uint64_t keep = h.autoclear_features & kAutoclearDataFileRaw;
-    if (keep != h.autoclear_features) {
-      std::byte b[8];
-      store_be64(b, keep);
-      QCOWFS_CO_TRY(co_await write_header_bytes(kHeaderAutoclearOffset, b));
-      log::info("{}: cleared autoclear feature bits {:#x} (not maintained by this writer)", img_.path,
-                h.autoclear_features & ~keep);
-      h.autoclear_features = keep;
-    }
+    if ((h.autoclear_features & ~kAutoclearDataFileRaw) != 0 || h.bitmaps) QCOWFS_CO_TRY(co_await clear_autoclear_features());
     if ((h.compatible_features & kCompatLazyRefcounts) && !h.dirty()) {
       QCOWFS_CO_TRY(co_await set_incompatible_bits(h.incompatible_features | kIncompatDirty));
       set_dirty_bit_ = true;
@@ -785,122 +817,6 @@ Task<Status> Qcow2Writer::close() {
   }
   closed_ = true;
   co_return Status::ok();
-}
-
-// ---- refcount rebuild ----
-
-namespace {
-
-// Reference counts computed from the metadata itself, for the clusters of the file.
-class UseCounter {
- public:
-  UseCounter(uint32_t cluster_bits, uint64_t file_clusters) : bits_(cluster_bits), counts_(file_clusters, 0) {}
-  Status count(uint64_t off, uint64_t len, std::string_view what) {
-    if (len == 0) return Status::ok();
-    uint64_t first = off >> bits_, last = (off + len - 1) >> bits_;
-    if (last >= counts_.size())
-      return Status::errorf(EIO, "{} at {:#x} ({} bytes) lies beyond the end of the image file", what, off, len);
-    for (uint64_t c = first; c <= last; ++c) ++counts_[c];
-    return Status::ok();
-  }
-  uint64_t at(uint64_t c) const { return c < counts_.size() ? counts_[c] : 0; }
-  uint64_t size() const { return counts_.size(); }
-
- private:
-  uint32_t bits_;
-  std::vector<uint32_t> counts_;
-};
-
-Task<Result<std::vector<uint64_t>>> read_table(io::HostFile& f, uint64_t off, uint64_t entries) {
-  io::AlignedBuffer buf(static_cast<size_t>(entries * 8), f.mem_align(), true);
-  auto n = co_await f.read(buf.span(), off);
-  if (!n) co_return n.status();
-  if (*n != buf.size()) co_return Status::errorf(EIO, "table at {:#x} is truncated by the end of the file", off);
-  std::vector<uint64_t> out(static_cast<size_t>(entries));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = load_be64(buf.data() + i * 8);
-  co_return out;
-}
-
-}  // namespace
-
-// Recomputes every refcount from the header, tables, snapshots and L2 entries
-// (a dirty image's refcounts are not trusted), writes them back and clears the
-// dirty bit. Runs at open, before any request.
-Task<Status> Qcow2Writer::rebuild_refcounts() {
-  const Header& h = img_.header;
-  const Geometry& g = img_.geometry;
-  const uint64_t cs = g.cluster_size();
-  UseCounter use(g.cluster_bits, div_round_up(img_.file->size(), cs));
-  QCOWFS_CO_TRY(use.count(0, cs, "header"));
-  QCOWFS_CO_TRY(use.count(h.refcount_table_offset, uint64_t{h.refcount_table_clusters} * cs, "refcount table"));
-  for (uint64_t r = 0; r < refcounts_->table_entries(); ++r)
-    if (refcounts_->has_block(r)) QCOWFS_CO_TRY(use.count(refcounts_->table_entry(r), cs, "refcount block"));
-  if (h.nb_snapshots > 0) {
-    uint64_t avail = std::min<uint64_t>(kMaxSnapshotTableBytes, img_.file->size() - h.snapshots_offset);
-    io::AlignedBuffer buf(static_cast<size_t>(avail), img_.file->mem_align(), true);
-    auto n = co_await img_.file->read(buf.span(), h.snapshots_offset);
-    if (!n) co_return n.status();
-    auto t = parse_snapshot_table(buf.span().first(*n), h, img_.file->size());
-    if (!t) co_return t.status();
-    QCOWFS_CO_TRY(use.count(h.snapshots_offset, t->table_bytes, "snapshot table"));
-  }
-  std::vector<std::vector<uint64_t>> l1s{l1_.entries};
-  QCOWFS_CO_TRY(use.count(l1_.host_offset, l1_.entries.size() * 8, "L1 table"));
-  for (const Snapshot& s : img_.snapshots) {
-    QCOWFS_CO_TRY(use.count(s.l1_table_offset, uint64_t{s.l1_size} * 8, "snapshot L1 table"));
-    auto t = co_await read_table(*img_.file, s.l1_table_offset, s.l1_size);
-    if (!t) co_return t.status();
-    l1s.push_back(std::move(*t));
-  }
-  const uint64_t esz = g.l2_entry_size();
-  for (const auto& l1 : l1s) {
-    for (uint64_t e : l1) {
-      uint64_t l2 = e & kL1OffsetMask;
-      if (l2 == 0) continue;
-      QCOWFS_CO_TRY(use.count(l2, cs, "L2 table"));
-      auto t = co_await read_table(*img_.file, l2, cs / 8);
-      if (!t) co_return t.status();
-      for (uint64_t i = 0; i < g.l2_entries(); ++i) {
-        uint64_t entry = (*t)[i * (esz / 8)];
-        if (entry & kOflagCompressed) {
-          CompressedCluster c = decode_compressed(g.cluster_bits, entry);
-          uint64_t start = align_down(c.host_offset, kCompressedSectorSize);
-          QCOWFS_CO_TRY(use.count(start, c.host_offset + c.size - start, "compressed cluster"));
-        } else if ((entry & kL2OffsetMask) != 0 && !g.external_data) {
-          QCOWFS_CO_TRY(use.count(entry & kL2OffsetMask, cs, "data cluster"));
-        }
-      }
-    }
-  }
-  auto used = co_await refcounts_->end_of_used();
-  if (!used) co_return used.status();
-  const uint64_t limit = std::max(use.size(), *used);
-  uint64_t fixed = 0;
-  for (uint64_t c = 0; c < limit; ++c) {
-    auto have = refcounts_->peek(c);
-    if (!have) {
-      QCOWFS_CO_TRY(co_await refcounts_->load_block_for(c));
-      have = refcounts_->peek(c);
-    }
-    uint64_t want = use.at(c);
-    if (*have == want) continue;
-    uint64_t index = c / refcounts_->block_entries();
-    while (!refcounts_->has_block(index)) {
-      auto x = co_await alloc_->allocate(1);
-      if (x) {
-        refcounts_->install_block(index, *x);
-      } else if (x.status().code() == EAGAIN) {
-        QCOWFS_CO_TRY(co_await alloc_->grow_table());
-      } else {
-        co_return x.status();
-      }
-    }
-    QCOWFS_CO_TRY(co_await refcounts_->add(c, 1, static_cast<int64_t>(want) - static_cast<int64_t>(*have)));
-    ++fixed;
-  }
-  QCOWFS_CO_TRY(co_await writeback());
-  log::info("{}: refcounts rebuilt ({} clusters corrected)", img_.path, fixed);
-  co_return co_await set_incompatible_bits(h.incompatible_features & ~kIncompatDirty);
 }
 
 // ---- resize ----

@@ -110,7 +110,8 @@ class Qcow2Writer {
   // means the refcounts are wrong).
   Status check_fresh(uint64_t first_cluster, uint64_t n);
   Task<Status> set_incompatible_bits(uint64_t bits);
-  Task<Status> rebuild_refcounts();
+  Task<Status> repair_refcounts();
+  Task<Status> clear_autoclear_features();
 
   Task<Status> write_once(uint64_t off, std::span<const std::byte> buf, bool exclusive, bool* retry_exclusive);
   Task<Status> map(uint64_t off, uint64_t len, bool exclusive, Plan& plan);
