@@ -692,6 +692,10 @@ Task<Status> Qcow2Writer::zero_range(uint64_t off, uint64_t len, ZeroMode mode) 
   std::vector<uint64_t> need_data;
   {
     auto range = co_await ranges_.lock(a, b, io::RangeLock::Mode::exclusive);
+    // data_file_raw: the data file alone must read as the guest disk, so it
+    // is zeroed first, as QEMU does, whatever the L2 entries will say.
+    if (img_.header.data_file_raw())
+      QCOWFS_CO_TRY(co_await img_.data_file->write_zeroes(a, std::min(b, size()) - a));
     auto m = co_await meta_.lock();
     for (;;) {
       need_data.clear();
@@ -848,6 +852,8 @@ Task<Status> Qcow2Writer::truncate(uint64_t new_size) {
         co_return Status::errorf(EINVAL, "cannot shrink to {} bytes: guest offset {:#x} is allocated", new_size, c * cs);
     }
   }
+  // data_file_raw: the data file stays a raw image of the guest size, as QEMU keeps it.
+  if (img_.header.data_file_raw()) QCOWFS_CO_TRY(co_await img_.data_file->truncate(new_size));
   if (img_.header.l1_entries_for(new_size) > l1_.entries.size())
     co_return co_await grow_l1(img_.header.l1_entries_for(new_size), new_size);
   auto m = co_await meta_.lock();

@@ -453,3 +453,46 @@ def test_persistent_bitmaps(workdir: Path, dirty: bool, write: bool):
         assert names == ["b0", "b1"], "an unwritten image keeps its bitmaps"
         q = Qcow2(img)
         assert [q.refcount(c) for c in held] == [1] * len(held)
+
+
+# --------------------------------------------------------------------------
+# External data file
+
+
+def make_data_file_image(workdir: Path, raw: bool) -> Path:
+    img = workdir / "x.qcow2"
+    opts = f"data_file={workdir / 'x.data'}" + (",data_file_raw=on" if raw else "")
+    helpers.qemu_img("create", "-q", "-f", "qcow2", "-o", opts, img, str(SIZE))
+    helpers.qemu_io(img, "write -P 0x21 1M 3M", "write -P 0x22 20M 64k")
+    return img
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["data_file", "data_file_raw"])
+def test_external_data_file_writes_match_raw(workdir: Path, raw: bool):
+    img = make_data_file_image(workdir, raw)
+    ref = helpers.convert_to_raw(img, workdir / "ref.raw")
+    ops = workload(99, SIZE)
+    apply(ref, ops)
+    with helpers.mounted(img, workdir / "view.raw", ["rw"]) as m:
+        apply(m.path, ops)
+        assert helpers.files_equal(m.path, ref), "content through the mount differs from the reference"
+    helpers.qemu_img_check(img)
+    compare(img, ref)
+    if raw:  # data_file_raw: the data file alone is the guest disk, size included
+        assert helpers.files_equal(workdir / "x.data", ref), "the raw data file differs from the guest disk"
+        assert os.path.getsize(workdir / "x.data") == os.path.getsize(ref)
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["data_file", "data_file_raw"])
+def test_external_data_file_fio_verify(workdir: Path, raw: bool):
+    if shutil.which("fio") is None:
+        pytest.fail("fio is not installed (tests/setup-deps.sh)")
+    img = make_data_file_image(workdir, raw)
+    copy = workdir / "copy.raw"
+    with helpers.mounted(img, workdir / "view.raw", ["rw", "cache=none"]) as m:
+        helpers.run(["fio", "--name=w", f"--filename={m.path}", "--rw=randwrite", "--bs=4k", "--size=32M",
+                     "--ioengine=libaio", "--iodepth=16", "--direct=1", "--verify=crc32c",
+                     "--do_verify=1", "--fsync=32"], timeout=300)
+        shutil.copyfile(m.path, copy)
+    helpers.qemu_img_check(img)
+    compare(img, copy)
