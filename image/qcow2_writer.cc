@@ -825,6 +825,12 @@ Task<Status> Qcow2Writer::close() {
 
 // ---- resize ----
 
+// Shrinking is refused while a cluster past the new end is allocated (its
+// data would go silently); otherwise only the size field changes. The L1
+// table keeps its size and place, as `qemu-img resize --shrink` leaves it
+// (QEMU 7.2: qcow2_shrink_l1_table() zeroes the entries past the new end but
+// never lowers l1_size); the L2 tables past the end map nothing and stay.
+// Growing past the L1 table moves it (grow_l1).
 Task<Status> Qcow2Writer::truncate(uint64_t new_size) {
   const uint64_t old_size = size();
   if (new_size == old_size) co_return Status::ok();

@@ -236,6 +236,23 @@ def test_shrink_refused_over_data_allowed_over_nothing(workdir: Path):
     assert helpers.qemu_img_info(img)["virtual-size"] == 2 * MiB
 
 
+def test_shrink_keeps_the_l1_table_as_qemu_does(workdir: Path):
+    """qemu-img resize --shrink zeroes L1 entries past the end but keeps l1_size
+    and the table's place: after the same shrink, both images agree."""
+    ours, theirs = workdir / "ours.qcow2", workdir / "theirs.qcow2"
+    for img in (ours, theirs):
+        helpers.qemu_img("create", "-q", "-f", "qcow2", img, str(2048 * MiB))
+        helpers.qemu_io(img, "write -P 3 0 1M")
+    assert qcow2_header.get_field(ours, "l1_size") == 4
+    with helpers.mounted(ours, workdir / "view.raw", ["rw"]) as m:
+        os.truncate(m.path, 300 * MiB)
+    helpers.qemu_img("resize", "-q", "--shrink", theirs, str(300 * MiB))
+    for field in ("size", "l1_size", "l1_table_offset"):
+        assert qcow2_header.get_field(ours, field) == qcow2_header.get_field(theirs, field), field
+    helpers.qemu_img_check(ours)
+    helpers.run(["qemu-img", "compare", "-f", "qcow2", "-F", "qcow2", ours, theirs])
+
+
 def test_discard_unmap_frees_host_space(workdir: Path):
     img = workdir / "d.qcow2"
     helpers.qemu_img("create", "-q", "-f", "qcow2", img, str(SIZE))
