@@ -22,15 +22,10 @@ std::string bytes_to_string(std::span<const std::byte> b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-// True when [off, off+len) lies inside the file and does not overlap the header cluster.
-bool table_inside_file(uint64_t off, uint64_t len, uint64_t cluster_size, uint64_t file_size) {
-  return off >= cluster_size && off <= file_size && len <= file_size - off;
-}
-
 Status check_table(std::string_view what, uint64_t off, uint64_t len, const Header& h, uint64_t file_size) {
   if (!is_aligned(off, h.cluster_size()))
     return invalid(fmt::format("{} offset {:#x} is not cluster aligned", what, off));
-  if (!table_inside_file(off, len, h.cluster_size(), file_size))
+  if (!range_inside_file(off, len, h.cluster_size(), file_size))
     return invalid(fmt::format("{} at {:#x} ({} bytes) is outside the image file (size {}) or in the header",
                                what, off, len, file_size));
   return Status::ok();
@@ -339,6 +334,10 @@ Result<uint64_t> header_cluster_size(std::span<const std::byte> first) {
   uint32_t bits = QCOW2_FIELD(first, cluster_bits);
   QCOWFS_TRY(check_cluster_bits(bits));
   return uint64_t{1} << bits;
+}
+
+bool range_inside_file(uint64_t off, uint64_t len, uint64_t cluster_size, uint64_t file_size) {
+  return off >= cluster_size && off <= file_size && len <= file_size - off;
 }
 
 Result<Header> parse_header(std::span<const std::byte> b, uint64_t file_size) {

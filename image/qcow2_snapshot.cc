@@ -21,8 +21,8 @@ Status check_snapshot_l1(uint32_t index, const Snapshot& s, const Header& h, uin
   if (uint64_t{s.l1_size} * 8 > kMaxL1Bytes) return invalid(index, fmt::format("L1 table of {} entries is too large", s.l1_size));
   if (s.l1_size == 0) return Status::ok();
   uint64_t bytes = uint64_t{s.l1_size} * 8;
-  if (!is_aligned(s.l1_table_offset, h.cluster_size()) || s.l1_table_offset < h.cluster_size() ||
-      s.l1_table_offset > file_size || bytes > file_size - s.l1_table_offset)
+  if (!is_aligned(s.l1_table_offset, h.cluster_size()) ||
+      !range_inside_file(s.l1_table_offset, bytes, h.cluster_size(), file_size))
     return invalid(index, fmt::format("L1 table at {:#x} ({} entries) is misaligned or outside the file",
                                       s.l1_table_offset, s.l1_size));
   return Status::ok();
