@@ -3,56 +3,35 @@
 // write, flush) reaches the caller as that errno, leaves the host bytes as
 // they were, and does not stop other ranges (or a retry) from working.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 
 #include "image/qcow2.h"
 #include "image/raw.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"
+#include "qcow2_test_util.h"
 
 namespace qcowfs::image {
 namespace {
 
-namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 constexpr uint64_t kMiB = 1 << 20;
 
 Bytes filled(size_t n, uint8_t v) { return Bytes(n, std::byte{v}); }
 
-class Injection : public ::testing::Test {
+class Injection : public qcow2::testing::QemuImageTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path("/var/tmp") / ("qcowfs_injection_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    auto e = io::make_engine(io::EngineKind::threads);
-    ASSERT_TRUE(e.is_ok());
-    engine_ = std::move(*e);
-  }
-  void TearDown() override {
-    driver_.reset();
-    fs::remove_all(dir_);
-  }
+  Injection() : QemuImageTest("qcowfs_injection_test", io::EngineKind::threads) {}
 
-  // Runs shell commands in the test directory, then loads i.qcow2 into a
-  // read-only MemFile and opens it with a small L2 cache (4 KiB slices).
+  // Builds i.qcow2 with shell commands and opens it from a read-only MemFile
+  // with a small L2 cache (4 KiB slices).
   void make_qcow2(const std::string& commands) {
-    std::string cmd = "cd '" + dir_.string() + "' && { " + commands + "; } >/dev/null";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::ifstream in(dir_ / "i.qcow2", std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(in)), {});
-    auto* b = reinterpret_cast<const std::byte*>(s.data());
-    io::MemFileOptions o;
-    o.writable = false;
-    auto file = std::make_unique<io::MemFile>(o, Bytes(b, b + s.size()));
+    auto file = build_image(commands);
+    ASSERT_FALSE(HasFailure());
     mem_ = file.get();
     ImageOptions opts;
     opts.l2_cache_size = 8192;  // two slices: L2 loads happen often
-    auto d = io::run_sync(*engine_, open_qcow2(std::move(file), (dir_ / "i.qcow2").string(), opts));
+    auto d = io::run_sync(*engine_, open_qcow2(std::move(file), image_path(), opts));
     ASSERT_TRUE(d.is_ok()) << d.status().to_string();
     driver_ = std::move(*d);
   }
@@ -75,10 +54,7 @@ class Injection : public ::testing::Test {
     EXPECT_EQ(buf, filled(n, v)) << "at " << off;
   }
 
-  fs::path dir_;
-  std::unique_ptr<io::Engine> engine_;
   io::MemFile* mem_ = nullptr;
-  std::unique_ptr<BlockDriver> driver_;
 };
 
 constexpr const char* kTwoRegions =

@@ -3,11 +3,7 @@
 // all (zero clusters, cached compressed clusters) and host errors reaching
 // the caller.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "image/endian.h"
@@ -16,43 +12,27 @@
 #include "io/mem_file.h"
 #include "io/run_sync.h"
 #include "qcow2_gated_file.h"
+#include "qcow2_test_util.h"
 
 namespace qcowfs::image {
 namespace {
 
-namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 constexpr uint64_t kCs = 65536;
 
-class Qcow2MemFile : public ::testing::Test {
+class Qcow2MemFile : public qcow2::testing::QemuImageTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path("/var/tmp") / ("qcowfs_qcow2_memfile_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    auto e = io::make_engine(io::EngineKind::automatic);
-    ASSERT_TRUE(e.is_ok());
-    engine_ = std::move(*e);
-  }
-  void TearDown() override {
-    driver_.reset();
-    fs::remove_all(dir_);
-  }
+  Qcow2MemFile() : QemuImageTest("qcowfs_qcow2_memfile_test", io::EngineKind::automatic) {}
 
-  // Builds an image with qemu-img/qemu-io commands (run in the test dir), then
-  // loads it into a MemFile behind a GatedFile and opens it read-only.
+  // Builds i.qcow2 with shell commands and opens it read-only from a MemFile
+  // behind a GatedFile.
   void make(const std::string& commands) {
-    std::string cmd = "cd '" + dir_.string() + "' && { " + commands + "; } >/dev/null";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::ifstream in(dir_ / "i.qcow2", std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(in)), {});
-    auto* b = reinterpret_cast<const std::byte*>(s.data());
-    io::MemFileOptions o;
-    o.writable = false;
-    mem_ = std::make_unique<io::MemFile>(o, Bytes(b, b + s.size()));
-    auto gated = std::make_unique<qcow2::testing::GatedFile>(*mem_, (dir_ / "i.qcow2").string());
+    mem_ = build_image(commands);
+    ASSERT_FALSE(HasFailure());
+    auto gated = std::make_unique<qcow2::testing::GatedFile>(*mem_, image_path());
     gated_ = gated.get();
     gated_->open();
-    auto d = io::run_sync(*engine_, open_qcow2(std::move(gated), (dir_ / "i.qcow2").string(), {}));
+    auto d = io::run_sync(*engine_, open_qcow2(std::move(gated), image_path(), {}));
     ASSERT_TRUE(d.is_ok()) << d.status().to_string();
     driver_ = std::move(*d);
   }
@@ -61,7 +41,7 @@ class Qcow2MemFile : public ::testing::Test {
   Result<std::unique_ptr<BlockDriver>> open_bytes(Bytes content) {
     io::MemFileOptions o;
     o.writable = false;
-    o.path = (dir_ / "i.qcow2").string();
+    o.path = image_path();
     auto f = std::make_unique<io::MemFile>(o, std::move(content));
     return io::run_sync(*engine_, open_qcow2(std::move(f), o.path, {}));
   }
@@ -69,11 +49,8 @@ class Qcow2MemFile : public ::testing::Test {
   Status read(uint64_t off, Bytes& buf) { return io::run_sync(*engine_, driver_->read(off, buf)); }
   uint64_t host_reads() const { return mem_->counters().reads; }
 
-  fs::path dir_;
-  std::unique_ptr<io::Engine> engine_;
   std::unique_ptr<io::MemFile> mem_;
   qcow2::testing::GatedFile* gated_ = nullptr;
-  std::unique_ptr<BlockDriver> driver_;
 };
 
 TEST_F(Qcow2MemFile, HostContiguousClustersBecomeOneHostRead) {

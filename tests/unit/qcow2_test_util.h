@@ -1,15 +1,27 @@
 // Helpers for the qcow2 unit tests: building header clusters byte by byte
-// (independently of serialize_header) and damaging them field by field.
+// (independently of serialize_header) and damaging them field by field, and
+// QemuImageTest, a fixture for driver tests over images qemu-img builds.
 #pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "image/block_driver.h"
 #include "image/endian.h"
 #include "image/qcow2_format.h"
+#include "io/engine.h"
+#include "io/mem_file.h"
 
 namespace qcowfs::image::qcow2::testing {
 
@@ -79,6 +91,49 @@ struct HeaderBuilder {
     std::memcpy(e.data() + 2, name.data(), name.size());
     return extension(kExtFeatureTable, e);
   }
+};
+
+// A fixture owning a scratch directory /var/tmp/<tag>_<pid> (removed with its
+// contents after the test), an engine of the given kind and the driver under
+// test (closed before the directory goes).
+class QemuImageTest : public ::testing::Test {
+ protected:
+  QemuImageTest(std::string tag, io::EngineKind kind) : tag_(std::move(tag)), kind_(kind) {}
+
+  void SetUp() override {
+    dir_ = std::filesystem::path("/var/tmp") / (tag_ + "_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    auto e = io::make_engine(kind_);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    engine_ = std::move(*e);
+  }
+  void TearDown() override {
+    driver_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::string image_path() const { return (dir_ / "i.qcow2").string(); }
+
+  // Runs shell commands in the scratch directory (output discarded); they
+  // make i.qcow2, which is returned in a read-only MemFile.
+  std::unique_ptr<io::MemFile> build_image(const std::string& commands) {
+    std::string cmd = "cd '" + dir_.string() + "' && { " + commands + "; } >/dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(image_path(), std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(in)), {});
+    auto* b = reinterpret_cast<const std::byte*>(s.data());
+    io::MemFileOptions o;
+    o.writable = false;
+    return std::make_unique<io::MemFile>(o, Bytes(b, b + s.size()));
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<io::Engine> engine_;
+  std::unique_ptr<BlockDriver> driver_;
+
+ private:
+  std::string tag_;
+  io::EngineKind kind_;
 };
 
 }  // namespace qcowfs::image::qcow2::testing

@@ -48,14 +48,22 @@ class Qcow2Write : public ::testing::Test {
   void open(const std::string& options, const std::string& size) {
     img_ = std::make_unique<TempImage>("wr", options, size);
     ASSERT_TRUE(img_->error().empty()) << img_->error();
-    io::MemFileOptions mo;
-    auto mem = std::make_unique<io::MemFile>(mo, file_bytes(img_->path()));
+    open_memory(file_bytes(img_->path()), true);
+  }
+  // Opens `bytes` writable over a MemFile (behind a RecordingFile if `record`),
+  // as the image at img_'s path.
+  void open_memory(std::vector<std::byte> bytes, bool record) {
+    auto mem = std::make_unique<io::MemFile>(io::MemFileOptions{}, std::move(bytes));
     mem_ = mem.get();
-    auto rec = std::make_unique<RecordingFile>(std::move(mem));
-    rec_ = rec.get();
+    std::unique_ptr<io::HostFile> file = std::move(mem);
+    if (record) {
+      auto rec = std::make_unique<RecordingFile>(std::move(file));
+      rec_ = rec.get();
+      file = std::move(rec);
+    }
     ImageOptions o;
     o.file.writable = true;
-    auto d = run(open_qcow2(std::move(rec), img_->path(), o));
+    auto d = run(open_qcow2(std::move(file), img_->path(), o));
     ASSERT_TRUE(d) << d.status().to_string();
     drv_ = std::move(*d);
     ASSERT_FALSE(drv_->read_only());
@@ -66,6 +74,16 @@ class Qcow2Write : public ::testing::Test {
     auto bytes = mem_->content();
     std::ofstream out(img_->path(), std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  // Saves the image and asserts `qemu-img check` finds nothing.
+  void expect_qemu_check_clean() {
+    save();
+    auto check = testing::qemu_img_check(img_->path());
+    EXPECT_EQ(check.status, 0) << check.output;
+  }
+  void close_and_check() {
+    ASSERT_TRUE(run(drv_->close()));
+    expect_qemu_check_clean();
   }
   std::vector<std::byte> read(uint64_t off, size_t n) {
     std::vector<std::byte> v(n);
@@ -97,10 +115,7 @@ TEST_F(Qcow2Write, SequentialMegabyteWritesCostOneHostWriteEach) {
   // Host-contiguous: 8 MiB of guest data occupies one 8 MiB host run.
   uint64_t l2 = q().l1_table().entries[0] & kL1OffsetMask;
   ASSERT_NE(l2, 0u);
-  ASSERT_TRUE(run(drv_->close()));
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  close_and_check();
 }
 
 TEST_F(Qcow2Write, FlushWritesDataRefcountsL2ThenL1WithFlushesBetween) {
@@ -158,10 +173,7 @@ TEST_F(Qcow2Write, FlushWritesDataRefcountsL2ThenL1WithFlushesBetween) {
   std::vector<std::byte> want(100000);
   std::memcpy(want.data(), data.data(), data.size());
   EXPECT_EQ(read(70000, 100000), want);
-  ASSERT_TRUE(run(drv_->close()));
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  close_and_check();
 }
 
 TEST_F(Qcow2Write, FreshClusterPastTheFileEndGetsOnlyTheRequestWritten) {
@@ -182,9 +194,7 @@ TEST_F(Qcow2Write, FreshClusterPastTheFileEndGetsOnlyTheRequestWritten) {
   ASSERT_TRUE(run(drv_->close()));
   EXPECT_EQ(mem_->size() % 65536, 0u) << "close trims the preallocation to whole clusters";
   EXPECT_LE(mem_->size(), ev[0].offset + 65536) << "nothing preallocated is left past the last cluster";
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  expect_qemu_check_clean();
 }
 
 TEST_F(Qcow2Write, ReusedFreedClusterHoldingOldBytesStillGetsItsZeroCow) {
@@ -207,10 +217,7 @@ TEST_F(Qcow2Write, ReusedFreedClusterHoldingOldBytesStillGetsItsZeroCow) {
   std::vector<std::byte> want(65536);
   std::memcpy(want.data() + 8192, data.data(), data.size());
   EXPECT_EQ(read(7 * 65536, 65536), want);
-  ASSERT_TRUE(run(drv_->close()));
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  close_and_check();
 }
 
 TEST_F(Qcow2Write, RefcountDecreaseOnlyAfterTheL2UpdateIsDurable) {
@@ -233,10 +240,7 @@ TEST_F(Qcow2Write, RefcountDecreaseOnlyAfterTheL2UpdateIsDurable) {
   for (uint64_t c = 0; c < 64; ++c) used_after += *run(w.refcounts().get(c)) ? 1 : 0;
   EXPECT_EQ(used_after + 1, used_before);
   EXPECT_EQ(read(0, 65536), std::vector<std::byte>(65536));
-  ASSERT_TRUE(run(drv_->close()));
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  close_and_check();
 }
 
 TEST_F(Qcow2Write, EnospcFailsTheWriteAndLaterWritesThatFitSucceed) {
@@ -252,10 +256,7 @@ TEST_F(Qcow2Write, EnospcFailsTheWriteAndLaterWritesThatFitSucceed) {
   EXPECT_EQ(read(0, 1 << 20), data);
   auto head = read(16 << 20, 256 << 10);
   EXPECT_TRUE(std::equal(head.begin(), head.end(), data.begin()));
-  ASSERT_TRUE(run(drv_->close()));
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  close_and_check();
 }
 
 TEST_F(Qcow2Write, GrowingPastTheL1TableMovesItWithOneHeaderWrite) {
@@ -275,10 +276,7 @@ TEST_F(Qcow2Write, GrowingPastTheL1TableMovesItWithOneHeaderWrite) {
   EXPECT_EQ(read(0, 4096), data);
   EXPECT_EQ(read((64ull << 20) - 4096, 4096), data);
   EXPECT_EQ(run(drv_->truncate(1 << 20)).code(), EINVAL);
-  ASSERT_TRUE(run(drv_->close()));
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  close_and_check();
   std::string out;
   testing::shell("qemu-img info -U " + img_->path(), &out);
   EXPECT_NE(out.find("64 MiB"), std::string::npos) << out;
@@ -295,13 +293,7 @@ TEST_F(Qcow2Write, CorruptMetadataFoundWhileWritingMarksTheImageCorrupt) {
   uint64_t l2 = load_be64(bytes.data() + l1) & kL1OffsetMask;
   // Reserved bit 1 in the L2 entry of guest cluster 0.
   store_be64(bytes.data() + l2, load_be64(bytes.data() + l2) | 2);
-  auto mem = std::make_unique<io::MemFile>(io::MemFileOptions{}, bytes);
-  mem_ = mem.get();
-  ImageOptions o;
-  o.file.writable = true;
-  auto d = run(open_qcow2(std::move(mem), img_->path(), o));
-  ASSERT_TRUE(d) << d.status().to_string();
-  drv_ = std::move(*d);
+  open_memory(bytes, false);
   auto data = pattern(4096, 6);
   EXPECT_EQ(run(drv_->write(0, data)).code(), EIO);
   EXPECT_EQ(run(drv_->write(8 << 20, data)).code(), EIO) << "later writes fail too";
@@ -326,21 +318,12 @@ TEST_F(Qcow2Write, LazyRefcountsSetTheDirtyBitAndADirtyImageIsRebuiltOnOpen) {
   std::memset(crashed.data() + block + 2, 0, 65536 - 2);
   ASSERT_TRUE(run(drv_->close()));
   drv_.reset();
-  auto mem = std::make_unique<io::MemFile>(io::MemFileOptions{}, crashed);
-  mem_ = mem.get();
-  ImageOptions o;
-  o.file.writable = true;
-  auto d = run(open_qcow2(std::move(mem), img_->path(), o));
-  ASSERT_TRUE(d) << d.status().to_string();
-  drv_ = std::move(*d);
+  open_memory(crashed, false);
   EXPECT_EQ(load_be64(mem_->content().data() + 72) & kIncompatDirty, 0u) << "rebuilt and clean";
   EXPECT_EQ(read(1 << 20, 3 << 20), data);
   ASSERT_TRUE(run(drv_->write(10 << 20, data)));  // allocations do not land on used clusters
   EXPECT_EQ(read(1 << 20, 3 << 20), data);
-  ASSERT_TRUE(run(drv_->close()));
-  save();
-  auto check = testing::qemu_img_check(img_->path());
-  EXPECT_EQ(check.status, 0) << check.output;
+  close_and_check();
 }
 
 }  // namespace
