@@ -215,7 +215,7 @@ Status Qcow2Driver::corrupt(uint64_t guest, const Status& why) const {
 
 Result<uint64_t> Qcow2Driver::l2_table_for(uint64_t l1_index, uint64_t guest) {
   if (l1_index >= l1_.entries.size()) return uint64_t{0};
-  auto l2 = decode_l1_entry(image_->geometry, l1_.entries[l1_index]);
+  auto l2 = decode_l1_entry(image_->geometry, l1_.load(static_cast<size_t>(l1_index)));
   if (!l2) return corrupt(guest, l2.status());
   return *l2;
 }

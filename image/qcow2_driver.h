@@ -39,9 +39,19 @@
 namespace qcowfs::image::qcow2 {
 
 // An L1 table in memory (host byte order) and where it lives in the file.
+// The writer changes an entry (under its metadata lock) while reads and pure
+// overwrites of other clusters under the same entry read it without that lock:
+// such accesses go through load() and store() (atomic, acquire/release). The
+// vector itself and host_offset change only with the whole guest range locked
+// exclusive (Qcow2Writer::grow_l1), which every reader's range lock excludes.
 struct L1Table {
   uint64_t host_offset = 0;
   std::vector<uint64_t> entries;
+
+  uint64_t load(size_t i) const {
+    return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(entries[i])).load(std::memory_order_acquire);
+  }
+  void store(size_t i, uint64_t e) { std::atomic_ref<uint64_t>(entries[i]).store(e, std::memory_order_release); }
 };
 
 // State shared by every view of one image.
