@@ -15,9 +15,11 @@
 // compiler cannot make symmetric transfer a tail call (sanitizers, -O0).
 //
 // Thread-safety: a Task object is owned by one awaiter and awaited once; it is
-// not shared. The task may finish on another thread than the one that awaited
-// it (io::switch_to); the handoff is one atomic, so the awaiter then resumes on
-// that thread, seeing everything the task wrote.
+// not shared. A task may finish on another thread than the one that awaited it
+// (it moved with io::switch_to); the handoff is one atomic, so the awaiter sees
+// everything the task wrote. The awaiter then goes on on the task's thread if
+// it had already suspended, else on its own: code that must run on a given
+// loop after such an await switches there itself.
 // No exceptions cross a Task: an escaping exception terminates the process.
 #pragma once
 
