@@ -1,5 +1,8 @@
 // qcowfs create: makes a new qcow2 (or raw) image, with qemu-img create's
 // command line: -o takes qemu-img's option names, -b/-F name the backing file.
+// Like qemu-img 7.2 it refuses a backing file without its format (-F or
+// backing_fmt): the format is written into the image, and a probed one lets a
+// raw backing file that starts like a qcow2 header pass itself off as one.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@ struct CreateArgs {
   std::string backing, backing_format;
   std::string size;
   bool quiet = false;
+  bool unsafe = false;  // -u: do not open the backing file
   bool help = false;
 };
 
@@ -34,6 +38,8 @@ Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
       a.help = true;
     } else if (args[i] == "-q" || args[i] == "--quiet") {
       a.quiet = true;
+    } else if (args[i] == "-u") {
+      a.unsafe = true;
     } else if (take_option(args, i, "--options", "-o", v)) {
       a.options += (a.options.empty() ? "" : ",") + v;
     } else if (take_option(args, i, "--backing", "-b", v)) {
@@ -72,20 +78,36 @@ std::string resolve_relative(const std::string& image, const std::string& name) 
   return slash == std::string::npos ? name : image.substr(0, slash + 1) + name;
 }
 
-// Opens the backing file: its size is the default image size, and its probed
-// format is recorded when -F was not given.
-Task<Status> inspect_backing(const std::string& image, q::CreateOptions& o) {
+// qemu-img's refusal of a backing file without a format; `detected` is the
+// probed format when the backing file was opened.
+Status missing_backing_format(const std::string& image, std::string_view detected) {
+  std::string msg = fmt::format("{}: Backing file specified without backing format", image);
+  if (!detected.empty()) msg += fmt::format("\nDetected format of {}.", detected);
+  return Status::error(EINVAL, std::move(msg));
+}
+
+// Opens the backing file (as qemu-img does, unless -u): it must open with the
+// format given, and its size is the default image size.
+Task<Status> inspect_backing(const CreateArgs& a, q::CreateOptions& o) {
   if (o.backing_file.empty()) co_return Status::ok();
+  if (a.unsafe) {
+    if (o.backing_format.empty()) co_return missing_backing_format(a.image, "");
+    if (!o.size_given) co_return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", a.image);
+    co_return Status::ok();
+  }
   image::ImageOptions bo;
   bo.format = o.backing_format;
-  auto b = co_await image::open_image(resolve_relative(image, o.backing_file), bo);
+  auto b = co_await image::open_image(resolve_relative(a.image, o.backing_file), bo);
   if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", o.backing_file));
-  if (o.backing_format.empty()) o.backing_format = std::string((*b)->format_name());
+  std::string detected((*b)->format_name());
+  uint64_t size = (*b)->size();
+  QCOWFS_CO_TRY(co_await (*b)->close());
+  if (o.backing_format.empty()) co_return missing_backing_format(a.image, detected);
   if (!o.size_given) {
-    o.size = (*b)->size();
+    o.size = size;
     o.size_given = true;
   }
-  co_return co_await (*b)->close();
+  co_return Status::ok();
 }
 
 // Creates (or empties) a file and opens it writable.
@@ -123,7 +145,7 @@ Task<Status> create_raw(const std::string& path, const q::CreateOptions& o) {
 
 Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
   const std::string& path = a.image;
-  QCOWFS_CO_TRY(co_await inspect_backing(path, o));
+  QCOWFS_CO_TRY(co_await inspect_backing(a, o));
   auto valid = q::validate_create_options(std::move(o));
   if (!valid) co_return valid.status();
   if (!a.quiet) print_formatting(a, *valid);
@@ -141,15 +163,17 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
 }  // namespace
 
 std::string_view create_usage() {
-  return "usage: qcowfs create [-f FORMAT] [-o OPTIONS] [-b BACKING [-F BACKING_FMT]] [-q] IMAGE [SIZE]\n"
+  return "usage: qcowfs create [-f FORMAT] [-o OPTIONS] [-b BACKING -F BACKING_FMT [-u]] [-q] IMAGE [SIZE]\n"
          "\n"
          "Creates a qcow2 v3 image (or a raw one with -f raw). SIZE takes K, M, G, T\n"
-         "suffixes; with a backing file it defaults to the backing file's size.\n"
+         "suffixes; with a backing file it defaults to the backing file's size. A\n"
+         "backing file needs its format (-F), as with qemu-img 7.2.\n"
          "\n"
          "  -f, --format=FMT          qcow2 (default) or raw\n"
          "  -o, --options=OPTS        comma-separated qemu-img options (below)\n"
          "  -b, --backing=FILE        backing file (relative names: to IMAGE's directory)\n"
-         "  -F, --backing-format=FMT  backing file format (default: probed)\n"
+         "  -F, --backing-format=FMT  backing file format (required with -b)\n"
+         "  -u                        do not open the backing file (SIZE is then required)\n"
          "  -q, --quiet               do not print the 'Formatting' line\n"
          "  -h, --help                show this text\n"
          "\n"
@@ -177,6 +201,8 @@ int cmd_create(std::span<const std::string> args) {
   }
   auto o = build_options(*a);
   if (!o) return usage_error("create", o.status().message());
+  if (a->format == "raw" && !o->backing_file.empty())
+    return cmd_fail("create", Status::errorf(EINVAL, "{}: Backing file not supported for file format 'raw'", a->image));
   if (a->format == "raw" && !o->size_given) return usage_error("create", "a raw image needs a SIZE");
   auto engine = tool_engine();
   if (!engine) return cmd_fail("create", engine.status());

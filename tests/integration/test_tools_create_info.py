@@ -110,9 +110,9 @@ def test_create_with_backing_takes_its_size_and_format(workdir: Path, qcowfs: st
     assert i["backing-filename-format"] == "qcow2"
     helpers.qemu_img_check(top)
     helpers.qemu_io(top, "read -P 0x21 0 1M")
-    # Without -F the probed format is recorded; a size may still be given.
+    # A size may still be given.
     top2 = workdir / "top2.qcow2"
-    helpers.run([qcowfs, "create", "-q", "-b", base, top2, "64M"])
+    helpers.run([qcowfs, "create", "-q", "-b", base, "-F", "qcow2", top2, "64M"])
     i2 = info(top2)
     assert i2["virtual-size"] == 64 * MiB and i2["backing-filename-format"] == "qcow2"
     raw = workdir / "base.raw"
@@ -120,6 +120,97 @@ def test_create_with_backing_takes_its_size_and_format(workdir: Path, qcowfs: st
     top3 = workdir / "top3.qcow2"
     helpers.run([qcowfs, "create", "-q", "-o", f"backing_file={raw},backing_fmt=raw", top3])
     assert info(top3)["virtual-size"] == 12288
+
+
+def create_both(workdir: Path, qcowfs: str, *args: str) -> tuple[subprocess.CompletedProcess, ...]:
+    """Runs `qemu-img create ARGS q.qcow2` and `qcowfs create ARGS o.qcow2` (then
+    any trailing size) in workdir; returns (qemu-img, qcowfs)."""
+    *opts, size = args if args and args[-1][0].isdigit() else (*args, "")
+    procs = []
+    for tool, name in ((["qemu-img", "create", "-f", "qcow2"], "q.qcow2"), ([qcowfs, "create"], "o.qcow2")):
+        cmd = [*tool, *opts, name, *([size] if size else [])]
+        procs.append(subprocess.run(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return tuple(procs)
+
+
+def same_refusal(q: subprocess.CompletedProcess, o: subprocess.CompletedProcess) -> None:
+    """Both failed alike: exit code 1, nothing on stdout, the same message after
+    the program name and the image name."""
+    assert q.returncode == o.returncode == 1, (q.stderr, o.stderr)
+    assert q.stdout == o.stdout == b""
+    theirs = q.stderr.decode().strip().removeprefix("qemu-img: ").replace("q.qcow2", "IMG")
+    ours = o.stderr.decode().strip().removeprefix("qcowfs create: ").replace("o.qcow2", "IMG")
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("base_fmt", ["qcow2", "raw"])
+def test_create_refuses_backing_without_format_like_qemu_img(workdir: Path, qcowfs: str, base_fmt: str) -> None:
+    """qemu-img 7.2 no longer probes a backing file's format for the new image."""
+    base = workdir / f"base.{base_fmt}"
+    helpers.qemu_img("create", "-q", "-f", base_fmt, base, "8M")
+    for args in (["-b", base.name], ["-b", base.name, "-q"], ["-o", f"backing_file={base.name}"],
+                 ["-b", base.name, "16M"], ["-u", "-b", base.name, "16M"]):
+        q, o = create_both(workdir, qcowfs, *args)
+        same_refusal(q, o)
+        assert "Backing file specified without backing format" in o.stderr.decode()
+        if "-u" not in args:  # the backing file was opened: its format is named
+            assert f"Detected format of {base_fmt}." in o.stderr.decode()
+        assert not (workdir / "q.qcow2").exists() and not (workdir / "o.qcow2").exists()
+    # A missing backing file is reported as such, before the missing format.
+    q, o = create_both(workdir, qcowfs, "-b", "missing.qcow2", "16M")
+    assert q.returncode == o.returncode == 1
+    assert b"Could not open" in q.stderr and b"could not open backing file" in o.stderr
+    # With the format (-F or backing_fmt) both make the same image.
+    for args in (["-q", "-b", base.name, "-F", base_fmt], ["-q", "-o", f"backing_file={base.name},backing_fmt={base_fmt}"]):
+        q, o = create_both(workdir, qcowfs, *args)
+        assert q.returncode == o.returncode == 0, (q.stderr, o.stderr)
+        qi, oi = info(workdir / "q.qcow2"), info(workdir / "o.qcow2")
+        for key in ("virtual-size", "backing-filename", "backing-filename-format"):
+            assert oi[key] == qi[key], key
+        assert oi["virtual-size"] == 8 * MiB
+        helpers.qemu_img_check(workdir / "o.qcow2")
+        (workdir / "q.qcow2").unlink()
+        (workdir / "o.qcow2").unlink()
+
+
+BACKING_FORMAT_EXT = 0xE2792ACA
+
+
+def recorded_backing(img: Path) -> tuple[str, str, int]:
+    """(backing file name, backing format, virtual size) from the header."""
+    off = qcow2_header.get_field(img, "backing_file_offset")
+    n = qcow2_header.get_field(img, "backing_file_size")
+    with open(img, "rb") as f:
+        f.seek(off)
+        name = f.read(n).decode()
+    fmt = [d for t, d in qcow2_header.read_extensions(img) if t == BACKING_FORMAT_EXT]
+    return name, fmt[0].decode() if fmt else "", qcow2_header.get_field(img, "size")
+
+
+def test_create_unsafe_backing(workdir: Path, qcowfs: str) -> None:
+    """-u records a backing file without opening it; the size must then be given."""
+    q, o = create_both(workdir, qcowfs, "-q", "-u", "-b", "not-there.qcow2", "-F", "qcow2", "16M")
+    assert q.returncode == o.returncode == 0, (q.stderr, o.stderr)
+    assert recorded_backing(workdir / "o.qcow2") == recorded_backing(workdir / "q.qcow2") == \
+        ("not-there.qcow2", "qcow2", 16 * MiB)
+    (workdir / "q.qcow2").unlink()
+    (workdir / "o.qcow2").unlink()
+    q, o = create_both(workdir, qcowfs, "-q", "-u", "-b", "not-there.qcow2", "-F", "qcow2")
+    same_refusal(q, o)
+    assert b"Image creation needs a size parameter" in o.stderr
+
+
+def test_create_raw_refuses_a_backing_file(workdir: Path, qcowfs: str) -> None:
+    base = workdir / "base.qcow2"
+    helpers.qemu_img("create", "-q", "-f", "qcow2", base, "1M")
+    q = subprocess.run(["qemu-img", "create", "-f", "raw", "-b", base.name, "-F", "qcow2", "q.raw", "1M"],
+                       cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    o = subprocess.run([qcowfs, "create", "-f", "raw", "-b", base.name, "-F", "qcow2", "o.raw", "1M"],
+                       cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert q.returncode == o.returncode == 1
+    assert q.stderr.decode().strip().removeprefix("qemu-img: ").replace("q.raw", "IMG") == \
+        o.stderr.decode().strip().removeprefix("qcowfs create: ").replace("o.raw", "IMG")
+    assert not (workdir / "q.raw").exists() and not (workdir / "o.raw").exists()
 
 
 def test_create_raw(workdir: Path, qcowfs: str) -> None:
