@@ -6,6 +6,7 @@
 #include "image/qcow2_check.h"
 #include "image/qcow2_create.h"
 #include "image/qcow2_inspect.h"
+#include "image/qcow2_status.h"
 #include "io/mem_file.h"
 #include "tools_test_util.h"
 
@@ -118,6 +119,32 @@ TEST(Create, MetadataPreallocationMapsEveryClusterContiguously) {
   EXPECT_EQ(r.allocated_clusters, 128u);
   EXPECT_EQ(r.total_clusters, 128u);
   EXPECT_EQ(r.fragmented_clusters, 0u);
+}
+
+// qemu-img map tells preallocated images apart by QEMU's refcount heuristic;
+// qcowfs map makes the same guess.
+TEST(Create, MetadataPreallocationIsDetectedLikeQemu) {
+  auto pre = create("size=64M,cluster_size=64K,preallocation=metadata");
+  auto h = run_now(read_qcow2_header(*pre));
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  auto guess = run_now(detect_metadata_preallocation(*pre, *h));
+  ASSERT_TRUE(guess.is_ok()) << guess.status().to_string();
+  EXPECT_TRUE(*guess);
+  // Write the whole file back as it reads: now the host holds every cluster
+  // the refcounts count.
+  std::vector<std::byte> all(pre->size());
+  ASSERT_TRUE(run_now(pre->read(all, 0)).is_ok());
+  ASSERT_TRUE(run_now(pre->write(all, 0)).is_ok());
+  guess = run_now(detect_metadata_preallocation(*pre, *h));
+  ASSERT_TRUE(guess.is_ok());
+  EXPECT_FALSE(*guess);
+
+  auto plain = create("size=64M,cluster_size=64K");
+  auto ph = run_now(read_qcow2_header(*plain));
+  ASSERT_TRUE(ph.is_ok());
+  guess = run_now(detect_metadata_preallocation(*plain, *ph));
+  ASSERT_TRUE(guess.is_ok());
+  EXPECT_FALSE(*guess);
 }
 
 TEST(Create, ExternalDataFileIsSizedByPreallocation) {
