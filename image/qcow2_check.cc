@@ -587,13 +587,16 @@ bool repaired_something(const CheckReport& r) { return r.leaks_fixed > 0 || r.co
 
 }  // namespace
 
-Task<Status> rebuild_refcounts(io::HostFile& file, Header& h) {
+Task<Status> rebuild_refcounts(io::HostFile& file, Header& h, OnCorruption on_corruption) {
   CheckReport scratch;
   CheckOptions none;
   auto counts = co_await count_references(file, h, scratch, none, nullptr);
   if (!counts) co_return counts.status();
   if (scratch.check_errors > 0)
     co_return Status::errorf(EIO, "cannot rebuild refcounts of {}: metadata could not be read", file.path());
+  if (scratch.corruptions > 0 && on_corruption == OnCorruption::refuse)
+    co_return Status::errorf(EIO, "cannot rebuild refcounts of {}: corrupt metadata ({}); repair it with qcowfs check -r all",
+                             file.path(), scratch.messages.empty() ? "" : scratch.messages.front());
   co_return co_await write_refcount_structure(file, h, std::move(counts->counted));
 }
 

@@ -79,7 +79,12 @@ Task<Result<CheckReport>> check_image(io::HostFile& file, CheckOptions opts);
 // refcount_table_clusters). For the write path: call it on a dirty image
 // opened read-write before any refcount is cached; it does not touch the
 // dirty bit.
-Task<Status> rebuild_refcounts(io::HostFile& file, Header& h);
+// on_corruption says what happens when the walk finds corrupt metadata (a
+// table or cluster past the end of the file, misaligned, ...): rebuild anyway,
+// as qemu-img check -r all does, or refuse with EIO before writing anything
+// (the write path: such an image could have a cluster in use handed out again).
+enum class OnCorruption { rebuild, refuse };
+Task<Status> rebuild_refcounts(io::HostFile& file, Header& h, OnCorruption on_corruption = OnCorruption::rebuild);
 
 // A byte range of the image file that metadata references.
 struct HostRange {

@@ -93,12 +93,13 @@ Task<Status> Qcow2Writer::set_incompatible_bits(uint64_t bits) {
 // A dirty image's refcounts are not trusted: as QEMU does when it opens one
 // read-write, every refcount is recounted from the metadata (image/qcow2_check.h:
 // everything qemu-img check counts, bitmaps included) into a fresh refcount
-// structure, then the dirty bit is cleared. Runs before the refcounts are
+// structure, then the dirty bit is cleared. Unlike QEMU, metadata the walk
+// finds corrupt fails the open (EIO) instead of being written around. Runs before the refcounts are
 // loaded; the metadata layout is taken again, since the old refcount blocks
 // are free space now.
 Task<Status> Qcow2Writer::repair_refcounts() {
   log::info("{}: image was not closed cleanly: rebuilding refcounts before writing", img_.path);
-  QCOWFS_CO_TRY(co_await rebuild_refcounts(*img_.file, img_.header));
+  QCOWFS_CO_TRY(co_await rebuild_refcounts(*img_.file, img_.header, OnCorruption::refuse));
   auto layout = co_await build_metadata_layout(*img_.file, img_.header, l1_.entries, img_.snapshots);
   if (!layout) co_return co_await signal_corruption(img_, layout.status().message());
   img_.layout = std::move(*layout);

@@ -326,5 +326,24 @@ TEST_F(Qcow2Write, LazyRefcountsSetTheDirtyBitAndADirtyImageIsRebuiltOnOpen) {
   close_and_check();
 }
 
+TEST_F(Qcow2Write, DirtyImageWithDataPastTheFileEndIsNotOpenedWritable) {
+  open("cluster_size=65536,lazy_refcounts=on", "64M");
+  ASSERT_TRUE(run(drv_->write(0, pattern(65536, 10))));
+  ASSERT_TRUE(run(drv_->flush()));
+  auto crashed = mem_->content();  // dirty: no close
+  ASSERT_TRUE(run(drv_->close()));
+  drv_.reset();
+  // Guest cluster 0 now maps far past the end of the file: a rebuild would
+  // leave that cluster free for the next allocation.
+  uint64_t l2 = load_be64(crashed.data() + load_be64(crashed.data() + 40)) & kL1OffsetMask;
+  store_be64(crashed.data() + l2, (uint64_t{1} << 36) | kOflagCopied);
+  ImageOptions o;
+  o.file.writable = true;
+  auto d = run(open_qcow2(std::make_unique<io::MemFile>(io::MemFileOptions{}, crashed), img_->path(), o));
+  ASSERT_FALSE(d) << "opened writable";
+  EXPECT_EQ(d.status().code(), EIO);
+  EXPECT_NE(d.status().message().find("corrupt metadata"), std::string::npos) << d.status().to_string();
+}
+
 }  // namespace
 }  // namespace qcowfs::image::qcow2
