@@ -6,8 +6,6 @@
 // byte acknowledged before the last completed flush, read back by qemu-img.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <random>
 
 #include "image/qcow2.h"
@@ -17,23 +15,12 @@
 namespace qcowfs::image::qcow2 {
 namespace {
 
+using testing::read_file;
 using testing::TempImage;
+using testing::write_file;
 
 constexpr uint64_t kDisk = 8ull << 20;
 constexpr uint64_t kBlock = 512;  // granularity of the "touched since the last flush" map
-
-std::vector<std::byte> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(c.size());
-  std::memcpy(out.data(), c.data(), c.size());
-  return out;
-}
-
-void write_file(const std::string& path, const std::vector<std::byte>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
 
 struct Model {
   std::vector<std::byte> now = std::vector<std::byte>(kDisk);      // what reads return

@@ -4,8 +4,6 @@
 // the metadata rules require, asserted on a recording HostFile.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <random>
 
 #include "image/endian.h"
@@ -22,14 +20,6 @@ namespace {
 using testing::RecordingFile;
 using testing::TempImage;
 using Op = RecordingFile::Op;
-
-std::vector<std::byte> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(c.size());
-  std::memcpy(out.data(), c.data(), c.size());
-  return out;
-}
 
 std::vector<std::byte> pattern(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -48,7 +38,7 @@ class Qcow2Write : public ::testing::Test {
   void open(const std::string& options, const std::string& size) {
     img_ = std::make_unique<TempImage>("wr", options, size);
     ASSERT_TRUE(img_->error().empty()) << img_->error();
-    open_memory(file_bytes(img_->path()), true);
+    open_memory(testing::read_file(img_->path()), true);
   }
   // Opens `bytes` writable over a MemFile (behind a RecordingFile if `record`),
   // as the image at img_'s path.
@@ -70,11 +60,7 @@ class Qcow2Write : public ::testing::Test {
   }
   Qcow2Driver& q() { return static_cast<Qcow2Driver&>(*drv_); }
   // Saves the in-memory image to the temp path (for qemu-img).
-  void save() {
-    auto bytes = mem_->content();
-    std::ofstream out(img_->path(), std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  }
+  void save() { testing::write_file(img_->path(), mem_->content()); }
   // Saves the image and asserts `qemu-img check` finds nothing.
   void expect_qemu_check_clean() {
     save();
@@ -288,7 +274,7 @@ TEST_F(Qcow2Write, CorruptMetadataFoundWhileWritingMarksTheImageCorrupt) {
   std::string out;
   ASSERT_EQ(testing::shell("qemu-io -f qcow2 -c 'write -P 7 0 64k' -c 'write -P 8 1M 64k' " + img_->path(), &out), 0)
       << out;
-  auto bytes = file_bytes(img_->path());
+  auto bytes = testing::read_file(img_->path());
   uint64_t l1 = load_be64(bytes.data() + 40);
   uint64_t l2 = load_be64(bytes.data() + l1) & kL1OffsetMask;
   // Reserved bit 1 in the L2 entry of guest cluster 0.

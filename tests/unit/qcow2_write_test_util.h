@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +32,20 @@ inline int shell(const std::string& cmd, std::string* out = nullptr) {
   int rc = ::pclose(p);
   if (out) *out = text;
   return rc;
+}
+
+// The bytes of a host file, and a host file replaced by bytes (images saved
+// for qemu-img and loaded into a MemFile).
+inline std::vector<std::byte> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+inline void write_file(const std::string& path, const std::vector<std::byte>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 // A qcow2 image made by qemu-img: `qemu-img create -f qcow2 -o <options> PATH <size>`.
