@@ -73,38 +73,4 @@ Task<Result<std::vector<Bitmap>>> read_qcow2_bitmaps(io::HostFile& f, const Head
   co_return parse_bitmap_directory(dir->span(), h.bitmaps->nb_bitmaps);
 }
 
-uint64_t get_refcount_entry(std::span<const std::byte> block, uint64_t index, uint32_t order) {
-  const std::byte* b = block.data();
-  switch (order) {
-    case 0: return (std::to_integer<uint64_t>(b[index / 8]) >> (index % 8)) & 0x1;
-    case 1: return (std::to_integer<uint64_t>(b[index / 4]) >> (2 * (index % 4))) & 0x3;
-    case 2: return (std::to_integer<uint64_t>(b[index / 2]) >> (4 * (index % 2))) & 0xf;
-    case 3: return std::to_integer<uint64_t>(b[index]);
-    case 4: return load_be16(b + index * 2);
-    case 5: return load_be32(b + index * 4);
-    default: return load_be64(b + index * 8);
-  }
-}
-
-namespace {
-void set_bits(std::byte& byte, unsigned shift, uint64_t mask, uint64_t value) {
-  auto v = std::to_integer<unsigned>(byte);
-  v = (v & ~static_cast<unsigned>(mask << shift)) | static_cast<unsigned>((value & mask) << shift);
-  byte = static_cast<std::byte>(v);
-}
-}  // namespace
-
-void set_refcount_entry(std::span<std::byte> block, uint64_t index, uint32_t order, uint64_t value) {
-  std::byte* b = block.data();
-  switch (order) {
-    case 0: set_bits(b[index / 8], static_cast<unsigned>(index % 8), 0x1, value); break;
-    case 1: set_bits(b[index / 4], static_cast<unsigned>(2 * (index % 4)), 0x3, value); break;
-    case 2: set_bits(b[index / 2], static_cast<unsigned>(4 * (index % 2)), 0xf, value); break;
-    case 3: b[index] = static_cast<std::byte>(value); break;
-    case 4: store_be16(b + index * 2, static_cast<uint16_t>(value)); break;
-    case 5: store_be32(b + index * 4, static_cast<uint32_t>(value)); break;
-    default: store_be64(b + index * 8, value); break;
-  }
-}
-
 }  // namespace qcowfs::image::qcow2

@@ -1,7 +1,7 @@
 // Reading qcow2 metadata straight from an image file for the tools (info,
 // check, create's verification): the header, the snapshot table and the
-// persistent bitmap directory, plus raw zero-padded reads and refcount entry
-// access at every refcount width. Unlike the driver, nothing here is cached.
+// persistent bitmap directory, plus raw zero-padded reads; refcount entries
+// through image/qcow2_refcount_entry.h. Unlike the driver, nothing here is cached.
 // Thread-safety: free functions; the HostFile's own rules apply.
 #pragma once
 
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "image/qcow2_header.h"
+#include "image/qcow2_refcount_entry.h"
 #include "image/qcow2_snapshot.h"
 #include "io/buffer.h"
 #include "io/host_file.h"
@@ -44,14 +45,5 @@ Result<std::vector<Bitmap>> parse_bitmap_directory(std::span<const std::byte> di
 // Reads the bitmap directory when the bitmaps extension is present and the
 // autoclear bit says it is valid (QEMU ignores it otherwise); empty if none.
 Task<Result<std::vector<Bitmap>>> read_qcow2_bitmaps(io::HostFile& f, const Header& h);
-
-// Refcount entry `index` of a refcount block, at 2^order bits per entry
-// (sub-byte widths: entry 0 in the least significant bits).
-uint64_t get_refcount_entry(std::span<const std::byte> block, uint64_t index, uint32_t order);
-void set_refcount_entry(std::span<std::byte> block, uint64_t index, uint32_t order, uint64_t value);
-// Largest refcount a 2^order-bit entry holds.
-constexpr uint64_t max_refcount(uint32_t order) {
-  return order >= 6 ? ~uint64_t{0} : (uint64_t{1} << (1u << order)) - 1;
-}
 
 }  // namespace qcowfs::image::qcow2

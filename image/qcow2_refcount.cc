@@ -10,39 +10,6 @@
 
 namespace qcowfs::image::qcow2 {
 
-uint64_t get_refcount_entry(std::span<const std::byte> block, uint32_t order, uint64_t index) {
-  if (order >= 3) {
-    const std::byte* p = block.data() + (index << (order - 3));
-    switch (order) {
-      case 3: return static_cast<uint64_t>(*p);
-      case 4: return load_be16(p);
-      case 5: return load_be32(p);
-      default: return load_be64(p);
-    }
-  }
-  uint64_t bit = index << order;
-  auto byte = static_cast<unsigned>(block[bit / 8]);
-  return (byte >> (bit % 8)) & max_refcount(order);
-}
-
-void set_refcount_entry(std::span<std::byte> block, uint32_t order, uint64_t index, uint64_t value) {
-  if (order >= 3) {
-    std::byte* p = block.data() + (index << (order - 3));
-    switch (order) {
-      case 3: *p = static_cast<std::byte>(value); return;
-      case 4: store_be16(p, static_cast<uint16_t>(value)); return;
-      case 5: store_be32(p, static_cast<uint32_t>(value)); return;
-      default: store_be64(p, value); return;
-    }
-  }
-  uint64_t bit = index << order;
-  auto shift = static_cast<unsigned>(bit % 8);
-  auto mask = static_cast<unsigned>(max_refcount(order) << shift);
-  auto byte = static_cast<unsigned>(block[bit / 8]);
-  byte = (byte & ~mask) | ((static_cast<unsigned>(value) << shift) & mask);
-  block[bit / 8] = static_cast<std::byte>(byte);
-}
-
 RefcountTable::RefcountTable(io::HostFile& file, uint32_t cluster_bits, uint32_t refcount_order,
                              uint64_t table_offset, std::vector<uint64_t> table, size_t cache_blocks)
     : file_(file),
@@ -109,7 +76,7 @@ std::optional<uint64_t> RefcountTable::peek(uint64_t cluster) const {
   if (!has_block(index)) return uint64_t{0};
   auto b = cached(index);
   if (!b) return std::nullopt;
-  return get_refcount_entry(b->data.span(), order_, cluster % block_entries());
+  return get_refcount_entry(b->data.span(), cluster % block_entries(), order_);
 }
 
 Task<Status> RefcountTable::load_block_for(uint64_t cluster) {
@@ -125,7 +92,7 @@ Task<Result<uint64_t>> RefcountTable::get(uint64_t cluster) {
   if (!has_block(index)) co_return uint64_t{0};
   auto b = co_await block(index);
   if (!b) co_return b.status();
-  co_return get_refcount_entry((*b)->data.span(), order_, cluster % block_entries());
+  co_return get_refcount_entry((*b)->data.span(), cluster % block_entries(), order_);
 }
 
 Task<Status> RefcountTable::add(uint64_t first, uint64_t n, int64_t delta) {
@@ -140,7 +107,7 @@ Task<Status> RefcountTable::add(uint64_t first, uint64_t n, int64_t delta) {
     }
     auto b = co_await block(index);
     if (!b) co_return b.status();
-    uint64_t v = get_refcount_entry((*b)->data.span(), order_, c % per);
+    uint64_t v = get_refcount_entry((*b)->data.span(), c % per, order_);
     bool bad = delta >= 0 ? maxv - v < static_cast<uint64_t>(delta) : v < static_cast<uint64_t>(-delta);
     if (bad) {
       corruption_found_ = true;
@@ -153,8 +120,8 @@ Task<Status> RefcountTable::add(uint64_t first, uint64_t n, int64_t delta) {
     auto b = co_await block(c / per);
     if (!b) co_return b.status();
     Block& blk = **b;
-    uint64_t v = get_refcount_entry(blk.data.span(), order_, c % per);
-    set_refcount_entry(blk.data.span(), order_, c % per, v + static_cast<uint64_t>(delta));
+    uint64_t v = get_refcount_entry(blk.data.span(), c % per, order_);
+    set_refcount_entry(blk.data.span(), c % per, order_, v + static_cast<uint64_t>(delta));
     ++blk.gen;
   }
   co_return Status::ok();
@@ -279,7 +246,7 @@ Task<Result<uint64_t>> RefcountTable::end_of_used() {
     auto b = co_await block(r);
     if (!b) co_return b.status();
     for (uint64_t i = per; i-- > 0;)
-      if (get_refcount_entry((*b)->data.span(), order_, i) != 0) co_return r * per + i + 1;
+      if (get_refcount_entry((*b)->data.span(), i, order_) != 0) co_return r * per + i + 1;
   }
   co_return uint64_t{0};
 }

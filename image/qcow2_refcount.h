@@ -33,19 +33,13 @@
 #include <span>
 #include <vector>
 
+#include "image/qcow2_refcount_entry.h"
 #include "io/buffer.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/task.h"
 
 namespace qcowfs::image::qcow2 {
-
-// One refcount entry of width 1 << order bits (order 0..6), host byte order.
-uint64_t get_refcount_entry(std::span<const std::byte> block, uint32_t order, uint64_t index);
-void set_refcount_entry(std::span<std::byte> block, uint32_t order, uint64_t index, uint64_t value);
-constexpr uint64_t max_refcount(uint32_t order) {
-  return order >= 6 ? ~uint64_t{0} : (uint64_t{1} << (uint64_t{1} << order)) - 1;
-}
 
 class RefcountTable {
  public:

@@ -1,4 +1,4 @@
-// Refcount arithmetic at every width (1..64 bits), overflow/underflow refusal,
+// Refcount table arithmetic (entries: qcow2_refcount_entry_test.cc), overflow/underflow refusal,
 // write-back into images qemu-img then checks, and refcount table growth.
 #include <gtest/gtest.h>
 
@@ -15,42 +15,6 @@ namespace qcowfs::image::qcow2 {
 namespace {
 
 using testing::TempImage;
-
-TEST(Qcow2RefcountEntry, EveryWidthRoundTripsWithoutTouchingNeighbours) {
-  for (uint32_t order = 0; order <= 6; ++order) {
-    std::vector<std::byte> block(128, std::byte{0});
-    uint64_t entries = block.size() * 8 >> order;
-    uint64_t maxv = max_refcount(order);
-    auto value = [&](uint64_t i) { return (i * 0x9e3779b97f4a7c15ull + 5) & maxv; };
-    for (uint64_t i = 0; i < entries; ++i) set_refcount_entry(block, order, i, value(i));
-    for (uint64_t i = 0; i < entries; ++i) ASSERT_EQ(get_refcount_entry(block, order, i), value(i)) << order << " " << i;
-    set_refcount_entry(block, order, 3, maxv);
-    EXPECT_EQ(get_refcount_entry(block, order, 3), maxv);
-    EXPECT_EQ(get_refcount_entry(block, order, 2), value(2));
-    EXPECT_EQ(get_refcount_entry(block, order, 4), value(4));
-  }
-}
-
-TEST(Qcow2RefcountEntry, SubByteWidthsPutEntryZeroInTheLowBits) {
-  std::vector<std::byte> b(8, std::byte{0});
-  set_refcount_entry(b, 0, 0, 1);
-  EXPECT_EQ(b[0], std::byte{0x01});
-  set_refcount_entry(b, 0, 7, 1);
-  EXPECT_EQ(b[0], std::byte{0x81});
-  std::fill(b.begin(), b.end(), std::byte{0});
-  set_refcount_entry(b, 1, 1, 2);
-  EXPECT_EQ(b[0], std::byte{0x08});
-  std::fill(b.begin(), b.end(), std::byte{0});
-  set_refcount_entry(b, 2, 1, 0xa);
-  EXPECT_EQ(b[0], std::byte{0xa0});
-  std::fill(b.begin(), b.end(), std::byte{0});
-  set_refcount_entry(b, 4, 1, 0x1234);  // big-endian 16-bit
-  EXPECT_EQ(b[2], std::byte{0x12});
-  EXPECT_EQ(b[3], std::byte{0x34});
-  EXPECT_EQ(max_refcount(0), 1u);
-  EXPECT_EQ(max_refcount(4), 0xffffu);
-  EXPECT_EQ(max_refcount(6), ~uint64_t{0});
-}
 
 // Loads the refcount structures of an image made by qemu-img.
 struct Loaded {
