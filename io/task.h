@@ -31,6 +31,8 @@
 #include <optional>
 #include <utility>
 
+#include "io/frame_pool.h"
+
 namespace qcowfs {
 
 template <typename T>
@@ -47,6 +49,10 @@ namespace detail {
 enum class Handoff : uint8_t { running, awaiter_suspended, done };
 
 struct PromiseBase {
+  // Frames come from the thread's FramePool (io/frame_pool.h).
+  static void* operator new(std::size_t n) { return FramePool::allocate(n); }
+  static void operator delete(void* p, std::size_t n) noexcept { FramePool::deallocate(p, n); }
+
   std::coroutine_handle<> continuation;  // the awaiting coroutine
   std::atomic<Handoff> handoff{Handoff::running};
 
@@ -159,6 +165,8 @@ inline Task<void> Promise<void>::get_return_object() noexcept {
 // A fire-and-forget coroutine: starts at once and frees itself when done.
 struct Detached {
   struct promise_type {
+    static void* operator new(std::size_t n) { return FramePool::allocate(n); }
+    static void operator delete(void* p, std::size_t n) noexcept { FramePool::deallocate(p, n); }
     Detached get_return_object() noexcept { return {}; }
     std::suspend_never initial_suspend() noexcept { return {}; }
     std::suspend_never final_suspend() noexcept { return {}; }
