@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuse/options.h"
@@ -91,6 +94,7 @@ TEST(FuseOptions, BadInputNamesTheCulprit) {
       {{"-o", "queues=2x", "img", "mnt"}, "2x"},
       {{"-o", "format=vmdk", "img", "mnt"}, "vmdk"},
       {{"-o", "discard=on", "img", "mnt"}, "discard"},
+      {{"-o", "fuse_uring=yes", "img", "mnt"}, "fuse_uring"},
       {{"-o", "l2_cache_size=12Q", "img", "mnt"}, "12Q"},
       {{"-o", "snapshot=", "img", "mnt"}, "snapshot"},
       {{"--frobnicate", "img", "mnt"}, "--frobnicate"},
@@ -131,6 +135,23 @@ TEST(FuseOptions, ParseSize) {
   EXPECT_FALSE(parse_size("17179869184G"));  // 2^34 G overflows 64 bits
 }
 
+TEST(FuseOptions, FuseUringModes) {
+  auto d = parse({"img", "mnt"});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->fuse_uring, FuseUringMode::automatic);
+  for (auto [text, mode] : {std::pair{"auto", FuseUringMode::automatic}, std::pair{"on", FuseUringMode::on},
+                            std::pair{"off", FuseUringMode::off}}) {
+    auto o = parse({"-o", std::string("fuse_uring=") + text, "img", "mnt"});
+    ASSERT_TRUE(o) << o.status().to_string();
+    EXPECT_EQ(o->fuse_uring, mode) << text;
+  }
+}
+
+// The kernel keeps one FUSE ring queue per possible CPU: at least the online ones.
+TEST(FuseOptions, PossibleCpusCoverTheOnlineOnes) {
+  EXPECT_GE(possible_cpu_count(), static_cast<unsigned>(sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
 TEST(FuseOptions, DefaultQueueCountIsBounded) {
   unsigned n = default_queue_count();
   EXPECT_GE(n, 1u);
@@ -140,7 +161,7 @@ TEST(FuseOptions, DefaultQueueCountIsBounded) {
 TEST(FuseOptions, UsageListsEveryOption) {
   std::string u = usage_text("qcowfs");
   for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
-                          "l2_cache_size=", "allow_other", "-f", "-d", "--help", "--version"})
+                          "l2_cache_size=", "fuse_uring=", "allow_other", "-f", "-d", "--help", "--version"})
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
 }
 
