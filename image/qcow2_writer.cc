@@ -527,18 +527,11 @@ Task<Status> Qcow2Writer::write_once(uint64_t off, std::span<const std::byte> bu
   }
   {
     auto m = co_await meta_.lock();
-    for (;;) {
-      Status st = co_await map(off, buf.size(), exclusive, plan);
-      if (st && exclusive) st = co_await allocate_run(plan);
-      if (st.code() == EAGAIN) {
-        m.release();
-        QCOWFS_CO_TRY(co_await grow_refcount_table());
-        m = co_await meta_.lock();
-        continue;
-      }
-      if (!st) co_return st;
-      break;
-    }
+    auto map_and_allocate = [&]() -> Task<Status> {
+      QCOWFS_CO_TRY(co_await map(off, buf.size(), exclusive, plan));
+      co_return co_await allocate_run(plan);
+    };
+    QCOWFS_CO_TRY(co_await with_refcount_room(m, map_and_allocate));
     if (plan.needs_exclusive) {
       *retry_exclusive = true;
       co_return Status::ok();
@@ -698,22 +691,11 @@ Task<Status> Qcow2Writer::zero_range(uint64_t off, uint64_t len, ZeroMode mode) 
     if (img_.header.data_file_raw())
       QCOWFS_CO_TRY(co_await img_.data_file->write_zeroes(a, std::min(b, size()) - a));
     auto m = co_await meta_.lock();
-    for (;;) {
+    auto zero = [&]() -> Task<Status> {
       need_data.clear();
-      Status st = co_await zero_clusters(a >> g.cluster_bits, b >> g.cluster_bits, mode, &need_data);
-      if (!st && st.code() != EAGAIN) {
-        m.release();
-        co_return co_await check_corruption(st);
-      }
-      if (st.code() == EAGAIN) {
-        m.release();
-        QCOWFS_CO_TRY(co_await grow_refcount_table());
-        m = co_await meta_.lock();
-        continue;
-      }
-      if (!st) co_return st;
-      break;
-    }
+      co_return co_await zero_clusters(a >> g.cluster_bits, b >> g.cluster_bits, mode, &need_data);
+    };
+    QCOWFS_CO_TRY(co_await with_refcount_room(m, zero));
     note_dirty_amount();
   }
   for (size_t i = 0; i < need_data.size();) {
@@ -802,6 +784,17 @@ Task<Status> Qcow2Writer::grow_refcount_table() {
   auto wb = co_await writeback_lock_.lock();
   auto m = co_await meta_.lock();
   co_return co_await alloc_->grow_table();
+}
+
+Task<Status> Qcow2Writer::with_refcount_room(io::AsyncMutex::Guard& m, const std::function<Task<Status>()>& step) {
+  for (;;) {
+    Status st = co_await step();
+    if (st) co_return st;
+    m.release();
+    if (st.code() != EAGAIN) co_return co_await check_corruption(st);
+    QCOWFS_CO_TRY(co_await grow_refcount_table());
+    m = co_await meta_.lock();
+  }
 }
 
 Task<Status> Qcow2Writer::close() {

@@ -141,6 +141,11 @@ class Qcow2Writer {
   Task<Status> maybe_writeback();
   void note_dirty_amount();  // metadata lock held
   Task<Status> grow_refcount_table();
+  // Runs step with the metadata lock held in m, again after growing the
+  // refcount table (lock dropped meanwhile) each time it answers EAGAIN. A
+  // step's error goes through check_corruption (lock dropped first); an error
+  // growing the table is returned as it is.
+  Task<Status> with_refcount_room(io::AsyncMutex::Guard& m, const std::function<Task<Status>()>& step);
   Task<Status> grow_l1(uint64_t entries, uint64_t new_size);
   Task<Status> write_header_bytes(uint64_t off, std::span<const std::byte> bytes);
   bool has_backing() const;

@@ -268,6 +268,28 @@ TEST_F(Qcow2Write, GrowingPastTheL1TableMovesItWithOneHeaderWrite) {
   EXPECT_NE(out.find("64 MiB"), std::string::npos) << out;
 }
 
+TEST_F(Qcow2Write, RefcountTableGrowsUnderWritesAndUnderZeroes) {
+  // 512-byte clusters: the one-cluster refcount table covers 8 MiB of host
+  // file, an L2 table 32 KiB of guest. Zeroing over a backing file writes zero
+  // flags, so it allocates L2 tables.
+  constexpr uint64_t kMiB = 1 << 20;
+  TempImage base("base", "", "1G");
+  ASSERT_TRUE(base.error().empty()) << base.error();
+  open(fmt::format("cluster_size=512,backing_file={},backing_fmt=qcow2", base.path()), "1G");
+  auto table_offset = [&] { return load_be64(mem_->content().data() + offsetof(HeaderLayout, refcount_table_offset)); };
+  const uint64_t initial = table_offset();
+  auto data = pattern(kMiB, 11);
+  for (uint64_t off = 0; off < 12 * kMiB; off += kMiB) ASSERT_TRUE(run(drv_->write(off, data)));
+  const uint64_t after_writes = table_offset();
+  EXPECT_NE(after_writes, initial);
+  // 512 MiB of guest needs 16384 new L2 tables: 8 MiB of host file.
+  ASSERT_TRUE(run(drv_->write_zeroes(256 * kMiB, 512 * kMiB, false)));
+  EXPECT_NE(table_offset(), after_writes);
+  EXPECT_EQ(read(5 * kMiB, data.size()), data);
+  EXPECT_EQ(read(300 * kMiB, 4096), std::vector<std::byte>(4096));
+  close_and_check();
+}
+
 TEST_F(Qcow2Write, CorruptMetadataFoundWhileWritingMarksTheImageCorrupt) {
   img_ = std::make_unique<TempImage>("corrupt", "cluster_size=65536", "64M");
   ASSERT_TRUE(img_->error().empty()) << img_->error();
