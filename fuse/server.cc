@@ -218,7 +218,9 @@ Status Server::mount() {
   return set_nonblocking(session_->fd());
 }
 
-// Ring entries per kernel queue: enough for a QD32 job or two per CPU.
+// Ring entries per kernel queue, shared out among the loops (at least 16 each):
+// enough for a QD32 job or two per CPU. Every loop serves every queue, so the
+// requests of a job that runs on one CPU still spread over all loops.
 constexpr unsigned kRingDepth = 64;
 
 Status Server::start_loops() {
@@ -232,8 +234,8 @@ Status Server::start_loops() {
     cfg.mem_align = driver_->mem_align();
     cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
     cfg.on_init = [this] { start_rings(); };
-    for (unsigned q = i; q < kernel_queues; q += n) cfg.ring_qids.push_back(static_cast<uint16_t>(q));
-    cfg.ring_depth = kRingDepth;
+    for (unsigned q = 0; q < kernel_queues; ++q) cfg.ring_qids.push_back(static_cast<uint16_t>(q));
+    cfg.ring_depth = std::max(kRingDepth / n, 16u);
     cfg.fuse_uring = kernel_queues > 0;
     cfg.on_ring_failure = [this](Status st) { on_ring_failure(std::move(st)); };
     auto loop = std::make_unique<EventLoop>(std::move(cfg));
