@@ -257,9 +257,12 @@ void Server::start_rings() {
 
 void Server::on_ring_failure(Status st) {
   if (ring_failed_.exchange(true)) return;  // each loop reports the same cause
-  if (opts_.fuse_uring == FuseUringMode::on) {
-    log::error("fuse_uring=on: {}", st.to_string());
-    on_session_end(std::move(st));
+  if (opts_.fuse_uring == FuseUringMode::on) {  // reported once, as the session's end status
+    on_session_end(Status::errorf(st.code() != 0 ? st.code() : EIO,
+                                  "fuse_uring=on, but FUSE over io_uring is unavailable ({}): turn on "
+                                  "/sys/module/fuse/parameters/enable_uring (as root, before mounting) "
+                                  "or mount with fuse_uring=auto",
+                                  st.to_string()));
     return;
   }
   log::debug("FUSE over io_uring unavailable ({}): serving through /dev/fuse", st.to_string());
