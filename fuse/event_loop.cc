@@ -164,12 +164,12 @@ void EventLoop::note_init(const fuse_buf& buf) {
   std::memcpy(&arg, static_cast<const std::byte*>(buf.mem) + sizeof *in,
               std::min(sizeof arg, buf.size - sizeof *in));
   const bool offered = (arg.flags & FUSE_INIT_EXT) && (arg.flags2 & kOverIoUringFlag2);
-  init_claims_ring_ = offered && cfg_.fuse_uring && engine_ && engine_->supports_uring_cmd();
+  init_claims_ring_ = offered && !cfg_.ring_qids.empty() && engine_ && engine_->supports_uring_cmd();
 }
 
 // Once the INIT reply claims io_uring, the kernel holds new requests until every
 // queue has a ring entry (or a registration fails), so the claim is made only
-// when this process will register (see Config::fuse_uring).
+// when this process will register (see Config::ring_qids).
 ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
   fuse_out_header out;
   std::memcpy(&out, iov[0].iov_base, sizeof out);

@@ -68,11 +68,10 @@ class EventLoop {
     // FUSE over io_uring: the kernel queues (CPU numbers) this loop serves once
     // start_ring() is called, with ring_depth entries each. Empty: none.
     std::vector<uint16_t> ring_qids;
+    // With ring_qids set, the INIT reply claims FUSE over io_uring when the
+    // kernel offers it, so the connection keeps it even if fuse.enable_uring
+    // is switched off later (every loop serves every queue, so all or none do).
     unsigned ring_depth = 0;
-    // The process serves FUSE over io_uring (fuse_uring=auto|on): the INIT
-    // reply claims it when the kernel offers it, so the connection keeps it
-    // even if fuse.enable_uring is switched off later.
-    bool fuse_uring = false;
     // Called on the loop thread when the ring could not be set up (the loop
     // keeps serving through /dev/fuse).
     std::function<void(Status)> on_ring_failure;

@@ -236,7 +236,6 @@ Status Server::start_loops() {
     cfg.on_init = [this] { start_rings(); };
     for (unsigned q = 0; q < kernel_queues; ++q) cfg.ring_qids.push_back(static_cast<uint16_t>(q));
     cfg.ring_depth = std::max(kRingDepth / n, 16u);
-    cfg.fuse_uring = kernel_queues > 0;
     cfg.on_ring_failure = [this](Status st) { on_ring_failure(std::move(st)); };
     auto loop = std::make_unique<EventLoop>(std::move(cfg));
     QCOWFS_TRY(loop->start());
