@@ -9,7 +9,7 @@ BufferPool::BufferPool(size_t buffer_size, size_t align, size_t max_idle)
     : size_(buffer_size), align_(align), max_idle_(max_idle) {}
 
 io::AlignedBuffer BufferPool::take() {
-  if (idle_.empty()) return io::AlignedBuffer(size_, align_, /*zero=*/false);
+  if (idle_.empty()) return io::AlignedBuffer::for_large_io(size_, align_);
   io::AlignedBuffer b = std::move(idle_.back());
   idle_.pop_back();
   return b;
@@ -29,7 +29,7 @@ size_t SizedBufferPool::class_size(size_t size) { return std::bit_ceil(std::max(
 
 io::AlignedBuffer SizedBufferPool::take(size_t size) {
   size_t cls = class_size(size);
-  if (cls > kMaxPooledSize) return io::AlignedBuffer(size, align_, /*zero=*/false);
+  if (cls > kMaxPooledSize) return io::AlignedBuffer::for_large_io(size, align_);
   BufferPool& pool = classes_[static_cast<size_t>(std::countr_zero(cls / kMinClass))];
   if (pool.idle_count() > 0) idle_bytes_ -= cls;
   return pool.take();

@@ -5,7 +5,10 @@
 //
 // BufferPool holds buffers of one fixed size; SizedBufferPool holds
 // power-of-two size classes from 4 KiB to kMaxPooledSize (larger requests are
-// served unpooled). Both bound the memory they keep idle.
+// served unpooled). Both bound the memory they keep idle. Buffers of a
+// megabyte and more come from io::AlignedBuffer::for_large_io(): huge-page
+// backed, so a 1 MiB read or write reaches the disk as one DMA segment; each
+// then occupies 2 MiB.
 //
 // Thread-safety: none; a pool belongs to one event-loop thread, and buffers
 // are given back on that thread (a request's coroutine resumes where it began).
