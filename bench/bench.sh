@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# bench.sh [QCOWFS_BINARY] -- one run, side by side, on identical images, printed as a
-# markdown table of IOPS / MiB/s and ratios (qcowfs / raw host file, qcowfs / qemu-storage-daemon).
-#   raw-host    the plain raw host file (the disk's limit)
-#   qsd         qemu-storage-daemon 7.2's FUSE export of the same image (cache.direct=on, io_uring)
-#   qcowfs      our binary: `BINARY -f -o rw,cache=none IMAGE MOUNTFILE`, FUSE over io_uring
-#               (the script turns the fuse module's enable_uring on for the run when it can)
-#   qcowfs-dev  the same with -o fuse_uring=off: requests through /dev/fuse reads and writes
+# bench.sh [QCOWFS_BINARY] -- qcowfs against the raw host file and qemu-storage-daemon on
+# identical images, printed as a markdown table (IOPS / MiB/s and ratios).
+#   raw-host     the plain raw host file (the disk's limit)
+#   qsd          qemu-storage-daemon 7.2's FUSE export of the same image (cache.direct=on, io_uring)
+#   qcowfs       `BINARY -f -o rw,cache=none,fuse_uring=off IMAGE MOUNTFILE`: requests through
+#                /dev/fuse, what a stock kernel (fuse.enable_uring=N) gives
+#   qcowfs-ring  the same with -o fuse_uring=on (the script turns enable_uring on for those runs)
 # Image sets:
-#   qcow2-full  fully written 1 GiB qcow2: randread4k randwrite4k (overwrite) seqread1m
-#   qcow2-empty empty 1 GiB qcow2: seqwrite1m and randwrite4k (allocating), fresh copy per job
-#   raw         1 GiB raw image through qcowfs (format=raw) vs the raw host file
-# Env: RUNTIME (s, default 6), SETS (default "raw qcow2-full qcow2-empty"), OUT (table file).
+#   raw          1 GiB raw image (format=raw): randread4k randwrite4k seqread1m seqwrite1m
+#   qcow2-full   fully written 1 GiB qcow2: randread4k randwrite4k (overwrite) seqread1m
+#   qcow2-empty  empty 1 GiB qcow2: seqwrite1m and randwrite4k (allocating)
+# Every job runs ROUNDS times; in each round the four systems run the job back to back, each
+# on a fresh copy of the image. The shared disk here drifts by up to 2x within minutes, so each
+# ratio is taken within a round and the table shows the median over rounds (values: medians).
+# Env: ROUNDS (default 3), RUNTIME (s per job, default 5), SETS (default "raw qcow2-full
+# qcow2-empty"), OUT (table file), RAW_OUT (every measurement, one per line).
 # Needs: fio, qemu-utils, qemu-system-common, fuse3; root (or the fuse group).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,91 +22,103 @@ bin=${1:-$here/../build/qcowfs}
 bin=$(readlink -f "$bin")
 [ -x "$bin" ] || { echo "no qcowfs binary at $bin (build first)" >&2; exit 1; }
 work=$(mktemp -d /var/tmp/qcowfs-bench.XXXXXX)
-results="$work/results.txt"
+results=${RAW_OUT:-$work/results.txt}
 uring_param=/sys/module/fuse/parameters/enable_uring
 uring_old=$(cat "$uring_param" 2>/dev/null || true)
+set_uring() { [ -w "$uring_param" ] && echo "$1" > "$uring_param"; }
 cleanup() {
   for m in "$work"/*.mnt; do [ -e "$m" ] && fusermount3 -u "$m" 2>/dev/null; done
   [ -n "${qsdpid:-}" ] && kill "$qsdpid" 2>/dev/null
-  [ -n "$uring_old" ] && echo "$uring_old" > "$uring_param" 2>/dev/null
+  [ -n "$uring_old" ] && set_uring "$uring_old"
   rm -rf "$work"
 }
 trap cleanup EXIT
-if [ -w "$uring_param" ]; then echo Y > "$uring_param"; fi
-echo "fuse.enable_uring=$(cat "$uring_param" 2>/dev/null || echo absent)" >&2
-export RUNTIME=${RUNTIME:-6} SIZE=1G
+export RUNTIME=${RUNTIME:-5} SIZE=1G
 suite="$here/fio-suite.sh"
+rounds=${ROUNDS:-3}
 read -ra sets <<< "${SETS:-raw qcow2-full qcow2-empty}"
 
 echo "preparing images in $work" >&2
 qemu-img create -q -f qcow2 "$work/full.qcow2" 1G
 qemu-io -c 'write -P 0x5a 0 1G' "$work/full.qcow2" >/dev/null
 qemu-img create -q -f qcow2 "$work/empty.qcow2" 1G
-dd if=/dev/zero of="$work/raw.img" bs=1M count=1024 status=none
+# Not zeros: a sparse copy of a zero-filled raw image would be all holes, read without any disk I/O.
+qemu-img create -q -f raw "$work/raw.img" 1G
+qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/raw.img" >/dev/null
+# Written back now, not under a later measurement (every copy below is synced the same way).
+sync "$work"/*.img "$work"/*.qcow2
 : > "$results"
 
 mounted() { for _ in $(seq 100); do grep -q " $1 [^ ]* [^-]*- fuse" /proc/self/mountinfo && return 0; sleep 0.1; done; return 1; }
-record() { sed "s/^/$1 /" >> "$results"; }  # prefix lines with the image set
 
-# run_on SET SYSTEM TEMPLATE FORMAT JOBS...: mount a fresh copy of TEMPLATE with SYSTEM, run JOBS
-run_on() {
-  local set=$1 sys=$2 tmpl=$3 fmt=$4; shift 4
-  local img="$work/$sys.img" mnt="$work/$sys.mnt"
-  cp --sparse=always "$tmpl" "$img"; : > "$mnt"
+# measure ROUND SET SYSTEM TEMPLATE FORMAT JOB: one job on a fresh copy of TEMPLATE
+measure() {
+  local round=$1 set=$2 sys=$3 tmpl=$4 fmt=$5 job=$6
+  local img="$work/$sys.img" mnt="$work/$sys.mnt" opts="rw,cache=none,format=$fmt" qpid=
+  if [ "$sys" = raw-host ]; then
+    "$suite" "$work/raw.img" "$sys" "$job" | sed "s/^/$round $set /" >> "$results"
+    return
+  fi
+  cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
   case $sys in
     qsd) qsdpid=$(FMT=$fmt "$here/qsd-mount.sh" "$img" "$mnt") ;;
-    qcowfs) "$bin" -f -o "rw,cache=none,format=$fmt" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
-    qcowfs-dev) "$bin" -f -o "rw,cache=none,format=$fmt,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
+    qcowfs) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
+    qcowfs-ring) set_uring Y; "$bin" -f -o "$opts,fuse_uring=on" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
   esac
   if mounted "$mnt" && [ "$(stat -c %s "$mnt")" = 1073741824 ]; then
-    "$suite" "$mnt" "$sys" "$@" | record "$set"
+    "$suite" "$mnt" "$sys" "$job" | sed "s/^/$round $set /" >> "$results"
   else
     echo "$sys did not mount $img" >&2; cat "$work/qcowfs.log" >&2 2>/dev/null
-    for j in "$@"; do echo "$sys $j FAILED" | record "$set"; done
+    echo "$round $set $sys $job FAILED" >> "$results"
   fi
   fusermount3 -u "$mnt" 2>/dev/null; sleep 0.3
   [ "$sys" = qsd ] && { kill "$qsdpid" 2>/dev/null; qsdpid=; }
-  [ "${sys%-dev}" = qcowfs ] && wait "$qpid" 2>/dev/null
+  [ -n "$qpid" ] && wait "$qpid" 2>/dev/null
   rm -f "$img" "$mnt"
 }
 
-for set in "${sets[@]}"; do
-  case $set in
-    raw)
-      "$suite" "$work/raw.img" raw-host randread4k randwrite4k seqread1m seqwrite1m | record raw
-      for s in qsd qcowfs qcowfs-dev; do run_on raw "$s" "$work/raw.img" raw randread4k randwrite4k seqread1m seqwrite1m; done ;;
-    qcow2-full)
-      "$suite" "$work/raw.img" raw-host randread4k randwrite4k seqread1m | record qcow2-full
-      for s in qsd qcowfs qcowfs-dev; do run_on qcow2-full "$s" "$work/full.qcow2" qcow2 randread4k randwrite4k seqread1m; done ;;
-    qcow2-empty)
-      "$suite" "$work/raw.img" raw-host seqwrite1m randwrite4k | record qcow2-empty
-      for s in qsd qcowfs qcowfs-dev; do
-        run_on qcow2-empty "$s" "$work/empty.qcow2" qcow2 seqwrite1m
-        run_on qcow2-empty "$s" "$work/empty.qcow2" qcow2 randwrite4k
-      done ;;
-    *) echo "unknown set $set" >&2; exit 2 ;;
-  esac
+for round in $(seq "$rounds"); do
+  echo "round $round of $rounds" >&2
+  for set in "${sets[@]}"; do
+    case $set in
+      raw) tmpl=$work/raw.img fmt=raw jobs="randread4k randwrite4k seqread1m seqwrite1m" ;;
+      qcow2-full) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k randwrite4k seqread1m" ;;
+      qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m randwrite4k" ;;
+      *) echo "unknown set $set" >&2; exit 2 ;;
+    esac
+    for job in $jobs; do
+      for sys in raw-host qsd qcowfs qcowfs-ring; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
+    done
+  done
 done
 
-python3 - "$results" <<'PY' | tee "${OUT:-/dev/null}"
-import sys, collections
-rows = collections.OrderedDict()
+python3 - "$results" "$rounds" <<'PY' | tee "${OUT:-/dev/null}"
+import sys, collections, statistics
+# lines: ROUND SET SYSTEM JOB VALUE IOPS MIBS MiB/s  (or ROUND SET SYSTEM JOB FAILED)
+runs = collections.OrderedDict()
 for line in open(sys.argv[1]):
     f = line.split()
-    if len(f) < 3: continue
-    s, sys_, job = f[0], f[1], f[2]
-    val = None if f[3] == "FAILED" else (float(f[5]) if job.endswith("1m") else float(f[3]))
-    rows.setdefault((s, job), {})[sys_] = val
+    if len(f) < 5: continue
+    rnd, s, sys_, job = f[0], f[1], f[2], f[3]
+    val = None if f[4] == "FAILED" else (float(f[6]) if job.endswith("1m") else float(f[4]))
+    runs.setdefault((s, job), collections.defaultdict(dict))[rnd][sys_] = val
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 def fmt(v, job):
     if v is None: return "failed"
     return f"{v:,.0f} MiB/s" if job.endswith("1m") else f"{v:,.0f} IOPS"
-def ratio(a, b):
-    return "-" if a is None or not b else f"{a / b:.2f}x"
+def ratio(rounds, a, b):
+    r = med([v[a] / v[b] for v in rounds.values() if v.get(a) and v.get(b)])
+    return "-" if r is None else f"{r:.2f}x"
+print(f"Medians of {sys.argv[2]} rounds; ratios are medians of the per-round ratios.\n")
 print("| image | job | raw host file | qemu-storage-daemon | qcowfs | qcowfs / raw | qcowfs / qsd "
-      "| qcowfs, /dev/fuse | its / raw | its / qsd |")
+      "| qcowfs, FUSE over io_uring | its / raw | its / qsd |")
 print("|---|---|---|---|---|---|---|---|---|---|")
-for (s, job), v in rows.items():
-    q, r, d, o = v.get("qcowfs"), v.get("raw-host"), v.get("qsd"), v.get("qcowfs-dev")
-    print(f"| {s} | {job} | {fmt(r, job)} | {fmt(d, job)} | {fmt(q, job)} | {ratio(q, r)} | {ratio(q, d)} "
-          f"| {fmt(o, job)} | {ratio(o, r)} | {ratio(o, d)} |")
+for (s, job), rounds in runs.items():
+    m = {k: med([v.get(k) for v in rounds.values()]) for k in ("raw-host", "qsd", "qcowfs", "qcowfs-ring")}
+    print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {fmt(m['qcowfs'], job)} "
+          f"| {ratio(rounds, 'qcowfs', 'raw-host')} | {ratio(rounds, 'qcowfs', 'qsd')} "
+          f"| {fmt(m['qcowfs-ring'], job)} | {ratio(rounds, 'qcowfs-ring', 'raw-host')} "
+          f"| {ratio(rounds, 'qcowfs-ring', 'qsd')} |")
 PY
