@@ -264,28 +264,5 @@ TEST(Check, RepairNeedsAWritableFile) {
   EXPECT_EQ(r.status().code(), EROFS);
 }
 
-TEST(RefcountEntries, RoundTripAtEveryWidth) {
-  for (uint32_t order = 0; order <= 6; ++order) {
-    SCOPED_TRACE(order);
-    std::vector<std::byte> block(512);
-    uint64_t max = max_refcount(order);
-    for (uint64_t i = 0; i < 64; ++i) set_refcount_entry(block, i, order, (i * 7 + 3) & max);
-    for (uint64_t i = 0; i < 64; ++i) EXPECT_EQ(get_refcount_entry(block, i, order), (i * 7 + 3) & max);
-  }
-}
-
-TEST(RefcountEntries, SubByteWidthsStartAtTheLeastSignificantBit) {
-  std::vector<std::byte> block(8);
-  set_refcount_entry(block, 0, 0, 1);
-  set_refcount_entry(block, 3, 0, 1);
-  EXPECT_EQ(block[0], std::byte{0x09});
-  std::vector<std::byte> b2(8);
-  set_refcount_entry(b2, 1, 1, 3);
-  EXPECT_EQ(b2[0], std::byte{0x0c});
-  std::vector<std::byte> b4(8);
-  set_refcount_entry(b4, 1, 2, 0xa);
-  EXPECT_EQ(b4[0], std::byte{0xa0});
-}
-
 }  // namespace
 }  // namespace qcowfs::image::qcow2
