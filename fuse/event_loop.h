@@ -51,7 +51,12 @@ namespace qcowfs::fuse {
 class PooledBuffer;
 class FuseRing;
 
-constexpr int kReadBatch = 16;  // requests read per wake-up before yielding to completions
+// Requests read per wake-up before the loop submits their host I/O and reaps
+// completions. Small, so the first request of a burst reaches the disk and
+// finished requests are replied without waiting for 16 reads: 4 KiB random
+// reads at QD32 went from 0.655x to 0.715x the raw host file (median of 10
+// alternating rounds) against 16.
+constexpr int kReadBatch = 4;
 
 class EventLoop {
  public:
