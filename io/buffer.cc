@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "io/align.h"
+
 namespace qcowfs::io {
 
 void detail::BufferRelease::operator()(std::byte* p) const {
@@ -16,8 +18,6 @@ void detail::BufferRelease::operator()(std::byte* p) const {
 
 namespace {
 
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
 // Maps `len` bytes (a multiple of kHugePageSize) at a kHugePageSize-aligned
 // address: maps one huge page more than asked and unmaps the unaligned ends.
 std::byte* map_huge_aligned(size_t len) {
@@ -26,7 +26,7 @@ std::byte* map_huge_aligned(size_t len) {
   if (m == MAP_FAILED) return nullptr;
   auto* base = static_cast<std::byte*>(m);
   const auto addr = reinterpret_cast<uintptr_t>(base);
-  std::byte* p = base + (round_up(addr, kHugePageSize) - addr);
+  std::byte* p = base + (align_up(addr, kHugePageSize) - addr);
   if (p > base) ::munmap(base, static_cast<size_t>(p - base));
   std::byte* end = p + len;
   if (end < base + span) ::munmap(end, static_cast<size_t>(base + span - end));
@@ -39,7 +39,7 @@ std::byte* map_huge_aligned(size_t len) {
 
 AlignedBuffer AlignedBuffer::for_large_io(size_t size, size_t align) {
   if (size < kLargeIoBytes || align > kHugePageSize) return AlignedBuffer(size, align, /*zero=*/false);
-  const size_t len = round_up(size, kHugePageSize);
+  const size_t len = align_up(size, kHugePageSize);
   std::byte* p = map_huge_aligned(len);
   if (!p) throw std::bad_alloc();
   return AlignedBuffer(p, size, len);

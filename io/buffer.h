@@ -1,5 +1,5 @@
-// AlignedBuffer: an owned, zero-initialised heap buffer aligned for direct I/O
-// (default 4096 bytes; pass the host's mem_align() when larger).
+// AlignedBuffer: an owned buffer aligned for direct I/O (default 4096 bytes;
+// pass the host's mem_align() when larger), zero-initialised unless asked not to.
 // AlignedBuffer::for_large_io() backs megabyte buffers with transparent huge
 // pages where the kernel allows (see there).
 // Thread-safety: a plain owned value; move it between threads freely.
@@ -41,15 +41,16 @@ class AlignedBuffer {
     data_.reset(static_cast<std::byte*>(p));
   }
 
-  // A buffer (contents unspecified) for transfers of a megabyte and more. From kLargeIoBytes
-  // up its memory is a private mapping aligned to kHugePageSize and advised
-  // MADV_HUGEPAGE, so each 2 MiB is (when the kernel finds a huge page)
-  // physically contiguous: an O_DIRECT transfer from it is one DMA segment per
-  // 2 MiB instead of one per 4 KiB page. A virtio disk limited to ~254
-  // segments per request and a 256-descriptor queue then takes several
-  // megabyte requests at once instead of one or two. Smaller sizes, or THP
-  // disabled, give an ordinary buffer. Memory: the mapping is rounded up to
-  // 2 MiB, all of it resident once touched.
+  // A buffer (contents unspecified) for transfers of a megabyte and more.
+  // From kLargeIoBytes up its memory is a private mapping aligned to
+  // kHugePageSize and advised MADV_HUGEPAGE, so each 2 MiB is (when the kernel
+  // finds a huge page) physically contiguous: an O_DIRECT transfer from it is
+  // one DMA segment per 2 MiB instead of one per 4 KiB page. A virtio disk
+  // limited to ~254 segments per request and a 256-descriptor queue then takes
+  // several megabyte requests at once instead of one or two. Smaller sizes
+  // give an ordinary heap buffer; with THP disabled the mapping keeps 4 KiB
+  // pages. Memory: the mapping is rounded up to 2 MiB, all of it resident once
+  // touched (a huge page is allocated whole).
   static AlignedBuffer for_large_io(size_t size, size_t align = kMinMemAlign);
 
   std::byte* data() { return data_.get(); }
