@@ -6,8 +6,11 @@
 #   qcowfs       `BINARY -f -o rw,cache=none,fuse_uring=off IMAGE MOUNTFILE`: requests through
 #                /dev/fuse, what a stock kernel (fuse.enable_uring=N) gives
 #   qcowfs-ring  the same with -o fuse_uring=on (the script turns enable_uring on for those runs)
+# A job named JOB-ro runs JOB on read-only mounts (`ro` instead of `rw`, qsd writable=off), the
+# default for qcowfs: there a raw image's reads pass through to the image file in the kernel.
 # Image sets:
-#   raw          1 GiB raw image (format=raw): randread4k randwrite4k seqread1m seqwrite1m
+#   raw          1 GiB raw image (format=raw): randread4k-ro randread4k randwrite4k seqread1m-ro
+#                seqread1m seqwrite1m
 #   qcow2-full   fully written 1 GiB qcow2: randread4k randwrite4k (overwrite) seqread1m
 #   qcow2-empty  empty 1 GiB qcow2: seqwrite1m and randwrite4k (allocating)
 # Every job runs ROUNDS times; in each round the four systems run the job back to back, each
@@ -54,19 +57,21 @@ mounted() { for _ in $(seq 100); do grep -q " $1 [^ ]* [^-]*- fuse" /proc/self/m
 # measure ROUND SET SYSTEM TEMPLATE FORMAT JOB: one job on a fresh copy of TEMPLATE
 measure() {
   local round=$1 set=$2 sys=$3 tmpl=$4 fmt=$5 job=$6
-  local img="$work/$sys.img" mnt="$work/$sys.mnt" opts="rw,cache=none,format=$fmt" qpid=
+  local img="$work/$sys.img" mnt="$work/$sys.mnt" mode=rw qpid=
+  case $job in *-ro) mode=ro ;; esac
+  local opts="$mode,cache=none,format=$fmt" fio_job=${job%-ro}
   if [ "$sys" = raw-host ]; then
-    "$suite" "$work/raw.img" "$sys" "$job" | sed "s/^/$round $set /" >> "$results"
+    "$suite" "$work/raw.img" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
     return
   fi
   cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
   case $sys in
-    qsd) qsdpid=$(FMT=$fmt "$here/qsd-mount.sh" "$img" "$mnt") ;;
+    qsd) qsdpid=$(FMT=$fmt WRITABLE=$([ $mode = ro ] && echo off || echo on) "$here/qsd-mount.sh" "$img" "$mnt") ;;
     qcowfs) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
     qcowfs-ring) set_uring Y; "$bin" -f -o "$opts,fuse_uring=on" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
   esac
   if mounted "$mnt" && [ "$(stat -c %s "$mnt")" = 1073741824 ]; then
-    "$suite" "$mnt" "$sys" "$job" | sed "s/^/$round $set /" >> "$results"
+    "$suite" "$mnt" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
   else
     echo "$sys did not mount $img" >&2; cat "$work/qcowfs.log" >&2 2>/dev/null
     echo "$round $set $sys $job FAILED" >> "$results"
@@ -81,7 +86,7 @@ for round in $(seq "$rounds"); do
   echo "round $round of $rounds" >&2
   for set in "${sets[@]}"; do
     case $set in
-      raw) tmpl=$work/raw.img fmt=raw jobs="randread4k randwrite4k seqread1m seqwrite1m" ;;
+      raw) tmpl=$work/raw.img fmt=raw jobs="randread4k-ro randread4k randwrite4k seqread1m-ro seqread1m seqwrite1m" ;;
       qcow2-full) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k randwrite4k seqread1m" ;;
       qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m randwrite4k" ;;
       *) echo "unknown set $set" >&2; exit 2 ;;
@@ -95,19 +100,20 @@ done
 python3 - "$results" "$rounds" <<'PY' | tee "${OUT:-/dev/null}"
 import sys, collections, statistics
 # lines: ROUND SET SYSTEM JOB VALUE IOPS MIBS MiB/s  (or ROUND SET SYSTEM JOB FAILED)
+def is_mb(job): return job.removesuffix("-ro").endswith("1m")
 runs = collections.OrderedDict()
 for line in open(sys.argv[1]):
     f = line.split()
     if len(f) < 5: continue
     rnd, s, sys_, job = f[0], f[1], f[2], f[3]
-    val = None if f[4] == "FAILED" else (float(f[6]) if job.endswith("1m") else float(f[4]))
+    val = None if f[4] == "FAILED" else (float(f[6]) if is_mb(job) else float(f[4]))
     runs.setdefault((s, job), collections.defaultdict(dict))[rnd][sys_] = val
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 def fmt(v, job):
     if v is None: return "failed"
-    return f"{v:,.0f} MiB/s" if job.endswith("1m") else f"{v:,.0f} IOPS"
+    return f"{v:,.0f} MiB/s" if is_mb(job) else f"{v:,.0f} IOPS"
 def ratio(rounds, a, b):
     r = med([v[a] / v[b] for v in rounds.values() if v.get(a) and v.get(b)])
     return "-" if r is None else f"{r:.2f}x"

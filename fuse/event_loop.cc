@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "fuse/fuse_ring.h"
+#include "fuse/passthrough.h"
 #include "fuse/request_buffer.h"
 #include "io/align.h"
 #include "io/log.h"
@@ -159,13 +160,19 @@ void EventLoop::note_init(const fuse_buf& buf) {
   const auto* in = static_cast<const fuse_in_header*>(buf.mem);
   init_unique_ = in->unique;
   init_claims_ring_ = false;
+  init_claims_passthrough_ = false;
   fuse_init_in arg = {};
   if (buf.size < sizeof *in + offsetof(fuse_init_in, flags2) + sizeof arg.flags2) return;
   std::memcpy(&arg, static_cast<const std::byte*>(buf.mem) + sizeof *in,
               std::min(sizeof arg, buf.size - sizeof *in));
   const bool offered = (arg.flags & FUSE_INIT_EXT) && (arg.flags2 & kOverIoUringFlag2);
   init_claims_ring_ = offered && !cfg_.ring_qids.empty() && engine_ && engine_->supports_uring_cmd();
+  init_claims_passthrough_ = cfg_.passthrough && (arg.flags & FUSE_INIT_EXT) && (arg.flags2 & passthrough::kInitFlag2);
 }
+
+// Where fuse_init_out (7.40) keeps max_stack_depth: the word after flags2,
+// unused[0] in libfuse 3.14's copy of the struct.
+constexpr size_t kMaxStackDepthOffset = offsetof(fuse_init_out, flags2) + sizeof(uint32_t);
 
 // Once the INIT reply claims io_uring, the kernel holds new requests until every
 // queue has a ring entry (or a registration fails), so the claim is made only
@@ -173,14 +180,19 @@ void EventLoop::note_init(const fuse_buf& buf) {
 ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
   fuse_out_header out;
   std::memcpy(&out, iov[0].iov_base, sizeof out);
-  if (!init_claims_ring_ || out.unique != init_unique_ || out.error != 0 || count != 2 ||
-      iov[0].iov_len != sizeof out || iov[1].iov_len < offsetof(fuse_init_out, flags2) + sizeof(uint32_t) ||
+  if ((!init_claims_ring_ && !init_claims_passthrough_) || out.unique != init_unique_ || out.error != 0 ||
+      count != 2 || iov[0].iov_len != sizeof out || iov[1].iov_len < kMaxStackDepthOffset + sizeof(uint32_t) ||
       iov[1].iov_len > sizeof(fuse_init_out))
     return ::writev(fd, iov, count);
   fuse_init_out arg = {};
   std::memcpy(&arg, iov[1].iov_base, iov[1].iov_len);
   arg.flags |= FUSE_INIT_EXT;
-  arg.flags2 |= kOverIoUringFlag2;
+  if (init_claims_ring_) arg.flags2 |= kOverIoUringFlag2;
+  if (init_claims_passthrough_) {
+    arg.flags2 |= passthrough::kInitFlag2;
+    const uint32_t depth = passthrough::kMaxStackDepth;
+    std::memcpy(reinterpret_cast<std::byte*>(&arg) + kMaxStackDepthOffset, &depth, sizeof depth);
+  }
   iovec patched[2] = {iov[0], {&arg, iov[1].iov_len}};
   return ::writev(fd, patched, 2);
 }

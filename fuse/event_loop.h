@@ -77,6 +77,9 @@ class EventLoop {
     // kernel offers it, so the connection keeps it even if fuse.enable_uring
     // is switched off later (every loop serves every queue, so all or none do).
     unsigned ring_depth = 0;
+    // The INIT reply claims FUSE passthrough (fuse/passthrough.h) when the
+    // kernel offers it; on_init then registers the backing file.
+    bool passthrough = false;
     // Called on the loop thread when the ring could not be set up (the loop
     // keeps serving through /dev/fuse).
     std::function<void(Status)> on_ring_failure;
@@ -144,6 +147,7 @@ class EventLoop {
   std::unique_ptr<FuseRing> ring_;  // outlives the engine: see thread_main()
   uint64_t init_unique_ = 0;        // the FUSE_INIT being answered, else 0
   bool init_claims_ring_ = false;   // its reply claims FUSE_OVER_IO_URING
+  bool init_claims_passthrough_ = false;  // ... and FUSE_PASSTHROUGH
 };
 
 // Returns a loop buffer to its loop's pools when dropped (on the loop thread).

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "fuse/event_loop.h"
+#include "fuse/passthrough.h"
 #include "fuse/ranges.h"
 #include "fuse/request_buffer.h"
 #include "io/align.h"
@@ -219,6 +220,10 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const bool for_writing = (fi->flags & O_ACCMODE) != O_RDONLY;
   if (for_writing && !node->file->writable()) {
     fuse_reply_err(req, EROFS);
+    return;
+  }
+  if (int32_t backing = node->file->backing_id(); backing >= 0) {
+    passthrough::reply_open(req, backing, true);  // a read-only view: nothing to flush
     return;
   }
   fi->direct_io = 1;  // no page cache on top of the host's: O_DIRECT opens work too

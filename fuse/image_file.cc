@@ -1,5 +1,6 @@
 #include "fuse/image_file.h"
 
+#include "fuse/passthrough.h"
 #include "io/buffer.h"
 #include "io/log.h"
 
@@ -34,6 +35,14 @@ uint64_t ImageFile::allocated_bytes() const {
 uint64_t ImageFile::mem_align() const {
   auto* d = driver();
   return d ? d->mem_align() : io::kMinMemAlign;
+}
+
+io::HostFile* ImageFile::passthrough_file() const {
+  auto* d = driver();
+  io::HostFile* f = d && !parent_ && !writable_ ? d->identity_file() : nullptr;
+  if (!f) return nullptr;
+  const size_t align = f->direct_io_align();
+  return align != 0 && align <= passthrough::kMaxDirectAlign ? f : nullptr;
 }
 
 Task<Status> ImageFile::close() {

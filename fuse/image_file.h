@@ -40,6 +40,18 @@ class ImageFile {
   bool writable() const { return writable_; }
   uint64_t mem_align() const;
 
+  // The host file the kernel may serve every open of this view from (FUSE
+  // passthrough), else nullptr. The kernel cannot mix passed-through and
+  // ordinary opens of one file (the latter fail with EIO), so this is all or
+  // nothing: the main view of a raw image over a whole regular file, mounted
+  // read-only, on a host whose O_DIRECT alignment is at most a 512-byte sector
+  // (so every O_DIRECT read that works through the daemon works without it).
+  io::HostFile* passthrough_file() const;
+  // From now on, opens are served by the kernel from backing `id`.
+  void enable_passthrough(int32_t id) { backing_id_.store(id, std::memory_order_release); }
+  // The backing id opens pass through to, or -1.
+  int32_t backing_id() const { return backing_id_.load(std::memory_order_acquire); }
+
   // Closes a lazily opened snapshot; the main view's driver is closed by its owner.
   Task<Status> close();
 
@@ -51,6 +63,7 @@ class ImageFile {
   io::AsyncMutex open_mu_;                         // guards owned_ during the lazy open
   std::unique_ptr<image::BlockDriver> owned_;      // an opened snapshot
   std::atomic<image::BlockDriver*> driver_{nullptr};
+  std::atomic<int32_t> backing_id_{-1};
 };
 
 }  // namespace qcowfs::fuse

@@ -78,6 +78,9 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
     else if (value == "on") o.fuse_uring = FuseUringMode::on;
     else if (value == "off") o.fuse_uring = FuseUringMode::off;
     else return bad_value(key, value, "auto, on or off");
+  } else if (key == "passthrough") {
+    if (value != "auto" && value != "off") return bad_value(key, value, "auto or off");
+    o.passthrough = value == "auto";
   } else if (key == "l2_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
@@ -223,6 +226,8 @@ std::string usage_text(std::string_view program) {
       "  queues=N             event-loop threads (default: one per CPU, at most {1})\n"
       "  fuse_uring=MODE      FUSE over io_uring: auto (default: when the kernel allows),\n"
       "                       on (fail when it does not), off (/dev/fuse only)\n"
+      "  passthrough=MODE     raw images: auto (default: the kernel serves read-only\n"
+      "                       opens from the image file itself when it can) or off\n"
       "  format=FMT           raw or qcow2 (default: probed)\n"
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"

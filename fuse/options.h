@@ -48,6 +48,9 @@ struct Options {
   io::LockMode locking = io::LockMode::automatic;  // locking=auto|on|off (QEMU's names)
   bool force_share = false;  // force-share: coexist with writers (read-only only)
   FuseUringMode fuse_uring = FuseUringMode::automatic;
+  // passthrough=auto|off: let the kernel serve read-only opens of a raw image
+  // straight from the host file (FUSE passthrough, Linux 6.9+, as root).
+  bool passthrough = true;
 };
 
 // Parses argv without the program name. --help and --version set their flags

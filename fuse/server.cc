@@ -186,6 +186,7 @@ Status Server::build_filesystem() {
   if (::stat(opts_.mountpoint.c_str(), &st) != 0) return Status::from_errno(errno, opts_.mountpoint);
   const bool writable = opts_.writable && !driver_->read_only();
   auto main_view = std::make_unique<ImageFile>(driver_.get(), writable);
+  main_view_ = main_view.get();
   InodeTable table = InodeTable::directory_root();
   if (S_ISREG(st.st_mode)) {
     table = InodeTable::file_root(std::move(main_view));
@@ -233,7 +234,8 @@ Status Server::start_loops() {
     cfg.engine_kind = opts_.aio;
     cfg.mem_align = driver_->mem_align();
     cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
-    cfg.on_init = [this] { start_rings(); };
+    cfg.on_init = [this] { on_init(); };
+    cfg.passthrough = wants_passthrough();
     for (unsigned q = 0; q < kernel_queues; ++q) cfg.ring_qids.push_back(static_cast<uint16_t>(q));
     cfg.ring_depth = std::max(kRingDepth / n, 16u);
     cfg.on_ring_failure = [this](Status st) { on_ring_failure(std::move(st)); };
@@ -247,7 +249,29 @@ Status Server::start_loops() {
   return Status::ok();
 }
 
-// On the loop thread that answered FUSE_INIT: every loop sets up its ring.
+bool Server::wants_passthrough() const {
+  return opts_.passthrough && main_view_->passthrough_file() && passthrough::permitted();
+}
+
+// On the loop thread that answered FUSE_INIT: the image file is registered for
+// passthrough (if the INIT reply claimed it), then every loop sets up its ring.
+void Server::on_init() {
+  if (wants_passthrough()) register_passthrough();
+  start_rings();
+}
+
+void Server::register_passthrough() {
+  auto backing = passthrough::Backing::open(session_->fd(), main_view_->passthrough_file()->kernel_fd());
+  if (!backing) {  // the kernel lacks it (or refused the claim): every read goes through us
+    log::debug("no FUSE passthrough: {}", backing.status().to_string());
+    return;
+  }
+  main_view_->enable_passthrough(backing->id());
+  log::debug("read-only opens of {} pass through to the image file (backing {})", opts_.image, backing->id());
+  std::lock_guard lk(loops_mu_);
+  backing_.emplace(std::move(*backing));
+}
+
 void Server::start_rings() {
   std::lock_guard lk(loops_mu_);
   initialized_ = true;
@@ -334,6 +358,7 @@ Status Server::shutdown() {
     std::lock_guard lk(loops_mu_);
     loops_.clear();
   }
+  backing_.reset();  // files still open keep the kernel's own reference
   Status closed = close_images();
   if (session_) session_->unmount();
   if (!closed) return closed;

@@ -20,11 +20,13 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "fuse/event_loop.h"
 #include "fuse/filesystem.h"
 #include "fuse/options.h"
+#include "fuse/passthrough.h"
 #include "image/block_driver.h"
 #include "io/engine.h"
 #include "io/fd.h"
@@ -56,7 +58,10 @@ class Server {
   void idle_writeback();
   int idle_timeout_ms() const;
   void on_session_end(Status st);  // from any loop thread
-  void start_rings();                // from the loop thread that answered INIT
+  bool wants_passthrough() const;
+  void on_init();                    // from the loop thread that answered INIT
+  void register_passthrough();       // from on_init
+  void start_rings();                // from on_init
   void on_ring_failure(Status st);   // from any loop thread
   Status shutdown();
   Status close_images();
@@ -75,6 +80,9 @@ class Server {
   std::unique_ptr<image::BlockDriver> driver_;
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<MountedSession> session_;
+  ImageFile* main_view_ = nullptr;  // owned by fs_
+  // Destroyed before the session: unregistered while /dev/fuse is still open.
+  std::optional<passthrough::Backing> backing_;  // guarded by loops_mu_ while loops run
   std::mutex loops_mu_;  // loops_ and initialized_: loop threads read them (start_rings)
   bool initialized_ = false;
   std::atomic<bool> ring_failed_{false};

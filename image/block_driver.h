@@ -87,6 +87,10 @@ class BlockDriver {
   // Writes back dirty metadata without waiting for a flush; the fuse layer
   // calls it when the mount has been idle for a while. Default: nothing to do.
   virtual Task<Status> idle_writeback() { co_return Status::ok(); }
+  // The host file that holds exactly this image's bytes at the same offsets
+  // and nothing else (a raw image over a whole regular file), so the kernel
+  // may read it without us (FUSE passthrough); nullptr for every other driver.
+  virtual io::HostFile* identity_file() { return nullptr; }
 
   // Internal snapshots (qcow2). open_snapshot() gives a read-only view of one
   // snapshot, found by id or name; it borrows this driver's files and must be

@@ -19,6 +19,11 @@ uint64_t RawDriver::size() const {
   return s > offset_ ? s - offset_ : 0;
 }
 
+io::HostFile* RawDriver::identity_file() {
+  if (offset_ != 0 || window_size_ || file_->is_block_device()) return nullptr;
+  return file_;
+}
+
 Task<Status> RawDriver::read(uint64_t off, std::span<std::byte> buf) {
   auto n = co_await file_->read(buf, offset_ + off);
   if (!n) co_return n.status();

@@ -37,6 +37,7 @@ class RawDriver final : public BlockDriver {
   Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
   uint64_t allocated_bytes() const override { return file_->allocated_bytes(); }
   Task<Status> close() override;
+  io::HostFile* identity_file() override;
 
   io::HostFile& file() { return *file_; }
 

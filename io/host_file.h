@@ -89,6 +89,12 @@ class HostFile {
   virtual bool writable() const = 0;
   virtual CacheMode cache_mode() const = 0;
   virtual const std::string& path() const = 0;
+  // The descriptor of the open host file, for handing the file itself to the
+  // kernel (FUSE passthrough); -1 when there is none (in-memory files).
+  virtual int kernel_fd() const { return -1; }
+  // The largest alignment (of offsets, lengths and buffers) the host needs of
+  // O_DIRECT transfers on this file, whatever the cache mode; 0 if unknown.
+  virtual size_t direct_io_align() const { return 0; }
 
   // Keeps the image lock for as long as this file is open (open_host_file).
   void hold_lock(ImageLock lock) { lock_ = std::move(lock); }

@@ -42,6 +42,7 @@ enum class OpKind : uint8_t { read, write, flush, discard, write_zeroes, truncat
 struct MemFileOptions {
   size_t mem_align = 4096;   // reported mem_align(); values below 4096 are raised to 4096
   size_t offset_align = 1;   // reported offset_align()
+  size_t direct_io_align = 0;  // reported direct_io_align() (0: unknown)
   // Fail requests that break offset_align / mem_align with EINVAL, like a raw
   // O_DIRECT fd. Stricter than the HostFile contract: for tests checking that
   // a caller aligns its I/O when the host asks it to.
@@ -79,6 +80,7 @@ class MemFile final : public HostFile {
   uint64_t allocated_bytes() const override;
   size_t mem_align() const override { return mem_align_; }
   size_t offset_align() const override { return opts_.offset_align; }
+  size_t direct_io_align() const override { return opts_.direct_io_align; }
   bool is_block_device() const override { return opts_.block_device; }
   bool writable() const override { return opts_.writable; }
   CacheMode cache_mode() const override { return opts_.cache; }

@@ -103,14 +103,28 @@ const char* file_type_name(mode_t mode) {
   return "not a regular file";
 }
 
+// statx(STATX_DIOALIGN) alone: has_value() when the kernel reports it; then
+// nullopt inside when the file system says the file cannot do direct I/O.
+std::optional<std::optional<DirectAlignment>> reported_direct_alignment(int fd) {
+  struct statx sx {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0 || !(sx.stx_mask & STATX_DIOALIGN)) return std::nullopt;
+  if (sx.stx_dio_offset_align == 0) return std::optional<DirectAlignment>();
+  return DirectAlignment{std::max<size_t>(sx.stx_dio_mem_align, 1), sx.stx_dio_offset_align};
+}
+
+// PosixFile::direct_io_align(): from the detected alignment under cache=none,
+// else from what statx reports (0 when it does not say).
+size_t direct_io_align_of(int fd, CacheMode cache, const DirectAlignment& detected) {
+  if (cache == CacheMode::none) return std::max(detected.mem, detected.offset);
+  auto reported = reported_direct_alignment(fd);
+  if (!reported || !*reported) return 0;
+  return std::max((*reported)->mem, (*reported)->offset);
+}
+
 }  // namespace
 
 std::optional<DirectAlignment> detect_direct_alignment(int fd, bool block_device, uint64_t size) {
-  struct statx sx {};
-  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
-    if (sx.stx_dio_offset_align == 0) return std::nullopt;  // the file system says: no direct I/O here
-    return DirectAlignment{std::max<size_t>(sx.stx_dio_mem_align, 1), sx.stx_dio_offset_align};
-  }
+  if (auto reported = reported_direct_alignment(fd)) return *reported;
   if (block_device) {
     size_t lbs = logical_block_size(fd);
     return DirectAlignment{lbs, lbs};
@@ -162,7 +176,8 @@ Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, cons
     }
   }
   const size_t logical_block = blk ? logical_block_size(fd->get()) : 1;
-  Params p{std::move(*fd), path, cache, opts.writable, blk, *size, logical_block, align};
+  const size_t dio_align = direct_io_align_of(fd->get(), cache, align);
+  Params p{std::move(*fd), path, cache, opts.writable, blk, *size, logical_block, align, dio_align};
   log::debug("opened {} ({}, cache={}, {} bytes, O_DIRECT alignment: offset {}, memory {})", path,
              blk ? "block device" : "file", to_string(cache), *size, align.offset, align.mem);
   return std::unique_ptr<PosixFile>(new PosixFile(std::move(p)));
@@ -178,6 +193,7 @@ PosixFile::PosixFile(Params p)
       dio_mem_align_(p.align.mem),
       mem_align_(std::max({size_t{4096}, page_size(), p.align.mem})),
       offset_align_(p.align.offset),
+      direct_io_align_(p.direct_io_align),
       size_(p.size) {}
 
 uint64_t PosixFile::allocated_bytes() const {

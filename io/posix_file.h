@@ -61,6 +61,8 @@ class PosixFile final : public HostFile {
   uint64_t allocated_bytes() const override;
   size_t mem_align() const override { return mem_align_; }
   size_t offset_align() const override { return offset_align_; }
+  int kernel_fd() const override { return fd_.get(); }
+  size_t direct_io_align() const override { return direct_io_align_; }
   bool is_block_device() const override { return block_device_; }
   bool writable() const override { return writable_; }
   CacheMode cache_mode() const override { return cache_; }
@@ -75,7 +77,8 @@ class PosixFile final : public HostFile {
     bool block_device;
     uint64_t size;
     size_t logical_block;  // block devices: BLKSSZGET; files: 1
-    DirectAlignment align;
+    DirectAlignment align;   // cache=none: what O_DIRECT needs; else {1, 1}
+    size_t direct_io_align;  // see direct_io_align()
   };
   explicit PosixFile(Params p);
 
@@ -110,6 +113,7 @@ class PosixFile final : public HostFile {
   const size_t dio_mem_align_;  // what the kernel needs of buffer addresses
   const size_t mem_align_;      // what we advertise: max(4096, page size, dio_mem_align_)
   const size_t offset_align_;   // 1 without O_DIRECT
+  const size_t direct_io_align_;  // what O_DIRECT would need, in every cache mode (0: unknown)
   std::atomic<uint64_t> size_;
   RangeLock locks_;  // O_DIRECT files only: serialises RMW against overlapping writes
 };

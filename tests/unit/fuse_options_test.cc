@@ -95,6 +95,7 @@ TEST(FuseOptions, BadInputNamesTheCulprit) {
       {{"-o", "format=vmdk", "img", "mnt"}, "vmdk"},
       {{"-o", "discard=on", "img", "mnt"}, "discard"},
       {{"-o", "fuse_uring=yes", "img", "mnt"}, "fuse_uring"},
+      {{"-o", "passthrough=on", "img", "mnt"}, "passthrough"},
       {{"-o", "l2_cache_size=12Q", "img", "mnt"}, "12Q"},
       {{"-o", "snapshot=", "img", "mnt"}, "snapshot"},
       {{"--frobnicate", "img", "mnt"}, "--frobnicate"},
@@ -147,6 +148,18 @@ TEST(FuseOptions, FuseUringModes) {
   }
 }
 
+TEST(FuseOptions, PassthroughIsAutoUnlessTurnedOff) {
+  auto d = parse({"img", "mnt"});
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->passthrough);
+  auto off = parse({"-o", "passthrough=off", "img", "mnt"});
+  ASSERT_TRUE(off) << off.status().to_string();
+  EXPECT_FALSE(off->passthrough);
+  auto on = parse({"-o", "passthrough=off,passthrough=auto", "img", "mnt"});
+  ASSERT_TRUE(on) << on.status().to_string();
+  EXPECT_TRUE(on->passthrough);
+}
+
 // The kernel keeps one FUSE ring queue per possible CPU: at least the online ones.
 TEST(FuseOptions, PossibleCpusCoverTheOnlineOnes) {
   EXPECT_GE(possible_cpu_count(), static_cast<unsigned>(sysconf(_SC_NPROCESSORS_ONLN)));
@@ -161,7 +174,7 @@ TEST(FuseOptions, DefaultQueueCountIsBounded) {
 TEST(FuseOptions, UsageListsEveryOption) {
   std::string u = usage_text("qcowfs");
   for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
-                          "l2_cache_size=", "fuse_uring=", "allow_other", "-f", "-d", "--help", "--version"})
+                          "l2_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "-f", "-d", "--help", "--version"})
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
 }
 
