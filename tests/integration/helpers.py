@@ -16,6 +16,7 @@ Main entry points:
   qemu_img_check(image)             asserts no corruptions and no leaks
   data_extents(path)                data ranges seen through SEEK_DATA/SEEK_HOLE
   assert_map_agrees(map, extents)   compares qemu-img map with those ranges
+  loop_device(path), host_fs_on_4k_device(dir)  loop devices, a 4096-byte-sector host fs
 
 Not thread-safe in the sense of sharing one mount object between threads for
 set-up/tear-down; reading a mounted file from many threads is fine.
@@ -557,3 +558,35 @@ def cleanup_mounts_under(directory: str | os.PathLike) -> list[str]:
     for t in sorted(found, key=len, reverse=True):
         unmount(t)
     return found
+
+
+# --------------------------------------------------------------------------
+# Block devices
+
+@contextlib.contextmanager
+def loop_device(path: Path, *extra: str) -> Iterator[str]:
+    """A loop device over path (losetup options in extra), detached afterwards."""
+    dev = run(["losetup", "-f", "--show", *extra, str(path)]).stdout.decode().strip()
+    try:
+        yield dev
+    finally:
+        run(["losetup", "-d", dev], check=False)
+
+
+@contextlib.contextmanager
+def host_fs_on_4k_device(workdir: Path) -> Iterator[Path]:
+    """An ext4 file system on a loop device with 4096-byte sectors, mounted under workdir."""
+    backing = workdir / "backing.img"
+    with open(backing, "wb") as f:
+        f.truncate(128 << 20)
+    mnt = workdir / "hostfs"
+    mnt.mkdir()
+    with loop_device(backing, "--sector-size", "4096") as dev:
+        assert run(["blockdev", "--getss", dev]).stdout.decode().strip() == "4096"
+        run(["mkfs.ext4", "-q", "-F", dev])
+        run(["mount", dev, str(mnt)])
+        try:
+            yield mnt
+        finally:
+            cleanup_mounts_under(mnt)
+            run(["umount", str(mnt)], check=False)

@@ -134,3 +134,18 @@ def test_read_only_mount_of_the_image_itself(workdir: Path) -> None:
         finally:
             os.close(fd)
     assert image.read_bytes() == data
+
+
+def test_hosts_with_4k_direct_alignment_keep_reads_on_the_daemon(workdir: Path) -> None:
+    """Passed through, a 512-byte O_DIRECT read would meet the host's 4096-byte
+    rule (EINVAL); through the daemon it works, so such hosts do not pass through."""
+    with helpers.host_fs_on_4k_device(workdir) as hostfs:
+        image, data = make_raw(hostfs / "disk.raw", 15)
+        with helpers.mounted(image, workdir / "view", ["cache=none"]) as m:
+            fd = os.open(m.path, os.O_RDONLY | os.O_DIRECT)
+            try:
+                without_daemon, got = read_while_stopped(m, fd, 512 * 3, 512)
+                assert got == data[1536:2048]
+                assert not without_daemon
+            finally:
+                os.close(fd)

@@ -4,11 +4,9 @@ host file on a 4096-byte-sector device with cache=none."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -43,20 +41,11 @@ def test_fio_write_then_verify_across_remount(workdir: Path, aio: str) -> None:
                  "--output-format=terse"])
 
 
-@contextlib.contextmanager
-def loop_device(path: Path, *extra: str) -> Iterator[str]:
-    dev = helpers.run(["losetup", "-f", "--show", *extra, str(path)]).stdout.decode().strip()
-    try:
-        yield dev
-    finally:
-        helpers.run(["losetup", "-d", dev], check=False)
-
-
 def test_loop_device_on_the_mounted_file(workdir: Path) -> None:
     image = make_raw(workdir / "disk.raw", 32 * MiB)
     data = random.Random(11).randbytes(4 * MiB)
     with helpers.mounted(image, workdir / "view", ["rw"]) as m:
-        with loop_device(m.path) as dev:
+        with helpers.loop_device(m.path) as dev:
             assert int(helpers.run(["blockdev", "--getsize64", dev]).stdout) == 32 * MiB
             fd = os.open(dev, os.O_RDWR)
             try:
@@ -76,24 +65,8 @@ def test_loop_device_on_the_mounted_file(workdir: Path) -> None:
         assert helpers.files_equal(m.path, image)
 
 
-@contextlib.contextmanager
-def host_fs_on_4k_device(workdir: Path) -> Iterator[Path]:
-    backing = make_raw(workdir / "backing.img", 128 * MiB)
-    mnt = workdir / "hostfs"
-    mnt.mkdir()
-    with loop_device(backing, "--sector-size", "4096") as dev:
-        assert helpers.run(["blockdev", "--getss", dev]).stdout.decode().strip() == "4096"
-        helpers.run(["mkfs.ext4", "-q", "-F", dev])
-        helpers.run(["mount", dev, str(mnt)])
-        try:
-            yield mnt
-        finally:
-            helpers.cleanup_mounts_under(mnt)
-            helpers.run(["umount", str(mnt)], check=False)
-
-
 def test_cache_none_on_4k_sector_host(workdir: Path) -> None:
-    with host_fs_on_4k_device(workdir) as hostfs:
+    with helpers.host_fs_on_4k_device(workdir) as hostfs:
         image = make_raw(hostfs / "disk.raw", 16 * MiB)
         rng = random.Random(12)
         writes = [(rng.randrange(0, 16 * MiB // 512 - 16) * 512, rng.randbytes(512 * rng.randrange(1, 9)))
