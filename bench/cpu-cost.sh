@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # cpu-cost.sh [QCOWFS_BINARY] -- CPU cost per request of the daemon, robust to a loaded machine:
-# mounts a 256 MiB raw image (format=raw, cache=none), runs a fixed number of 4 KiB random reads
+# mounts a 256 MiB raw image (format=raw, cache=none, passthrough=off so reads reach the daemon), runs a fixed number of 4 KiB random reads
 # at QD32 with fio and reports the daemon's task-clock and context switches per request
 # (perf stat), and /dev/fuse read() calls per request and their EAGAIN share (strace -c).
 # Env: IOS (requests, default 100000), QUEUES (-o queues=N, default: the binary's default),
 #      FMT (raw or qcow2, default raw).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-bin=$(readlink -f "${1:-$here/../build/fuse/qcowfs}")
+bin=$(readlink -f "${1:-$here/../build/qcowfs}")
 ios=${IOS:-100000}
 fmt=${FMT:-raw}
 work=$(mktemp -d /var/tmp/qcowfs-cpu.XXXXXX)
@@ -21,7 +21,7 @@ else
   dd if=/dev/zero of="$work/img" bs=1M count=256 status=none
 fi
 : > "$work/mnt"
-opts="ro,cache=none,format=$fmt${QUEUES:+,queues=$QUEUES}"
+opts="ro,cache=none,passthrough=off,format=$fmt${QUEUES:+,queues=$QUEUES}"
 "$bin" -f -o "$opts" "$work/img" "$work/mnt" & pid=$!
 for _ in $(seq 100); do grep -q " $work/mnt " /proc/self/mountinfo && break; sleep 0.1; done
 run_fio() {
