@@ -267,7 +267,7 @@ void Server::register_passthrough() {
     return;
   }
   main_view_->enable_passthrough(backing->id());
-  log::debug("read-only opens of {} pass through to the image file (backing {})", opts_.image, backing->id());
+  log::debug("reads of {} pass through to the image file (FUSE passthrough, backing {})", opts_.image, backing->id());
   std::lock_guard lk(loops_mu_);
   backing_.emplace(std::move(*backing));
 }

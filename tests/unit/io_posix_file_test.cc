@@ -127,6 +127,28 @@ TEST(PosixFileOpen, DirectAlignmentMatchesStatx) {
   EXPECT_GE(f->mem_align(), 4096u);
 }
 
+// What an O_DIRECT reader of the file would need is known in every cache mode
+// (FUSE passthrough readers bring their own flags): statx's answer, the same
+// as what cache=none detects, and 4096 on a 4096-byte-sector device.
+TEST(PosixFileOpen, DirectIoAlignIsKnownInEveryCacheMode) {
+  TempFile tf("dioalign", kFileSize);
+  struct statx sx {};
+  ASSERT_EQ(::statx(AT_FDCWD, tf.path().c_str(), 0, STATX_DIOALIGN, &sx), 0);
+  ASSERT_TRUE(sx.stx_mask & STATX_DIOALIGN) << "this kernel does not report STATX_DIOALIGN for /var/tmp";
+  const size_t want = std::max<size_t>(sx.stx_dio_offset_align, sx.stx_dio_mem_align);
+  for (CacheMode m : {CacheMode::none, CacheMode::writeback, CacheMode::writethrough, CacheMode::unsafe}) {
+    auto f = open_file(tf.path(), m);
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->direct_io_align(), want) << to_string(m);
+  }
+  TempFile backing("dioalign4k", 4 << 20);
+  LoopDevice loop(backing.path(), 4096);
+  ASSERT_TRUE(loop.ok()) << loop.error();
+  auto dev = open_file(loop.device(), CacheMode::none);
+  ASSERT_TRUE(dev);
+  EXPECT_EQ(dev->direct_io_align(), 4096u);
+}
+
 TEST(PosixFileOpen, ProbeFindsAlignmentWithoutStatx) {
   TempFile tf("probe", kFileSize);
   UniqueFd fd(::open(tf.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
