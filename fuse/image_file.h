@@ -45,7 +45,7 @@ class ImageFile {
   // ordinary opens of one file (the latter fail with EIO), so this is all or
   // nothing: the main view of a raw image over a whole regular file, mounted
   // read-only, on a host whose O_DIRECT alignment is at most a 512-byte sector
-  // (so every O_DIRECT read that works through the daemon works without it).
+  // (so sector-aligned O_DIRECT reads, which the daemon would bounce, still work).
   io::HostFile* passthrough_file() const;
   // From now on, opens are served by the kernel from backing `id`.
   void enable_passthrough(int32_t id) { backing_id_.store(id, std::memory_order_release); }
