@@ -223,7 +223,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   if (int32_t backing = node->file->backing_id(); backing >= 0) {
-    passthrough::reply_open(req, backing, true);  // a read-only view: nothing to flush
+    passthrough::reply_open(req, backing);
     return;
   }
   fi->direct_io = 1;  // no page cache on top of the host's: O_DIRECT opens work too

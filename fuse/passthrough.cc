@@ -54,9 +54,9 @@ Backing::~Backing() {
   (void)::ioctl(fuse_fd_, kIocBackingClose, &id);  // fails only once the connection is gone
 }
 
-void reply_open(fuse_req_t req, int32_t backing_id, bool noflush) {
+void reply_open(fuse_req_t req, int32_t backing_id) {
   OpenOut out = {};
-  out.open_flags = kOpenFlag | (noflush ? kOpenNoFlush : 0);
+  out.open_flags = kOpenFlag | kOpenNoFlush;
   out.backing_id = backing_id;
   iovec iov = {&out, sizeof out};
   fuse_reply_iov(req, &iov, 1);

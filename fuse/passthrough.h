@@ -1,6 +1,6 @@
 // Passthrough: FUSE passthrough (Linux 6.9+), where the kernel serves an open
 // file's reads and writes from a host file itself, without a request to the
-// daemon. qcowfs uses it for read-only opens of a raw image over a regular
+// daemon. qcowfs uses it for read-only mounts of a raw image over a regular
 // file, whose bytes are the image's bytes at the same offsets. libfuse 3.14
 // predates the feature, so its kernel ABI is spelled out here: the INIT flag,
 // the open flag and the backing-file ioctls on /dev/fuse.
@@ -53,7 +53,8 @@ class Backing {
   int32_t id_;
 };
 
-// Replies to an OPEN so that the kernel serves the file from backing `id`.
-void reply_open(fuse_req_t req, int32_t backing_id, bool noflush);
+// Replies to an OPEN of a read-only view so that the kernel serves the file
+// from backing `id` (FOPEN_NOFLUSH: there is nothing to flush).
+void reply_open(fuse_req_t req, int32_t backing_id);
 
 }  // namespace qcowfs::fuse::passthrough
