@@ -155,12 +155,20 @@ ssize_t EventLoop::write_reply(int fd, iovec* iov, int count, void*) {
 // The kernel offers FUSE_OVER_IO_URING (flags2 bit 9, protocol 7.42) in
 // FUSE_INIT when fuse.enable_uring is on; libfuse 3.14 does not know the flag.
 constexpr uint32_t kOverIoUringFlag2 = 1u << 9;
+// FUSE_DIRECT_IO_ALLOW_MMAP (flags2 bit 4, Linux 6.6+, protocol 7.39): shared
+// mappings of direct_io opens, served from the page cache for the mapped
+// pages only. The kernel keeps them coherent with our direct reads and writes
+// (a direct read writes dirty mapped pages back first, a direct write drops the
+// cached pages it covers). Always claimed when offered; libfuse 3.14 does not
+// know it. Without it (older kernels) shared mmap of the view fails with ENODEV.
+constexpr uint32_t kDirectIoAllowMmapFlag2 = 1u << 4;
 
 void EventLoop::note_init(const fuse_buf& buf) {
   const auto* in = static_cast<const fuse_in_header*>(buf.mem);
   init_unique_ = in->unique;
   init_claims_ring_ = false;
   init_claims_passthrough_ = false;
+  init_claims_mmap_ = false;
   fuse_init_in arg = {};
   if (buf.size < sizeof *in + offsetof(fuse_init_in, flags2) + sizeof arg.flags2) return;
   std::memcpy(&arg, static_cast<const std::byte*>(buf.mem) + sizeof *in,
@@ -168,6 +176,8 @@ void EventLoop::note_init(const fuse_buf& buf) {
   const bool offered = (arg.flags & FUSE_INIT_EXT) && (arg.flags2 & kOverIoUringFlag2);
   init_claims_ring_ = offered && !cfg_.ring_qids.empty() && engine_ && engine_->supports_uring_cmd();
   init_claims_passthrough_ = cfg_.passthrough && (arg.flags & FUSE_INIT_EXT) && (arg.flags2 & passthrough::kInitFlag2);
+  init_claims_mmap_ = (arg.flags & FUSE_INIT_EXT) && (arg.flags2 & kDirectIoAllowMmapFlag2);
+  if (!init_claims_mmap_) log::info("this kernel cannot map the view shared (needs Linux 6.6+): MAP_SHARED fails with ENODEV");
 }
 
 // Where fuse_init_out (7.40) keeps max_stack_depth: the word after flags2,
@@ -180,14 +190,15 @@ constexpr size_t kMaxStackDepthOffset = offsetof(fuse_init_out, flags2) + sizeof
 ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
   fuse_out_header out;
   std::memcpy(&out, iov[0].iov_base, sizeof out);
-  if ((!init_claims_ring_ && !init_claims_passthrough_) || out.unique != init_unique_ || out.error != 0 ||
-      count != 2 || iov[0].iov_len != sizeof out || iov[1].iov_len < kMaxStackDepthOffset + sizeof(uint32_t) ||
-      iov[1].iov_len > sizeof(fuse_init_out))
+  const bool patch = init_claims_ring_ || init_claims_passthrough_ || init_claims_mmap_;
+  if (!patch || out.unique != init_unique_ || out.error != 0 || count != 2 || iov[0].iov_len != sizeof out ||
+      iov[1].iov_len < kMaxStackDepthOffset + sizeof(uint32_t) || iov[1].iov_len > sizeof(fuse_init_out))
     return ::writev(fd, iov, count);
   fuse_init_out arg = {};
   std::memcpy(&arg, iov[1].iov_base, iov[1].iov_len);
   arg.flags |= FUSE_INIT_EXT;
   if (init_claims_ring_) arg.flags2 |= kOverIoUringFlag2;
+  if (init_claims_mmap_) arg.flags2 |= kDirectIoAllowMmapFlag2;
   if (init_claims_passthrough_) {
     arg.flags2 |= passthrough::kInitFlag2;
     const uint32_t depth = passthrough::kMaxStackDepth;

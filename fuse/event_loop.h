@@ -148,6 +148,7 @@ class EventLoop {
   uint64_t init_unique_ = 0;        // the FUSE_INIT being answered, else 0
   bool init_claims_ring_ = false;   // its reply claims FUSE_OVER_IO_URING
   bool init_claims_passthrough_ = false;  // ... and FUSE_PASSTHROUGH
+  bool init_claims_mmap_ = false;         // ... and FUSE_DIRECT_IO_ALLOW_MMAP
 };
 
 // Returns a loop buffer to its loop's pools when dropped (on the loop thread).

@@ -132,9 +132,12 @@ Task<void> open_task(fuse_req_t req, ImageFile& file, fuse_file_info fi) {
   fuse_reply_open(req, &fi);
 }
 
-Task<void> truncate_task(fuse_req_t req, const Node& node, uint64_t new_size) {
+// Grows or shrinks the disk. Drivers refuse to shrink over data (EINVAL,
+// image/shrink.h), so no size change drops data; O_TRUNC never gets here (see
+// op_open).
+Task<void> resize_task(fuse_req_t req, const Node& node, uint64_t new_size) {
   Status st = co_await node.file->ensure_open();
-  if (st) st = co_await node.file->driver()->truncate(new_size);
+  if (st && new_size != node.file->size()) st = co_await node.file->driver()->truncate(new_size);
   if (!st) {
     reply_error(req, st);
     co_return;
@@ -156,9 +159,10 @@ void op_init(void*, fuse_conn_info* conn) {
   conn->max_write = kMaxWrite;
   conn->max_background = kMaxBackground;
   conn->congestion_threshold = kCongestionThreshold;
-  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_ATOMIC_O_TRUNC |
-                  FUSE_CAP_WRITEBACK_CACHE);
-  for (unsigned cap : {FUSE_CAP_ASYNC_READ, FUSE_CAP_ASYNC_DIO})
+  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_WRITEBACK_CACHE);
+  // ATOMIC_O_TRUNC: O_TRUNC reaches us as an open flag (which op_open
+  // ignores, as a block device does) instead of a truncate to 0.
+  for (unsigned cap : {FUSE_CAP_ASYNC_READ, FUSE_CAP_ASYNC_DIO, FUSE_CAP_ATOMIC_O_TRUNC})
     if (conn->capable & cap) conn->want |= cap;
   log::debug("FUSE protocol {}.{}: max_write {}, max_background {}", conn->proto_major, conn->proto_minor,
              conn->max_write, conn->max_background);
@@ -211,9 +215,11 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, f
     fuse_reply_err(req, EROFS);
     return;
   }
-  EventLoop::current()->spawn_request(truncate_task(req, *node, static_cast<uint64_t>(attr->st_size)));
+  EventLoop::current()->spawn_request(resize_task(req, *node, static_cast<uint64_t>(attr->st_size)));
 }
 
+// O_TRUNC (in fi->flags, see op_init) is ignored: the view is a disk, and like
+// a block device it keeps its size and data whatever the open asks.
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const Node* node = image_node_or_reply(req, ino);
   if (!node) return;
@@ -256,16 +262,17 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     fuse_reply_err(req, EROFS);
     return;
   }
-  if (Status st = check_write_range(static_cast<uint64_t>(off), size, d->size()); !st) {
-    reply_error(req, st);
+  auto n = writable_bytes(static_cast<uint64_t>(off), size, d->size());  // short across the end
+  if (!n) {
+    reply_error(req, n.status());
     return;
   }
-  if (size == 0) {
+  if (*n == 0) {
     fuse_reply_write(req, 0);
     return;
   }
   EventLoop* loop = EventLoop::current();
-  std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(buf), size);
+  std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(*n));
   PooledBuffer owner = loop->hold_write_payload(payload);
   loop->spawn_request(write_task(req, *d, static_cast<uint64_t>(off), payload, std::move(owner)));
 }

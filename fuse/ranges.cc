@@ -18,11 +18,11 @@ uint64_t readable_bytes(uint64_t off, uint64_t len, uint64_t size) {
   return std::min(len, size - off);
 }
 
-Status check_write_range(uint64_t off, uint64_t len, uint64_t size) {
-  uint64_t end = 0;
-  if (!range_end(off, len, end) || end > size)
-    return Status::errorf(EFBIG, "write [{}, +{}) crosses the end of the {}-byte disk", off, len, size);
-  return Status::ok();
+Result<uint64_t> writable_bytes(uint64_t off, uint64_t len, uint64_t size) {
+  if (len == 0) return uint64_t{0};
+  if (off >= size)
+    return Status::errorf(ENOSPC, "write at {} starts at or past the end of the {}-byte disk", off, size);
+  return std::min(len, size - off);
 }
 
 Result<FallocatePlan> plan_fallocate(int mode, uint64_t off, uint64_t len, uint64_t size) {

@@ -12,6 +12,7 @@
 #include "image/qcow2_driver.h"
 #include "image/qcow2_status.h"
 #include "image/qcow2_writer.h"
+#include "image/shrink.h"
 #include "io/align.h"
 #include "io/buffer.h"
 #include "io/engine.h"
@@ -469,6 +470,8 @@ Task<Status> Qcow2Driver::write_zeroes(uint64_t off, uint64_t len, bool may_unma
 Task<Status> Qcow2Driver::truncate(uint64_t new_size) {
   if (!writer_) co_return Status::error(EROFS, std::string(kReadOnly));
   if (image_->corrupt) co_return refuse_corrupt();
+  // Data a backing file shows past the new end counts too (the writer checks this layer).
+  if (new_size < size()) QCOWFS_CO_TRY(co_await check_shrink(*this, new_size));
   co_return co_await writer_->truncate(new_size);
 }
 Task<Status> Qcow2Driver::close() {

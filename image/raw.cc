@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "image/shrink.h"
+
 namespace qcowfs::image {
 
 RawDriver::RawDriver(std::unique_ptr<io::HostFile> file, bool discard_unmap, uint64_t offset,
@@ -57,6 +59,7 @@ Task<Status> RawDriver::truncate(uint64_t new_size) {
   if (read_only()) co_return Status::error(EROFS, "image is read-only");
   if (window_size_ || offset_ != 0 || file_->is_block_device())
     co_return Status::error(EINVAL, "a raw device or window has a fixed size");
+  if (new_size < size()) QCOWFS_CO_TRY(co_await check_shrink(*this, new_size));
   co_return co_await file_->truncate(new_size);
 }
 

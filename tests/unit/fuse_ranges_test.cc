@@ -20,16 +20,27 @@ TEST(FuseRanges, ReadsAreShortAtTheEnd) {
   EXPECT_EQ(readable_bytes(10, kMax, kSize), kSize - 10);
 }
 
-TEST(FuseRanges, WritesInsideTheDiskPass) {
-  EXPECT_TRUE(check_write_range(0, kSize, kSize));
-  EXPECT_TRUE(check_write_range(kSize - 1, 1, kSize));
-  EXPECT_TRUE(check_write_range(kSize, 0, kSize));
+TEST(FuseRanges, WritesInsideTheDiskAreWhole) {
+  for (auto [off, len] : {std::pair<uint64_t, uint64_t>{0, kSize}, {kSize - 1, 1}, {kSize, 0}, {kMax, 0}}) {
+    auto n = writable_bytes(off, len, kSize);
+    ASSERT_TRUE(n) << off << "+" << len << ": " << n.status().to_string();
+    EXPECT_EQ(*n, len) << off << "+" << len;
+  }
 }
 
-TEST(FuseRanges, WritesCrossingTheEndGetEfbig) {
-  for (auto [off, len] : {std::pair<uint64_t, uint64_t>{kSize - 1, 2}, {kSize, 1}, {kMax, 2}, {1, kMax}}) {
-    Status st = check_write_range(off, len, kSize);
-    EXPECT_EQ(st.code(), EFBIG) << off << "+" << len;
+TEST(FuseRanges, WritesCrossingTheEndAreShort) {
+  for (auto [off, len] : {std::pair<uint64_t, uint64_t>{kSize - 1, 2}, {0, kSize + 1}, {1, kMax}, {kSize - 512, 4096}}) {
+    auto n = writable_bytes(off, len, kSize);
+    ASSERT_TRUE(n) << off << "+" << len << ": " << n.status().to_string();
+    EXPECT_EQ(*n, kSize - off) << off << "+" << len;
+  }
+}
+
+TEST(FuseRanges, WritesAtOrPastTheEndGetEnospc) {
+  for (auto [off, len] : {std::pair<uint64_t, uint64_t>{kSize, 1}, {kSize + 1, 4096}, {kMax, 2}}) {
+    auto n = writable_bytes(off, len, kSize);
+    ASSERT_FALSE(n) << off << "+" << len;
+    EXPECT_EQ(n.status().code(), ENOSPC) << off << "+" << len;
   }
 }
 
