@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <span>
+#include <string>
 
 #include "fuse/event_loop.h"
 #include "fuse/passthrough.h"
@@ -50,13 +51,21 @@ const Node* image_node_or_reply(fuse_req_t req, fuse_ino_t ino) {
   return node;
 }
 
-// The driver of an opened image file, or nullptr after replying EBADF.
-image::BlockDriver* driver_or_reply(fuse_req_t req, fuse_ino_t ino) {
+// The opened image file behind ino (its driver() is set), or nullptr after replying.
+ImageFile* opened_file_or_reply(fuse_req_t req, fuse_ino_t ino) {
   const Node* node = image_node_or_reply(req, ino);
   if (!node) return nullptr;
-  image::BlockDriver* d = node->file->driver();
-  if (!d) fuse_reply_err(req, EBADF);  // the kernel sends I/O only after a successful open
-  return d;
+  if (!node->file->driver()) {
+    fuse_reply_err(req, EBADF);  // the kernel sends I/O only after a successful open
+    return nullptr;
+  }
+  return node->file.get();
+}
+
+// The driver of an opened image file, or nullptr after replying.
+image::BlockDriver* driver_or_reply(fuse_req_t req, fuse_ino_t ino) {
+  ImageFile* file = opened_file_or_reply(req, ino);
+  return file ? file->driver() : nullptr;
 }
 
 // ---- request tasks: each replies exactly once when its I/O is done ----
@@ -72,13 +81,14 @@ Task<void> read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t
 }
 
 // `payload` points into `owner`, kept alive until the write is done.
-Task<void> write_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, std::span<const std::byte> payload,
+Task<void> write_task(fuse_req_t req, const ImageFile& file, uint64_t off, std::span<const std::byte> payload,
                       [[maybe_unused]] PooledBuffer owner) {
-  Status st = co_await d.write(off, payload);
+  Status st = co_await file.driver()->write(off, payload);
   if (!st) {
     reply_error(req, st);
     co_return;
   }
+  file.note_write(off, payload.size());
   fuse_reply_write(req, payload.size());
 }
 
@@ -91,13 +101,14 @@ Task<void> flush_task(fuse_req_t req, image::BlockDriver& d) {
   fuse_reply_err(req, 0);
 }
 
-Task<void> zero_task(fuse_req_t req, image::BlockDriver& d, FallocatePlan plan) {
+Task<void> zero_task(fuse_req_t req, const ImageFile& file, FallocatePlan plan) {
   bool unmap = plan.action == FallocatePlan::Action::zero_unmap;
-  Status st = co_await d.write_zeroes(plan.offset, plan.length, unmap);
+  Status st = co_await file.driver()->write_zeroes(plan.offset, plan.length, unmap);
   if (!st) {
     reply_error(req, st);
     co_return;
   }
+  file.note_write(plan.offset, plan.length);
   fuse_reply_err(req, 0);
 }
 
@@ -168,7 +179,11 @@ void op_init(void*, fuse_conn_info* conn) {
              conn->max_write, conn->max_background);
 }
 
-void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+// Answers a lookup from the table as it is now. An ENOENT error reply leaves
+// the kernel no cached negative entry; entries of a dynamic directory get no
+// entry timeout, so the next path walk asks again (after a refresh it may get
+// a new inode for the same name).
+void reply_lookup(fuse_req_t req, fuse_ino_t parent, const char* name, bool dynamic) {
   const Filesystem& fs = fs_of(req);
   const Node* node = fs.table().lookup(parent, name);
   if (!node) {
@@ -180,8 +195,26 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   e.generation = 1;
   e.attr = fs.table().attributes(*node, fs.attr_context());
   e.attr_timeout = kAttrTimeout;
-  e.entry_timeout = kEntryTimeout;
+  e.entry_timeout = dynamic ? 0.0 : kEntryTimeout;
   fuse_reply_entry(req, &e);
+}
+
+// A lookup in a dynamic directory whose source was written since it was read
+// (partitions/ after a new partition table): re-read, then answer. A failed
+// re-read keeps the previous entries and is only logged.
+Task<void> refreshed_lookup_task(fuse_req_t req, DynamicDirectory& d, fuse_ino_t parent, std::string name) {
+  Status st = co_await d.refresh();
+  if (!st) log::warn("re-reading the partition table: {}", st.to_string());
+  reply_lookup(req, parent, name.c_str(), true);
+}
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  DynamicDirectory* d = fs_of(req).table().dynamic_for(parent);
+  if (d && d->needs_refresh()) {
+    EventLoop::current()->spawn_request(refreshed_lookup_task(req, *d, parent, name));
+    return;
+  }
+  reply_lookup(req, parent, name, d != nullptr);
 }
 
 void op_forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
@@ -256,8 +289,9 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info*) {
-  image::BlockDriver* d = driver_or_reply(req, ino);
-  if (!d) return;
+  ImageFile* file = opened_file_or_reply(req, ino);
+  if (!file) return;
+  image::BlockDriver* d = file->driver();
   if (d->read_only()) {
     fuse_reply_err(req, EROFS);
     return;
@@ -274,7 +308,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   EventLoop* loop = EventLoop::current();
   std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(*n));
   PooledBuffer owner = loop->hold_write_payload(payload);
-  loop->spawn_request(write_task(req, *d, static_cast<uint64_t>(off), payload, std::move(owner)));
+  loop->spawn_request(write_task(req, *file, static_cast<uint64_t>(off), payload, std::move(owner)));
 }
 
 void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -370,8 +404,9 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
 }
 
 void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
-  image::BlockDriver* d = driver_or_reply(req, ino);
-  if (!d) return;
+  ImageFile* file = opened_file_or_reply(req, ino);
+  if (!file) return;
+  image::BlockDriver* d = file->driver();
   if (d->read_only()) {
     fuse_reply_err(req, EROFS);
     return;
@@ -385,7 +420,7 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
     fuse_reply_err(req, 0);
     return;
   }
-  EventLoop::current()->spawn_request(zero_task(req, *d, *plan));
+  EventLoop::current()->spawn_request(zero_task(req, *file, *plan));
 }
 
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {

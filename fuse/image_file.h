@@ -21,6 +21,15 @@
 
 namespace qcowfs::fuse {
 
+// Told about every completed write or zeroing of a view, in disk offsets (the
+// partitions/ directory uses it to notice a changed partition table).
+// Thread-safety: note_write() is called from any event-loop thread.
+class WriteWatch {
+ public:
+  virtual ~WriteWatch() = default;
+  virtual void note_write(uint64_t disk_offset, uint64_t len) = 0;
+};
+
 class ImageFile {
  public:
   // The main view over an opened driver (borrowed, must outlive this object).
@@ -52,6 +61,18 @@ class ImageFile {
   // The backing id opens pass through to, or -1.
   int32_t backing_id() const { return backing_id_.load(std::memory_order_acquire); }
 
+  // Writes to this view from now on are reported to `watch` (borrowed, must
+  // outlive this object), shifted by disk_offset (where the view starts on the
+  // disk). Set while building the tree, before any request.
+  void watch_writes(WriteWatch* watch, uint64_t disk_offset) {
+    watch_ = watch;
+    watch_offset_ = disk_offset;
+  }
+  // Called when a write or zeroing of [off, off+len) of this view completed.
+  void note_write(uint64_t off, uint64_t len) const {
+    if (watch_) watch_->note_write(watch_offset_ + off, len);
+  }
+
   // Closes a lazily opened snapshot; the main view's driver is closed by its owner.
   Task<Status> close();
 
@@ -64,6 +85,8 @@ class ImageFile {
   std::unique_ptr<image::BlockDriver> owned_;      // an opened snapshot
   std::atomic<image::BlockDriver*> driver_{nullptr};
   std::atomic<int32_t> backing_id_{-1};
+  WriteWatch* watch_ = nullptr;
+  uint64_t watch_offset_ = 0;
 };
 
 }  // namespace qcowfs::fuse

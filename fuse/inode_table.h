@@ -57,8 +57,11 @@ class DynamicDirectory {
   virtual const Node* lookup(std::string_view name) const = 0;
   virtual std::vector<Ino> children() const = 0;  // the current entries, in order
   virtual std::vector<ImageFile*> image_files() const = 0;  // every node ever made
-  // Re-reads the entries (on opendir).
+  // Re-reads the entries (on opendir, and on lookup when needs_refresh()).
   virtual Task<Status> refresh() = 0;
+  // True when the entries may be out of date (what they were read from has
+  // been written since): a lookup refreshes first.
+  virtual bool needs_refresh() const { return false; }
 };
 
 class InodeTable {

@@ -1,5 +1,7 @@
 #include "fuse/partitions_dir.h"
 
+#include <algorithm>
+
 #include "io/log.h"
 #include "io/run_sync.h"
 
@@ -47,23 +49,59 @@ PartitionDirectory::Entry* PartitionDirectory::find_or_make(const image::Partiti
   e->node.kind = NodeKind::image;
   e->node.name = fmt::format("p{}.raw", p.number);
   e->node.file = std::make_unique<ImageFile>(e->window.get(), writable_);
+  e->node.file->watch_writes(this, p.offset);
   Entry* raw = e.get();
   all_.emplace(raw->node.ino, std::move(e));
   return raw;
 }
 
 Task<Status> PartitionDirectory::refresh() {
+  // Cleared before reading: a write that lands while the table is read marks it again.
+  stale_.store(false, std::memory_order_release);
   auto table = co_await image::read_partition_table(*disk_);
-  if (!table) co_return table.status();
+  if (!table) {
+    stale_.store(true, std::memory_order_release);
+    co_return table.status();
+  }
   std::lock_guard lk(mu_);
   current_.clear();
   for (const image::Partition& p : table->partitions) current_.push_back(find_or_make(p));
+  set_watched(std::move(table->read_from));
   co_return Status::ok();
 }
 
-void add_partition_directory(InodeTable& table, image::BlockDriver& disk, bool writable, io::Engine& engine) {
+void PartitionDirectory::set_watched(Ranges ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const image::DiskRange& a, const image::DiskRange& b) { return a.offset < b.offset; });
+  const Ranges* now = watched_.load(std::memory_order_relaxed);
+  auto same = [](const image::DiskRange& a, const image::DiskRange& b) {
+    return a.offset == b.offset && a.length == b.length;
+  };
+  if (now && std::equal(now->begin(), now->end(), ranges.begin(), ranges.end(), same)) return;
+  watched_lists_.push_back(std::make_unique<const Ranges>(std::move(ranges)));
+  watched_.store(watched_lists_.back().get(), std::memory_order_release);
+}
+
+bool PartitionDirectory::watched(uint64_t disk_offset, uint64_t len) const {
+  if (disk_offset < kWatchedHead) return true;
+  const Ranges* ranges = watched_.load(std::memory_order_acquire);
+  if (!ranges) return false;
+  const uint64_t end = disk_offset + len;  // inside the disk: no overflow
+  for (const image::DiskRange& r : *ranges) {
+    if (r.offset >= end) break;  // sorted: the rest start later
+    if (r.offset + r.length > disk_offset) return true;
+  }
+  return false;
+}
+
+void PartitionDirectory::note_write(uint64_t disk_offset, uint64_t len) {
+  if (len != 0 && watched(disk_offset, len)) stale_.store(true, std::memory_order_release);
+}
+
+void add_partition_directory(InodeTable& table, ImageFile& disk_view, io::Engine& engine) {
   Ino dir = table.add_directory(kRootIno, "partitions");
-  auto d = std::make_unique<PartitionDirectory>(dir, &disk, writable);
+  auto d = std::make_unique<PartitionDirectory>(dir, disk_view.driver(), disk_view.writable());
+  disk_view.watch_writes(d.get(), 0);
   Status st = io::run_sync(engine, d->refresh());
   if (!st) log::warn("reading the partition table: {}", st.to_string());
   table.set_dynamic(dir, std::move(d));

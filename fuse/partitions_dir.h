@@ -1,15 +1,23 @@
 // PartitionDirectory: DIR/partitions/ in directory mode, one pN.raw per
 // partition of the disk (image/partition.h numbering), each a WindowDriver
 // onto the main driver with the disk's access mode. The table is re-read on
-// every opendir of the directory, so the listing follows partitioning done
-// through the mount. A partition whose number, offset and size are unchanged
-// keeps its inode; a changed one gets a new inode (no stale sizes in the
-// kernel's attribute cache for the old one).
+// every opendir of the directory, and on a lookup once a write through the
+// mount (the view or any partition) has touched what the table was read from
+// or the first kWatchedHead bytes of the disk, so `sfdisk` then `mkfs` on a new
+// partition works without listing the directory first. A partition whose
+// number, offset and size are unchanged keeps its inode; a changed one gets a
+// new inode (no stale sizes in the kernel's attribute cache for the old one),
+// and entries are given to the kernel with no entry timeout, so every path
+// walk asks again.
 // Thread-safety: all methods may be called concurrently from any event-loop
 // thread; one mutex guards the entries. Nodes are never freed before the
 // directory, so a request holding one stays safe across refreshes.
+// note_write() takes no lock: it reads the watched ranges through an atomic
+// pointer to an immutable list (every list ever made is kept until the
+// directory is destroyed; a new one is made only when the table's ranges change).
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,7 +33,11 @@ namespace qcowfs::fuse {
 // Partition inodes start here, far above the dense static ones.
 constexpr Ino kPartitionInoBase = Ino{1} << 32;
 
-class PartitionDirectory final : public DynamicDirectory {
+// A write to the disk's first bytes always marks the table stale: they hold
+// the MBR and, for 512- and 4096-byte sectors, the primary GPT.
+constexpr uint64_t kWatchedHead = 64 * 1024;
+
+class PartitionDirectory final : public DynamicDirectory, public WriteWatch {
  public:
   // disk is borrowed and must outlive the directory.
   PartitionDirectory(Ino dir, image::BlockDriver* disk, bool writable);
@@ -35,8 +47,14 @@ class PartitionDirectory final : public DynamicDirectory {
   std::vector<Ino> children() const override;
   std::vector<ImageFile*> image_files() const override;
   Task<Status> refresh() override;
+  bool needs_refresh() const override { return stale_.load(std::memory_order_acquire); }
+  void note_write(uint64_t disk_offset, uint64_t len) override;
 
  private:
+  using Ranges = std::vector<image::DiskRange>;
+  bool watched(uint64_t disk_offset, uint64_t len) const;
+  void set_watched(Ranges ranges);  // mu_ held
+
   struct Entry {
     image::Partition partition;
     std::unique_ptr<image::WindowDriver> window;
@@ -51,10 +69,15 @@ class PartitionDirectory final : public DynamicDirectory {
   std::map<Ino, std::unique_ptr<Entry>> all_;  // every entry ever made, by inode
   std::vector<Entry*> current_;                // the listing, by partition number
   Ino next_ino_ = kPartitionInoBase;
+  std::vector<std::unique_ptr<const Ranges>> watched_lists_;  // every list made, the last is current
+  std::atomic<const Ranges*> watched_{nullptr};  // sorted by offset; nullptr: only the head
+  std::atomic<bool> stale_{false};
 };
 
-// Adds DIR/partitions/ under the root, reading the table once now on `engine`
-// (a table that cannot be read leaves it empty until the next opendir).
-void add_partition_directory(InodeTable& table, image::BlockDriver& disk, bool writable, io::Engine& engine);
+// Adds DIR/partitions/ under the root for the disk behind `disk_view` (the
+// main view, opened; borrowed, must outlive the table), with its access mode,
+// watching its writes; reads the table once now on `engine` (a table that
+// cannot be read leaves it empty until the next opendir or lookup).
+void add_partition_directory(InodeTable& table, ImageFile& disk_view, io::Engine& engine);
 
 }  // namespace qcowfs::fuse

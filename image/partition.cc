@@ -25,7 +25,9 @@ uint32_t le32(const std::byte* p) {
 }
 uint64_t le64(const std::byte* p) { return uint64_t{le32(p)} | (uint64_t{le32(p + 4)} << 32); }
 
-Task<Result<io::AlignedBuffer>> read_disk(BlockDriver& disk, uint64_t off, size_t len) {
+// Reads [off, off+len) (zeros past the end of the disk) and records the range in t.read_from.
+Task<Result<io::AlignedBuffer>> read_disk(BlockDriver& disk, uint64_t off, size_t len, PartitionTable& t) {
+  t.read_from.push_back(DiskRange{off, len});
   io::AlignedBuffer buf(len, disk.mem_align());
   if (off >= disk.size()) co_return buf;
   size_t n = static_cast<size_t>(std::min<uint64_t>(len, disk.size() - off));
@@ -49,7 +51,7 @@ Task<Status> read_logicals(BlockDriver& disk, uint64_t ext_start, uint64_t ext_s
   uint64_t ebr = ext_start;
   for (unsigned number = 5; number < 5 + kMaxLogicalPartitions; ++number) {
     if (!seen.insert(ebr).second) co_return Status::ok();  // a loop: stop
-    auto sector = co_await read_disk(disk, ebr * kSectorBytes, kSectorBytes);
+    auto sector = co_await read_disk(disk, ebr * kSectorBytes, kSectorBytes, t);
     if (!sector) co_return sector.status();
     if (!has_mbr_signature(sector->span())) co_return Status::ok();
     auto entries = parse_mbr_entries(sector->span());
@@ -85,7 +87,7 @@ Task<Status> read_mbr(BlockDriver& disk, std::span<const std::byte> sector0, Par
 
 // Reads the GPT header at LBA 1 for a sector size; false if none there.
 Task<Result<bool>> read_gpt(BlockDriver& disk, uint64_t sector, PartitionTable& t) {
-  auto hdr = co_await read_disk(disk, sector, static_cast<size_t>(sector));
+  auto hdr = co_await read_disk(disk, sector, static_cast<size_t>(sector), t);
   if (!hdr) co_return hdr.status();
   const std::byte* h = hdr->data();
   if (std::memcmp(h, kGptSignature, sizeof kGptSignature) != 0) co_return false;
@@ -95,7 +97,7 @@ Task<Result<bool>> read_gpt(BlockDriver& disk, uint64_t sector, PartitionTable& 
   if (header_size < kGptHeaderMinSize || entry_size < kGptEntryMinSize || entry_size % 8 != 0 || entry_size > 4096)
     co_return false;
   count = std::min(count, kMaxGptEntries);
-  auto table = co_await read_disk(disk, entries_lba * sector, size_t{count} * entry_size);
+  auto table = co_await read_disk(disk, entries_lba * sector, size_t{count} * entry_size, t);
   if (!table) co_return table.status();
   t.scheme = PartitionScheme::gpt;
   static constexpr std::byte kNoType[16] = {};
@@ -137,7 +139,7 @@ std::string guid_to_string(const std::byte* p) {
 
 Task<Result<PartitionTable>> read_partition_table(BlockDriver& disk) {
   PartitionTable t;
-  auto sector0 = co_await read_disk(disk, 0, kSectorBytes);
+  auto sector0 = co_await read_disk(disk, 0, kSectorBytes, t);
   if (!sector0) co_return sector0.status();
   if (!has_mbr_signature(sector0->span())) co_return t;
   auto entries = parse_mbr_entries(sector0->span());

@@ -28,9 +28,18 @@ struct Partition {
   std::string type;     // MBR: "0x83"; GPT: the type GUID, lowercase
 };
 
+// A byte range of the disk.
+struct DiskRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 struct PartitionTable {
   PartitionScheme scheme = PartitionScheme::none;
   std::vector<Partition> partitions;  // by number
+  // Every range the table was read from (sector 0, the GPT headers tried and
+  // the entry array, each EBR): a write to none of them leaves the table as it is.
+  std::vector<DiskRange> read_from;
 };
 
 inline constexpr uint64_t kSectorBytes = 512;
