@@ -17,6 +17,7 @@ import platform
 import random
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,10 +43,30 @@ def make_raw(path: Path, seed: int) -> tuple[Path, bytes]:
     return path, data
 
 
+def thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of every thread of pid (R, S, D, T, ...)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        states.append(stat[stat.rindex(")") + 2])
+    return states
+
+
 @contextmanager
 def daemon_stopped(m: helpers.Mount):
+    """The daemon with every one of its threads stopped. kill() only queues
+    SIGSTOP: each thread stops when it next notices the signal, so on a busy
+    machine an event-loop thread may still answer a request for a moment after
+    kill() returned. Wait until all of them are stopped."""
     os.kill(m.proc.pid, signal.SIGSTOP)
     try:
+        deadline = time.monotonic() + 10
+        while not all(s == "T" for s in thread_states(m.proc.pid)):
+            assert time.monotonic() < deadline, f"daemon threads not stopped: {thread_states(m.proc.pid)}"
+            time.sleep(0.01)
         yield
     finally:
         os.kill(m.proc.pid, signal.SIGCONT)
