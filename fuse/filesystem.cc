@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 
 #include "fuse/event_loop.h"
+#include "fuse/open_file.h"
 #include "fuse/passthrough.h"
 #include "fuse/ranges.h"
 #include "fuse/request_buffer.h"
@@ -92,8 +94,26 @@ Task<void> write_task(fuse_req_t req, const ImageFile& file, uint64_t off, std::
   fuse_reply_write(req, payload.size());
 }
 
-Task<void> flush_task(fuse_req_t req, image::BlockDriver& d) {
-  Status st = co_await d.flush();
+// The open behind a request's fuse_file_info, or nullptr for a read-only open.
+OpenFile* open_file_of(const fuse_file_info* fi) {
+  return fi ? reinterpret_cast<OpenFile*>(fi->fh) : nullptr;  // NOLINT: fh holds the pointer
+}
+
+// Zeroes what a truncating open skipped (fuse/open_file.h); a no-op for other opens.
+Task<Status> zero_skipped(const ImageFile& file, OpenFile* open) {
+  if (!open || !open->truncating()) co_return Status::ok();
+  for (const OpenFile::Range& gap : open->take_gaps()) {
+    QCOWFS_CO_TRY(co_await file.driver()->write_zeroes(gap.offset, gap.length, true));
+    file.note_write(gap.offset, gap.length);
+  }
+  co_return Status::ok();
+}
+
+// FLUSH (close) and FSYNC: the ranges a truncating open skipped are zeroed,
+// then everything written is made durable per the cache mode.
+Task<void> flush_task(fuse_req_t req, const ImageFile& file, OpenFile* open) {
+  Status st = co_await zero_skipped(file, open);
+  if (st) st = co_await file.driver()->flush();
   if (!st) {
     reply_error(req, st);
     co_return;
@@ -134,13 +154,22 @@ Task<void> lseek_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, uint6
   fuse_reply_lseek(req, static_cast<off_t>(*found));
 }
 
+// Replies to an OPEN; a writer's open gets its OpenFile (freed in op_release).
+void reply_open(fuse_req_t req, fuse_file_info& fi) {
+  const bool for_writing = (fi.flags & O_ACCMODE) != O_RDONLY;
+  std::unique_ptr<OpenFile> open;
+  if (for_writing) open = std::make_unique<OpenFile>((fi.flags & O_TRUNC) != 0);
+  fi.fh = reinterpret_cast<uint64_t>(open.get());  // NOLINT: fh holds the pointer
+  if (fuse_reply_open(req, &fi) == 0) (void)open.release();  // -ENOENT: interrupted, no RELEASE follows
+}
+
 Task<void> open_task(fuse_req_t req, ImageFile& file, fuse_file_info fi) {
   Status st = co_await file.ensure_open();
   if (!st) {
     reply_error(req, st);
     co_return;
   }
-  fuse_reply_open(req, &fi);
+  reply_open(req, fi);
 }
 
 // Grows or shrinks the disk. Drivers refuse to shrink over data (EINVAL,
@@ -267,10 +296,9 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   fi->direct_io = 1;  // no page cache on top of the host's: O_DIRECT opens work too
   fi->keep_cache = 0;
-  fi->noflush = !for_writing;
-  fi->fh = for_writing ? 1 : 0;  // flush() makes writes durable only for writers
+  fi->noflush = !for_writing;  // flush() makes writes durable only for writers
   if (node->file->driver()) {
-    fuse_reply_open(req, fi);
+    reply_open(req, *fi);
     return;
   }
   EventLoop::current()->spawn_request(open_task(req, *node->file, *fi));
@@ -288,7 +316,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   loop->spawn_request(read_task(req, *d, static_cast<uint64_t>(off), len, loop->read_buffer(len)));
 }
 
-void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info*) {
+void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
   ImageFile* file = opened_file_or_reply(req, ino);
   if (!file) return;
   image::BlockDriver* d = file->driver();
@@ -305,6 +333,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     fuse_reply_write(req, 0);
     return;
   }
+  if (OpenFile* open = open_file_of(fi)) open->note_written(static_cast<uint64_t>(off), *n);
   EventLoop* loop = EventLoop::current();
   std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(*n));
   PooledBuffer owner = loop->hold_write_payload(payload);
@@ -312,26 +341,32 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
 }
 
 void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  image::BlockDriver* d = driver_or_reply(req, ino);
-  if (!d) return;
-  if (fi->fh == 0 || d->read_only()) {
+  ImageFile* file = opened_file_or_reply(req, ino);
+  if (!file) return;
+  OpenFile* open = open_file_of(fi);
+  if (!open || file->driver()->read_only()) {
     fuse_reply_err(req, 0);
     return;
   }
-  EventLoop::current()->spawn_request(flush_task(req, *d));
+  EventLoop::current()->spawn_request(flush_task(req, *file, open));
 }
 
-void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
-  image::BlockDriver* d = driver_or_reply(req, ino);
-  if (!d) return;
-  if (d->read_only()) {
+void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
+  ImageFile* file = opened_file_or_reply(req, ino);
+  if (!file) return;
+  if (file->driver()->read_only()) {
     fuse_reply_err(req, 0);
     return;
   }
-  EventLoop::current()->spawn_request(flush_task(req, *d));
+  EventLoop::current()->spawn_request(flush_task(req, *file, open_file_of(fi)));
 }
 
-void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  std::unique_ptr<OpenFile> open(open_file_of(fi));
+  if (open && open->overflowed())
+    log::info("an O_TRUNC open wrote too scattered to track: the ranges it skipped were left as they were");
+  fuse_reply_err(req, 0);
+}
 
 void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const Node* node = fs_of(req).table().get(ino);
@@ -403,7 +438,7 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
   fuse_reply_statfs(req, &st);
 }
 
-void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
+void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info* fi) {
   ImageFile* file = opened_file_or_reply(req, ino);
   if (!file) return;
   image::BlockDriver* d = file->driver();
@@ -420,6 +455,7 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
     fuse_reply_err(req, 0);
     return;
   }
+  if (OpenFile* open = open_file_of(fi)) open->note_written(plan->offset, plan->length);
   EventLoop::current()->spawn_request(zero_task(req, *file, *plan));
 }
 

@@ -1,7 +1,7 @@
 """Raw images through a real qcowfs mount: file and directory mode, read and
 write paths (buffered and O_DIRECT dd), the fixed-size-disk rules (short reads
-at EOF, EFBIG past it, truncate moving the limit), fallocate, SEEK_DATA /
-SEEK_HOLE, attributes, read-only mounts, daemon mode and request sizes."""
+at EOF, ENOSPC at it and short writes across it, truncate moving the limit),
+fallocate, SEEK_DATA / SEEK_HOLE, attributes, read-only mounts, daemon mode and request sizes."""
 
 from __future__ import annotations
 
@@ -122,25 +122,27 @@ def test_fixed_size_rules(workdir: Path) -> None:
             assert os.pread(fd, 4096, size - 100) == b"\0" * 100  # short at the end
             assert os.pread(fd, 4096, size) == b""  # EOF
             assert os.pread(fd, 4096, size + MiB) == b""
+            # As on a block device: a write at the end is ENOSPC, one across it is short.
             with pytest.raises(OSError) as e:
                 os.pwrite(fd, b"x" * 10, size)
-            assert e.value.errno == errno.EFBIG
-            # A write crossing the end is refused, leaving the disk untouched.
-            with pytest.raises(OSError) as e:
-                os.pwrite(fd, b"y" * 8192, size - 4096)
-            assert e.value.errno == errno.EFBIG
-            assert os.pread(fd, 4096, size - 4096) == b"\0" * 4096
+            assert e.value.errno == errno.ENOSPC
+            assert os.pwrite(fd, b"y" * 8192, size - 4096) == 4096
+            assert os.pread(fd, 8192, size - 4096) == b"y" * 4096
             assert os.fstat(fd).st_size == size
             # truncate moves the limit: the new size applies.
             os.ftruncate(fd, size + MiB)
             assert os.fstat(fd).st_size == size + MiB
             assert os.pwrite(fd, b"z" * 10, size) == 10
             assert os.pread(fd, 10, size) == b"z" * 10
-            os.ftruncate(fd, size)
-            assert os.fstat(fd).st_size == size
+            # Shrinking over data is refused and changes nothing.
+            with pytest.raises(OSError) as e:
+                os.ftruncate(fd, size)
+            assert e.value.errno == errno.EINVAL
+            assert os.fstat(fd).st_size == size + MiB
+            assert os.pread(fd, 10, size) == b"z" * 10
         finally:
             os.close(fd)
-    assert os.path.getsize(image) == size
+    assert os.path.getsize(image) == size + MiB
 
 
 def test_fallocate_and_seek_holes(workdir: Path) -> None:

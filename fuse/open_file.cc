@@ -1,0 +1,50 @@
+#include "fuse/open_file.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace qcowfs::fuse {
+
+void OpenFile::note_written(uint64_t off, uint64_t len) {
+  if (!truncating_ || len == 0) return;
+  uint64_t end = off + len;  // inside the disk: no overflow
+  std::lock_guard lk(mu_);
+  if (overflowed_) return;
+  // Merge with every range that overlaps or touches [off, end).
+  auto it = written_.upper_bound(off);
+  if (it != written_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second >= off) it = prev;
+  }
+  while (it != written_.end() && it->first <= end) {
+    off = std::min(off, it->first);
+    end = std::max(end, it->second);
+    it = written_.erase(it);
+  }
+  written_.emplace(off, end);
+  if (written_.size() > kMaxTrackedRanges) {
+    overflowed_ = true;
+    written_.clear();
+  }
+}
+
+std::vector<OpenFile::Range> OpenFile::take_gaps() {
+  std::vector<Range> gaps;
+  std::lock_guard lk(mu_);
+  if (overflowed_ || written_.empty()) return gaps;
+  uint64_t at = 0;
+  for (const auto& [start, end] : written_) {
+    if (start > at) gaps.push_back(Range{at, start - at});
+    at = end;
+  }
+  written_.clear();
+  written_.emplace(0, at);
+  return gaps;
+}
+
+bool OpenFile::overflowed() const {
+  std::lock_guard lk(mu_);
+  return overflowed_;
+}
+
+}  // namespace qcowfs::fuse
