@@ -121,13 +121,9 @@ Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks) {
   o.writable = a.repair != q::RepairMode::none;
   auto file = io::open_host_file(a.image, o);
   if (!file) co_return file.status();
-  std::string format = a.format;
-  if (format.empty()) {
-    auto probed = co_await image::probe_format(**file);
-    if (!probed) co_return probed.status();
-    format = *probed;
-  }
-  if (format != "qcow2") {
+  auto format = co_await image::choose_format(**file, a.image, a.format);
+  if (!format) co_return format.status();
+  if (*format != "qcow2") {
     *no_checks = true;
     co_return Status::error(ENOTSUP, "This image format does not support checks");
   }

@@ -68,22 +68,19 @@ Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
   co_return Status::ok();
 }
 
-Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint) {
+// backing_of: the overlay whose backing file path is ("" for the image named).
+Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint, const std::string& backing_of) {
   io::OpenOptions o;
   auto f = io::open_host_file(path, o);
   if (!f) co_return f.status();
   ImageInfo info;
   info.filename = path;
-  info.format = format_hint;
-  if (info.format.empty()) {
-    auto probed = co_await image::probe_format(**f);
-    if (!probed) co_return probed.status();
-    info.format = *probed;
-  }
+  auto format = co_await image::choose_format(**f, path, format_hint, backing_of);
+  if (!format) co_return format.status();
+  info.format = *format;
   info.actual_size = (*f)->allocated_bytes();
   info.virtual_size = (*f)->size();
   if (info.format == "qcow2") QCOWFS_CO_TRY(co_await add_qcow2_info(**f, info));
-  else if (info.format != "raw") co_return Status::errorf(EINVAL, "unknown image format '{}'", info.format);
   co_return info;
 }
 
@@ -244,7 +241,10 @@ Task<Result<std::vector<ImageInfo>>> gather_chain(const InfoArgs& a) {
   for (;;) {
     for (const auto& seen : chain)
       if (seen.filename == path) co_return Status::errorf(ELOOP, "backing file chain loops back to {}", path);
-    auto info = co_await gather(path, format);
+    // A named local, not a conditional temporary: GCC 12 miscompiles those inside co_await.
+    std::string overlay;
+    if (!chain.empty()) overlay = chain.back().filename;
+    auto info = co_await gather(path, format, overlay);
     if (!info) co_return info.status();
     chain.push_back(std::move(*info));
     const ImageInfo& last = chain.back();

@@ -100,7 +100,7 @@ class BlockDriver {
 };
 
 struct ImageOptions {
-  std::string format;         // "", "raw" or "qcow2"; "" probes
+  std::string format;         // "", "raw" or "qcow2" ("" probes; other known formats are refused)
   io::OpenOptions file;       // access mode and cache mode for the image file
   bool discard_unmap = false; // discard=unmap: free host space on discard
   std::string snapshot;       // open this internal snapshot (read-only)
@@ -109,13 +109,20 @@ struct ImageOptions {
   // first. Set by the qcow2 driver when it opens a backing file; an image that
   // finds itself here is a loop and is refused.
   std::vector<std::string> backing_chain;
+  // The overlay's path when this image is opened as its backing file (for
+  // messages); "" for the image the user named.
+  std::string backing_of;
 };
 
 // Opens path with the format given or probed. Backing files are opened
 // read-only with their parent's recorded format.
 Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts);
 
-// Probes a file's format from its first bytes: "qcow2" or "raw".
-Task<Result<std::string>> probe_format(io::HostFile& file);
+// The driver for file at path: `named` if given (format= or backing_fmt=),
+// else probed (image/probe.h). Returns "raw" or "qcow2"; a format qcowfs only
+// recognises is refused with a message naming it (EMEDIUMTYPE), an unknown
+// name with EINVAL. backing_of names the overlay when file is its backing file.
+Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& path, std::string_view named,
+                                        std::string_view backing_of = {});
 
 }  // namespace qcowfs::image

@@ -1,7 +1,7 @@
-// open_image() and format probing: the one place that picks a format driver.
-#include <cstring>
-
+// open_image() and choose_format(): the one place that picks a format driver
+// (or refuses a format qcowfs only recognises, image/probe.h).
 #include "image/block_driver.h"
+#include "image/probe.h"
 #include "image/qcow2.h"
 #include "image/raw.h"
 #include "io/log.h"
@@ -12,25 +12,27 @@ Task<Result<std::unique_ptr<BlockDriver>>> BlockDriver::open_snapshot(std::strin
   co_return Status::errorf(ENOENT, "{} images have no snapshot '{}'", format_name(), id_or_name);
 }
 
-Task<Result<std::string>> probe_format(io::HostFile& file) {
-  std::byte magic[4] = {};
-  auto n = co_await file.read(std::span<std::byte>(magic, sizeof magic), 0);
-  if (!n) co_return n.status().with_context("probing format");
-  if (*n == sizeof magic && std::memcmp(magic, "QFI\xfb", 4) == 0) co_return std::string("qcow2");
-  co_return std::string("raw");
+Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& path, std::string_view named,
+                                        std::string_view backing_of) {
+  const FormatInfo* f = nullptr;
+  if (!named.empty()) {
+    f = find_format(named);
+    if (!f) co_return Status::errorf(EINVAL, "unknown image format '{}' (use raw or qcow2)", named);
+  } else {
+    auto probed = co_await probe_format_info(file);
+    if (!probed) co_return probed.status();
+    f = *probed;
+  }
+  if (!f->supported) co_return foreign_format_error(path, *f, !named.empty(), backing_of);
+  co_return std::string(f->name);
 }
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts) {
   auto file = io::open_host_file(path, opts.file);
   if (!file) co_return file.status();
-  std::string format = opts.format;
-  if (format.empty()) {
-    auto probed = co_await probe_format(**file);
-    if (!probed) co_return probed.status();
-    format = *probed;
-  }
-  if (format == "qcow2") co_return co_await open_qcow2(std::move(*file), path, opts);
-  if (format != "raw") co_return Status::errorf(EINVAL, "unknown image format '{}' (use raw or qcow2)", format);
+  auto format = co_await choose_format(**file, path, opts.format, opts.backing_of);
+  if (!format) co_return format.status();
+  if (*format == "qcow2") co_return co_await open_qcow2(std::move(*file), path, opts);
   if (!opts.snapshot.empty()) co_return Status::error(EINVAL, "raw images have no snapshots");
   std::unique_ptr<BlockDriver> d = std::make_unique<RawDriver>(std::move(*file), opts.discard_unmap);
   co_return d;

@@ -113,6 +113,7 @@ Task<Status> open_backing(Qcow2Image& img, const ImageOptions& opts, const std::
   b.l2_cache_size = opts.l2_cache_size;
   b.backing_chain = opts.backing_chain;
   b.backing_chain.push_back(self_real);
+  b.backing_of = img.path;
   auto d = co_await open_image(bpath, std::move(b));
   if (!d) co_return d.status().with_context(fmt::format("opening backing file '{}' of {}", bpath, img.path));
   img.backing = std::move(*d);

@@ -266,6 +266,20 @@ def backing_missing(d: Path) -> Built:
     return built(img)
 
 
+def foreign_backing(fmt: str, create_opts: str = "", record_format: bool = True) -> Callable[[Path], Built]:
+    """A qcow2 overlay over a backing file of another format (qcowfs reads none yet).
+    record_format=False drops the backing format extension, so the format is probed."""
+    def make(d: Path) -> Built:
+        base, top = d / f"base.{fmt}", d / "top.qcow2"
+        opts = ["-o", create_opts] if create_opts else []
+        run("qemu-img", "create", "-q", "-f", fmt, *opts, base, "16M")
+        run("qemu-img", "create", "-q", "-f", "qcow2", "-b", base.name, "-F", fmt, top, "16M")
+        if not record_format:
+            hdr.write_extensions(top, [(t, data) for t, data in hdr.read_extensions(top) if t != 0xE2792ACA])
+        return built(top, base)
+    return make
+
+
 def data_file_missing(d: Path) -> Built:
     img = d / "img.qcow2"
     # qemu-img resolves a relative data_file name against its cwd
@@ -453,6 +467,11 @@ CASES: dict[str, Case] = {
     "backing_loop_a_b_a": Case(backing_loop, Refused(r"loop|circular|cycle"), "a -> b -> a"),
     "backing_self": Case(backing_self, Refused(r"loop|circular|cycle"), "image backs itself"),
     "backing_missing": Case(backing_missing, Refused(r"backing"), "backing file does not exist"),
+    "backing_vmdk_recorded": Case(foreign_backing("vmdk"), Refused(r"vmdk image"), "backing_fmt=vmdk"),
+    "backing_vmdk_probed": Case(foreign_backing("vmdk", record_format=False), Refused(r"vmdk image"),
+                                "no backing_fmt; the backing file probes as VMDK"),
+    "backing_vhd_fixed_probed": Case(foreign_backing("vpc", "subformat=fixed", record_format=False),
+                                     Refused(r"is a vhd"), "no backing_fmt; a fixed VHD, found by its footer"),
     "data_file_missing": Case(data_file_missing, Refused(r"data file"), "external data file deleted"),
     # ---- snapshot table ----
     "snapshot_count_overflow": Case(snapshot_count, Refused(r"snapshot"), "4000 entries, 1 present"),

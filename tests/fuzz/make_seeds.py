@@ -1,6 +1,6 @@
 """Writes seed inputs for the libFuzzer targets from small images made by qemu-img.
 
-  python3 make_seeds.py OUTDIR     ->  OUTDIR/{header,l2,image}/...
+  python3 make_seeds.py OUTDIR     ->  OUTDIR/{header,l2,image,probe}/...
 
 Images are tiny (512 B - 16 KiB clusters, <= 1 MiB disks) so the fuzzer mutates
 metadata rather than data. Runs in a few seconds; idempotent.
@@ -64,7 +64,7 @@ def l2_seed(img: Path) -> bytes:
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
-    for sub in ("header", "l2", "image"):
+    for sub in ("header", "l2", "image", "probe"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="qcowfs-seeds-") as t:
         tmp = Path(t)
@@ -74,7 +74,26 @@ def main(argv: list[str]) -> int:
             (out / "header" / name).write_bytes(img.read_bytes()[: 1 << ed.cluster_bits(img)] +
                                                 snapshot_table(img))
             (out / "l2" / name).write_bytes(l2_seed(img))
+        probe_seeds(tmp, out / "probe")
     return 0
+
+
+# Formats fuzz_probe starts from: the first 4 KiB (and the last 512 bytes) of
+# each, as qemu-img makes them.
+PROBE_FORMATS = {
+    "vmdk": ["-f", "vmdk"], "vmdk_stream": ["-f", "vmdk", "-o", "subformat=streamOptimized"],
+    "vmdk_flat": ["-f", "vmdk", "-o", "subformat=monolithicFlat"], "vhdx": ["-f", "vhdx"],
+    "vpc": ["-f", "vpc"], "vpc_fixed": ["-f", "vpc", "-o", "subformat=fixed"], "vdi": ["-f", "vdi"],
+    "qed": ["-f", "qed"], "parallels": ["-f", "parallels"], "qcow2": ["-f", "qcow2"],
+}
+
+
+def probe_seeds(tmp: Path, out: Path) -> None:
+    for name, args in PROBE_FORMATS.items():
+        img = tmp / f"probe-{name}"
+        run("qemu-img", "create", "-q", *args, img, "1M")
+        data = img.read_bytes()
+        (out / name).write_bytes(data[:4096] + (data[-512:] if len(data) > 4096 else b""))
 
 
 def snapshot_table(img: Path) -> bytes:

@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_header fuzz_l2 fuzz_image)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_header fuzz_l2 fuzz_image fuzz_probe)
 
 fail() { echo "run-fuzz: $*" >&2; exit 2; }
 command -v clang++ >/dev/null || fail "clang++ not found: run tests/setup-deps.sh (installs clang and libclang-rt)"
@@ -48,7 +48,7 @@ cmake --build "$build" -j2 --target "${targets[@]}" >"$build/build.log" 2>&1 \
   || { tail -40 "$build/build.log"; fail "building the fuzz targets failed"; }
 
 seeds="$build/seeds"
-[ -d "$seeds/image" ] || python3 "$here/make_seeds.py" "$seeds" || fail "making seeds failed"
+[ -d "$seeds/probe" ] || python3 "$here/make_seeds.py" "$seeds" || fail "making seeds failed"
 mkdir -p "$build/artifacts"
 
 status=0

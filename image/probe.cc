@@ -1,0 +1,155 @@
+#include "image/probe.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+namespace qcowfs::image {
+namespace {
+
+using Bytes = std::span<const std::byte>;
+
+// ---- Signatures (QEMU block/*.c *_probe() and the formats' specifications) ----
+constexpr std::string_view kQcowMagic{"QFI\xfb", 4};        // qcow and qcow2: magic, then be32 version
+constexpr std::string_view kVmdk4Magic = "KDMV";            // VMDK sparse extent (incl. streamOptimized)
+constexpr std::string_view kVmdk3Magic = "COWD";            // VMware 3 COWD sparse extent
+constexpr std::string_view kVmdkDescriptor = "# Disk DescriptorFile";
+constexpr std::string_view kVhdxMagic = "vhdxfile";
+constexpr std::string_view kVhdCookie = "conectix";         // VHD footer (and its copy at 0 if dynamic)
+constexpr size_t kVdiSignatureOffset = 64;                  // after the 64-byte text banner
+constexpr uint32_t kVdiSignature = 0xbeda107f;              // little-endian
+constexpr std::string_view kQedMagic{"QED\0", 4};
+constexpr std::string_view kParallelsMagic = "WithoutFreeSpace";
+constexpr std::string_view kParallelsMagic2 = "WithouFreSpacExt";
+constexpr std::string_view kLuksMagic{"LUKS\xba\xbe", 6};
+constexpr std::string_view kBochsMagic = "Bochs Virtual HD Image";
+constexpr std::string_view kCloopMagic =
+    "#!/bin/sh\n#V2.0 Format\nmodprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\n";
+constexpr std::string_view kDmgTrailerMagic = "koly";       // UDIF trailer, last 512 bytes
+
+constexpr FormatInfo kRaw{"raw", "raw", true};
+constexpr FormatInfo kQcow2{"qcow2", "qcow2", true};
+constexpr FormatInfo kQcow1{"qcow", "qcow (version 1)", false};
+constexpr FormatInfo kVmdk{"vmdk", "VMDK", false};
+constexpr FormatInfo kVhdx{"vhdx", "VHDX", false};
+constexpr FormatInfo kVpc{"vpc", "VHD (vpc)", false};
+constexpr FormatInfo kVdi{"vdi", "VDI", false};
+constexpr FormatInfo kQed{"qed", "QED", false};
+constexpr FormatInfo kParallels{"parallels", "Parallels", false};
+constexpr FormatInfo kLuks{"luks", "LUKS", false};
+constexpr FormatInfo kBochs{"bochs", "Bochs", false};
+constexpr FormatInfo kCloop{"cloop", "cloop", false};
+constexpr FormatInfo kDmg{"dmg", "DMG", false};
+
+constexpr std::array<const FormatInfo*, 13> kAllFormats = {&kRaw,  &kQcow2, &kQcow1,     &kVmdk, &kVhdx,
+                                                          &kVpc, &kVdi,   &kQed,       &kParallels,
+                                                          &kLuks, &kBochs, &kCloop, &kDmg};
+
+bool starts_with(Bytes b, std::string_view magic) {
+  return b.size() >= magic.size() && std::memcmp(b.data(), magic.data(), magic.size()) == 0;
+}
+
+uint32_t le32(Bytes b, size_t off) {
+  uint32_t v = 0;
+  for (size_t i = 0; i < 4; ++i) v |= std::to_integer<uint32_t>(b[off + i]) << (8 * i);
+  return v;
+}
+
+uint32_t be32(Bytes b, size_t off) {
+  uint32_t v = 0;
+  for (size_t i = 0; i < 4; ++i) v = (v << 8) | std::to_integer<uint32_t>(b[off + i]);
+  return v;
+}
+
+// QEMU's vmdk_probe() text case: comment lines and blank lines, then a
+// "version=1|2|3" line. A file that starts with the descriptor's usual first
+// line is taken as a descriptor too.
+bool is_vmdk_descriptor(Bytes b) {
+  if (starts_with(b, kVmdkDescriptor)) return true;
+  std::string_view s(reinterpret_cast<const char*>(b.data()), b.size());
+  while (!s.empty()) {
+    size_t eol = s.find('\n');
+    if (eol == std::string_view::npos) return false;  // no complete line left
+    std::string_view line = s.substr(0, eol);
+    s.remove_prefix(eol + 1);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (!line.empty() && line.front() == '#') continue;
+    if (line.find_first_not_of(' ') == std::string_view::npos) continue;
+    return line == "version=1" || line == "version=2" || line == "version=3";
+  }
+  return false;
+}
+
+const FormatInfo* detect_head(Bytes h) {
+  // Other qcow2 versions (and a truncated header) are for the qcow2 driver to refuse.
+  if (starts_with(h, kQcowMagic)) return h.size() >= 8 && be32(h, 4) == 1 ? &kQcow1 : &kQcow2;
+  if (starts_with(h, kVmdk4Magic) || starts_with(h, kVmdk3Magic)) return &kVmdk;
+  if (starts_with(h, kVhdxMagic)) return &kVhdx;
+  if (starts_with(h, kVhdCookie)) return &kVpc;
+  if (starts_with(h, kQedMagic)) return &kQed;
+  if (starts_with(h, kParallelsMagic) || starts_with(h, kParallelsMagic2)) return &kParallels;
+  if (starts_with(h, kLuksMagic)) return &kLuks;
+  if (starts_with(h, kBochsMagic)) return &kBochs;
+  if (starts_with(h, kCloopMagic)) return &kCloop;
+  if (h.size() >= kVdiSignatureOffset + 4 && le32(h, kVdiSignatureOffset) == kVdiSignature) return &kVdi;
+  if (is_vmdk_descriptor(h)) return &kVmdk;
+  return nullptr;
+}
+
+const FormatInfo* detect_tail(Bytes t) {
+  if (t.size() != kProbeTailBytes) return nullptr;
+  if (starts_with(t, kVhdCookie)) return &kVpc;  // fixed VHD: the footer is all there is
+  if (starts_with(t, kDmgTrailerMagic)) return &kDmg;
+  return nullptr;
+}
+
+}  // namespace
+
+const FormatInfo& detect_format(Bytes head, Bytes tail) {
+  if (const FormatInfo* f = detect_head(head.first(std::min(head.size(), kProbeHeadBytes)))) return *f;
+  if (const FormatInfo* f = detect_tail(tail)) return *f;
+  return kRaw;
+}
+
+const FormatInfo* find_format(std::string_view name) {
+  if (name == "vhd") return &kVpc;
+  auto it = std::find_if(kAllFormats.begin(), kAllFormats.end(), [&](const FormatInfo* f) { return f->name == name; });
+  return it == kAllFormats.end() ? nullptr : *it;
+}
+
+Task<Result<const FormatInfo*>> probe_format_info(io::HostFile& file) {
+  std::vector<std::byte> head(kProbeHeadBytes), tail;
+  auto n = co_await file.read(head, 0);
+  if (!n) co_return n.status().with_context("probing format");
+  head.resize(*n);
+  uint64_t size = file.size();
+  if (size >= kProbeTailBytes) {
+    tail.resize(kProbeTailBytes);
+    auto t = co_await file.read(tail, size - kProbeTailBytes);
+    if (!t) co_return t.status().with_context("probing format (file tail)");
+    tail.resize(*t);
+  }
+  co_return &detect_format(head, tail);
+}
+
+Status foreign_format_error(const std::string& path, const FormatInfo& f, bool named, std::string_view backing_of) {
+  if (!backing_of.empty() && named)
+    return Status::errorf(EMEDIUMTYPE, "{} records backing_fmt={} for {}: qcowfs does not read {} images yet",
+                          backing_of, f.name, path, f.display);
+  if (!backing_of.empty())
+    return Status::errorf(EMEDIUMTYPE,
+                          "{} is a {} image, which qcowfs does not read yet; to use the container file itself as "
+                          "a raw backing file, record backing_fmt=raw in {} (qemu-img rebase -u -b {} -F raw {})",
+                          path, f.display, backing_of, path, backing_of);
+  constexpr std::string_view kRawHint =
+      "to serve the container file itself as a raw disk, mount with -o format=raw (-f raw for qcowfs info, check "
+      "and map)";
+  if (named)
+    return Status::errorf(EMEDIUMTYPE, "{}: format {} ({}) is not one qcowfs reads yet; {}", path, f.name, f.display,
+                          kRawHint);
+  return Status::errorf(EMEDIUMTYPE, "{} is a {} image, which qcowfs does not read yet; {}", path, f.display, kRawHint);
+}
+
+}  // namespace qcowfs::image
