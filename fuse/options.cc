@@ -52,7 +52,8 @@ Result<Id> parse_id(std::string_view key, std::string_view value, std::string_vi
   unsigned long n = 0;
   auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
   if (ec == std::errc() && end == value.data() + value.size()) {
-    if (n >= std::numeric_limits<Id>::max()) return bad_value(key, value, fmt::format("a {} id", what));  // -1 means "unchanged"
+    // (Id)-1 means "unchanged" to chown(2): not an id one can hand the view to.
+    if (n >= std::numeric_limits<Id>::max()) return bad_value(key, value, fmt::format("a {} id", what));
     return static_cast<Id>(n);
   }
   if (!value.empty() && !(value[0] >= '0' && value[0] <= '9')) {
