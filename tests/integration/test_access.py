@@ -9,6 +9,7 @@ with its ids (setpriv), which prints "ok ..." or the errno name it got.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import secrets
@@ -305,6 +306,16 @@ def test_chmod_changes_what_the_user_can_do(shared: Path, user: User) -> None:
     helpers.qemu_io(image, f"read -P 0x7e {4 * MiB} 4")
     with helpers.mounted(image, mnt, ["allow_other"]) as m:  # a new mount starts from the image again
         assert perms(m.path) == 0o400 and os.stat(m.path).st_uid == 0
+
+
+def test_read_only_mount_refuses_chmod(shared: Path, user: User) -> None:
+    image = make_disk(shared, 0o600, "raw")
+    with helpers.mounted(image, shared / "view.raw", ["allow_other"]) as m:
+        with pytest.raises(OSError) as e:  # the kernel refuses every change on a read-only mount
+            os.chmod(m.path, 0o644)
+        assert e.value.errno == errno.EROFS
+        assert perms(m.path) == 0o400
+        assert user.run("read", m.path, PATTERN_AT) == "EACCES"
 
 
 # --------------------------------------------------------------------------
