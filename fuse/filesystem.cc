@@ -258,14 +258,28 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   reply_attr(req, fs, *node);
 }
 
+// The chmod/chown part of a setattr (ok when it has none).
+Status change_access(fuse_req_t req, Filesystem& fs, const Node& node, const struct stat& attr, int to_set) {
+  if (!(to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) return Status::ok();
+  AccessChange c;
+  if (to_set & FUSE_SET_ATTR_MODE) c.mode = attr.st_mode;
+  if (to_set & FUSE_SET_ATTR_UID) c.uid = attr.st_uid;
+  if (to_set & FUSE_SET_ATTR_GID) c.gid = attr.st_gid;
+  return fs.change_access(node.ino, fuse_req_ctx(req)->uid, c);
+}
+
 void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
-  const Filesystem& fs = fs_of(req);
+  Filesystem& fs = fs_of(req);
   const Node* node = fs.table().get(ino);
   if (!node) {
     fuse_reply_err(req, ENOENT);
     return;
   }
-  if (!(to_set & FUSE_SET_ATTR_SIZE)) {  // mode, owner, times: fixed; report what they are
+  if (Status st = change_access(req, fs, *node, *attr, to_set); !st) {
+    reply_error(req, st);
+    return;
+  }
+  if (!(to_set & FUSE_SET_ATTR_SIZE)) {  // times: fixed; report the attributes as they are now
     reply_attr(req, fs, *node);
     return;
   }
@@ -498,7 +512,31 @@ fuse_lowlevel_ops make_operations() {
 
 }  // namespace
 
-Filesystem::Filesystem(InodeTable table, AttrContext ctx) : table_(std::move(table)), ctx_(ctx) {}
+Filesystem::Filesystem(InodeTable table, AttrContext initial, Ino view, uid_t mounter)
+    : table_(std::move(table)),
+      ctx_(initial),
+      access_(ViewAttrs{initial.uid, initial.gid, initial.view_mode}),
+      view_(view),
+      mounter_(mounter) {}
+
+AttrContext Filesystem::attr_context() const {
+  AttrContext ctx = ctx_;
+  ViewAttrs now = access_.get();
+  ctx.uid = now.uid;
+  ctx.gid = now.gid;
+  ctx.view_mode = now.mode;
+  return ctx;
+}
+
+Status Filesystem::change_access(Ino ino, uid_t caller, const AccessChange& change) {
+  if (ino != view_)
+    return Status::error(EPERM, "only the raw view's owner and mode can change; the other files follow it");
+  if (!may_change_access(caller, mounter_))
+    return Status::errorf(EPERM, "uid {} may not change the view's owner or mode (only the mounting user and root)",
+                          caller);
+  access_.change(change);
+  return Status::ok();
+}
 
 const fuse_lowlevel_ops& Filesystem::operations() {
   static const fuse_lowlevel_ops ops = make_operations();

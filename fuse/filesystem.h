@@ -5,14 +5,22 @@
 // the I/O completes. Every path ends in exactly one fuse_reply_*; the errno of
 // an error reply comes from Status::code().
 //
+// The view's owner, group and mode (fuse/access.h) are the one piece of
+// metadata that changes: chmod/chown on the view, by the mounting user or
+// root, change them for the life of the mount; every node's attributes are
+// derived from their current values.
+//
 // Thread-safety: callbacks run concurrently on every queue thread. The inode
-// tree is immutable after construction; ImageFiles and drivers are thread-safe.
+// tree is immutable after construction; ImageFiles, drivers and the
+// ViewAccess are thread-safe.
 // The Filesystem must outlive the session (it is the session's userdata).
 #pragma once
 
 #include <memory>
 
+#include "fuse/access.h"
 #include "fuse/inode_table.h"
+#include "io/status.h"
 
 struct fuse_lowlevel_ops;
 
@@ -20,18 +28,28 @@ namespace qcowfs::fuse {
 
 class Filesystem {
  public:
-  Filesystem(InodeTable table, AttrContext ctx);
+  // initial: the view's first owner, group and mode, the dmask and mount
+  // time; view: the main view's inode; mounter: the mounting user.
+  Filesystem(InodeTable table, AttrContext initial, Ino view, uid_t mounter);
   Filesystem(const Filesystem&) = delete;
   Filesystem& operator=(const Filesystem&) = delete;
 
   static const fuse_lowlevel_ops& operations();
 
   const InodeTable& table() const { return table_; }
-  const AttrContext& attr_context() const { return ctx_; }
+  // The view's current access with the mount's constant parts.
+  AttrContext attr_context() const;
+
+  // chmod/chown of inode `ino` by `caller`: changes the view's access; EPERM
+  // for any other node (its access follows the view) or any other caller.
+  Status change_access(Ino ino, uid_t caller, const AccessChange& change);
 
  private:
   InodeTable table_;
-  AttrContext ctx_;
+  AttrContext ctx_;  // dir_mask, mount_time; the rest is in access_
+  ViewAccess access_;
+  const Ino view_;
+  const uid_t mounter_;
 };
 
 }  // namespace qcowfs::fuse

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "fuse/access.h"
 #include "io/align.h"
 
 namespace qcowfs::fuse {
@@ -83,13 +84,13 @@ struct stat InodeTable::attributes(const Node& node, const AttrContext& ctx) con
   st.st_atim = st.st_mtim = st.st_ctim = ctx.mount_time;
   st.st_blksize = 4096;
   if (node.kind == NodeKind::directory) {
-    st.st_mode = S_IFDIR | 0755;
+    st.st_mode = S_IFDIR | directory_permissions(ctx.view_mode, ctx.dir_mask);
     st.st_nlink = 2;
     for (Ino child : node.children)
       if (nodes_[child - kRootIno].kind == NodeKind::directory) ++st.st_nlink;
     return st;
   }
-  st.st_mode = S_IFREG | (node.file->writable() ? 0644 : 0444);
+  st.st_mode = S_IFREG | file_permissions(ctx.view_mode, node.file->writable());
   st.st_nlink = 1;
   st.st_size = static_cast<off_t>(node.file->size());
   st.st_blocks = static_cast<blkcnt_t>(div_round_up(node.file->allocated_bytes(), 512));

@@ -39,10 +39,14 @@ struct Node {
   std::unique_ptr<ImageFile> file;    // image nodes
 };
 
-// Who owns the files and when the mount started: the constant parts of stat.
+// What every node's stat derives from: the view's current owner, group and
+// permission bits (fuse/access.h), the dmask= of the mount, and when the mount
+// started.
 struct AttrContext {
   uid_t uid = 0;
   gid_t gid = 0;
+  mode_t view_mode = 0644;
+  mode_t dir_mask = 0;
   struct timespec mount_time = {};
 };
 
@@ -91,8 +95,9 @@ class InodeTable {
   // Every ImageFile in the tree, in inode order (for shutdown and statfs).
   std::vector<ImageFile*> image_files() const;
 
-  // The attributes of a node: directories 0755, image files
-  // 0644 or 0444 by access mode, st_blocks from the host allocation.
+  // The attributes of a node: image files the view's mode (without write
+  // bits when read-only), directories r-x where the view is readable (see
+  // fuse/access.h), all owned as the view; st_blocks from the host allocation.
   struct stat attributes(const Node& node, const AttrContext& ctx) const;
 
  private:

@@ -1,5 +1,7 @@
 #include "fuse/options.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <charconv>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace qcowfs::fuse {
@@ -43,7 +46,73 @@ Result<io::EngineKind> parse_aio(std::string_view value) {
   return bad_value("aio", value, "io_uring or threads");
 }
 
+// A decimal id, or (when not a number) a name looked up with lookup(name) -> id.
+template <typename Id, typename Lookup>
+Result<Id> parse_id(std::string_view key, std::string_view value, std::string_view what, Lookup lookup) {
+  unsigned long n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec == std::errc() && end == value.data() + value.size()) {
+    // (Id)-1 means "unchanged" to chown(2): not an id one can hand the view to.
+    if (n >= std::numeric_limits<Id>::max()) return bad_value(key, value, fmt::format("a {} id", what));
+    return static_cast<Id>(n);
+  }
+  if (!value.empty() && !(value[0] >= '0' && value[0] <= '9')) {
+    std::optional<Id> id = lookup(std::string(value));
+    if (id) return *id;
+  }
+  return bad_value(key, value, fmt::format("a {0} id or an existing {0} name", what));
+}
+
+std::optional<uid_t> lookup_user(const std::string& name) {
+  passwd pw;
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || !found) return std::nullopt;
+  return found->pw_uid;
+}
+
+std::optional<gid_t> lookup_group(const std::string& name) {
+  group gr;
+  group* found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getgrnam_r(name.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found) return std::nullopt;
+  return found->gr_gid;
+}
+
+// An octal permission mask such as 022 or 0077 (at most 0777).
+Result<mode_t> parse_mask(std::string_view key, std::string_view value) {
+  unsigned n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n, 8);
+  if (ec != std::errc() || end != value.data() + value.size() || value.size() > 4 || n > 0777)
+    return bad_value(key, value, "an octal mask from 000 to 777, such as 022");
+  return static_cast<mode_t>(n);
+}
+
+// uid=, gid=, umask=, fmask=, dmask=; false: not one of them.
+Result<bool> apply_access(AccessOptions& a, std::string_view key, std::string_view value) {
+  if (key == "uid") {
+    auto id = parse_id<uid_t>(key, value, "user", lookup_user);
+    if (!id) return id.status();
+    a.uid = *id;
+  } else if (key == "gid") {
+    auto id = parse_id<gid_t>(key, value, "group", lookup_group);
+    if (!id) return id.status();
+    a.gid = *id;
+  } else if (key == "umask" || key == "fmask" || key == "dmask") {
+    auto mask = parse_mask(key, value);
+    if (!mask) return mask.status();
+    if (key != "dmask") a.fmask = *mask;
+    if (key != "fmask") a.dmask = *mask;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 Status apply_valued(Options& o, std::string_view key, std::string_view value) {
+  auto access = apply_access(o.access, key, value);
+  if (!access) return access.status();
+  if (*access) return Status::ok();
   if (key == "cache") {
     auto mode = io::parse_cache_mode(value);
     if (!mode) return bad_value(key, value, "none, writethrough, writeback or unsafe");
@@ -122,6 +191,16 @@ Status apply_option_list(Options& o, std::string_view list) {
 Status check_combination(const Options& o) {
   if (!o.snapshot.empty() && o.writable)
     return Status::error(EINVAL, "snapshot=NAME mounts a read-only view: it cannot be combined with rw");
+  if (!o.allow_other && o.access.uid && *o.access.uid != ::getuid())
+    return Status::errorf(EINVAL,
+                          "uid={} hands the view to another user, who cannot use the mount without allow_other: "
+                          "add allow_other",
+                          *o.access.uid);
+  if (!o.allow_other && o.access.gid && *o.access.gid != ::getgid())
+    return Status::errorf(EINVAL,
+                          "gid={} hands the view to another group, whose members cannot use the mount without "
+                          "allow_other: add allow_other",
+                          *o.access.gid);
   return Status::ok();
 }
 
@@ -234,7 +313,14 @@ std::string usage_text(std::string_view program) {
       "  l2_cache_size=SIZE   qcow2 L2 cache size, with K/M/G suffixes\n"
       "  locking=MODE         image locks as QEMU takes them: auto (default), on, off\n"
       "  force-share          read-only: share the image even with a writer (qemu-img -U)\n"
-      "  allow_other          let other users access the mount\n"
+      "  allow_other          let other users access the mount (as the view's owner,\n"
+      "                       group and mode allow: from the image file by default)\n"
+      "  uid=USER, gid=GROUP  the view's owner and group (default: the image file's);\n"
+      "                       someone other than you needs allow_other\n"
+      "  umask=MASK           octal: files 0666 & ~MASK (default: the image file's\n"
+      "                       rw bits), directories also limited by ~MASK\n"
+      "  fmask=MASK           the same for files only\n"
+      "  dmask=MASK           the same for directories only\n"
       "\n"
       "mount(8) options such as dev, suid, nodev, nosuid, exec, noexec, auto, noauto,\n"
       "user, nouser, _netdev, defaults, nofail, the atime family (atime, noatime,\n"

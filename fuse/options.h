@@ -5,8 +5,10 @@
 //
 // Options may appear before or after the two positional arguments (mount.fuse3
 // puts them last). Unknown options and bad values are errors with a message
-// naming the culprit; nothing here touches the system.
-// Thread-safety: pure functions on values.
+// naming the culprit. Nothing here touches the system, except that uid=/gid=
+// given as names are looked up in the user and group databases, and the
+// mounting user's ids are read to check them against allow_other.
+// Thread-safety: functions on values (the look-ups use the reentrant calls).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "fuse/access.h"
 #include "io/engine.h"
 #include "io/host_file.h"
 #include "io/status.h"
@@ -42,6 +45,9 @@ struct Options {
   unsigned queues = 0;  // 0: default_queue_count()
   std::string format;   // "", "raw", "qcow2"
   bool allow_other = false;
+  // uid=, gid=, umask=, fmask=, dmask=: the view's owner and permission bits
+  // (default: the image file's); uid/gid naming someone else need allow_other.
+  AccessOptions access;
   bool discard_unmap = false;
   std::string snapshot;
   uint64_t l2_cache_size = 0;  // 0: driver default

@@ -188,21 +188,36 @@ Status Server::build_filesystem() {
   auto main_view = std::make_unique<ImageFile>(driver_.get(), writable);
   main_view_ = main_view.get();
   InodeTable table = InodeTable::directory_root();
+  Ino view = kRootIno;
   if (S_ISREG(st.st_mode)) {
     table = InodeTable::file_root(std::move(main_view));
   } else if (S_ISDIR(st.st_mode)) {
-    table.add_image(kRootIno, raw_view_name(opts_.image), std::move(main_view));
+    view = table.add_image(kRootIno, raw_view_name(opts_.image), std::move(main_view));
     add_snapshot_nodes(table, *driver_);
     add_partition_directory(table, *main_view_, *main_engine_);
   } else {
     return Status::errorf(ENOTDIR, "{}: the mount point must be a regular file or a directory", opts_.mountpoint);
   }
-  AttrContext ctx;
-  ctx.uid = ::getuid();
-  ctx.gid = ::getgid();
-  ::clock_gettime(CLOCK_REALTIME, &ctx.mount_time);
-  fs_ = std::make_unique<Filesystem>(std::move(table), ctx);
+  auto ctx = initial_attributes();
+  if (!ctx) return ctx.status();
+  fs_ = std::make_unique<Filesystem>(std::move(table), *ctx, view, ::getuid());
   return Status::ok();
+}
+
+// The view's owner, group and mode from the image file and the access options.
+Result<AttrContext> Server::initial_attributes() const {
+  struct stat image;
+  if (::stat(opts_.image.c_str(), &image) != 0) return Status::from_errno(errno, opts_.image);
+  ViewAttrs view = initial_view_attrs(image, opts_.access);
+  AttrContext ctx;
+  ctx.uid = view.uid;
+  ctx.gid = view.gid;
+  ctx.view_mode = view.mode;
+  ctx.dir_mask = opts_.access.dmask.value_or(0);
+  ::clock_gettime(CLOCK_REALTIME, &ctx.mount_time);
+  log::debug("the view is owned by {}:{}, mode {:03o}{}", ctx.uid, ctx.gid, ctx.view_mode,
+             opts_.allow_other ? " (allow_other)" : "");
+  return ctx;
 }
 
 Status Server::mount() {

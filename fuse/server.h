@@ -2,7 +2,8 @@
 //
 // start(): opens the image (on the main thread's engine), builds the inode
 // tree, creates the FUSE session, mounts it (the kernel mount options come
-// from Options: ro unless rw, default_permissions, allow_other, fsname) and
+// from Options: ro unless rw, default_permissions (always: the kernel checks
+// the view's owner and mode, fuse/access.h), allow_other, fsname) and
 // starts the queue threads (EventLoops). SIGINT/SIGTERM/SIGHUP are blocked
 // in every thread and read through a signalfd by run().
 //
@@ -52,6 +53,7 @@ class Server {
   Status setup_signals();
   Status open_image();
   Status build_filesystem();
+  Result<AttrContext> initial_attributes() const;
   Status mount();
   Status start_loops();
   void wait_for_end();

@@ -98,6 +98,17 @@ TEST(FuseOptions, BadInputNamesTheCulprit) {
       {{"-o", "passthrough=on", "img", "mnt"}, "passthrough"},
       {{"-o", "l2_cache_size=12Q", "img", "mnt"}, "12Q"},
       {{"-o", "snapshot=", "img", "mnt"}, "snapshot"},
+      {{"-o", "uid=", "img", "mnt"}, "uid"},
+      {{"-o", "uid=12ab", "img", "mnt"}, "12ab"},
+      {{"-o", "uid=-1", "img", "mnt"}, "uid"},
+      {{"-o", "uid=4294967295", "img", "mnt"}, "uid"},
+      {{"-o", "uid=no-such-user-qcowfs", "img", "mnt"}, "no-such-user-qcowfs"},
+      {{"-o", "gid=no-such-group-qcowfs", "img", "mnt"}, "no-such-group-qcowfs"},
+      {{"-o", "umask=8", "img", "mnt"}, "umask"},
+      {{"-o", "umask=1000", "img", "mnt"}, "1000"},
+      {{"-o", "umask=", "img", "mnt"}, "umask"},
+      {{"-o", "fmask=0x22", "img", "mnt"}, "fmask"},
+      {{"-o", "dmask=-22", "img", "mnt"}, "dmask"},
       {{"--frobnicate", "img", "mnt"}, "--frobnicate"},
       {{"img"}, "IMAGE and MOUNTPOINT"},
       {{"img", "mnt", "extra"}, "3 arguments"},
@@ -110,6 +121,56 @@ TEST(FuseOptions, BadInputNamesTheCulprit) {
     EXPECT_NE(o.status().message().find(c.must_mention), std::string::npos)
         << "message '" << o.status().message() << "' does not mention '" << c.must_mention << "'";
   }
+}
+
+TEST(FuseOptions, AccessOptions) {
+  auto o = parse({"-o", "allow_other,uid=1234,gid=99,umask=027", "img", "mnt"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->access.uid, 1234u);
+  EXPECT_EQ(o->access.gid, 99u);
+  EXPECT_EQ(o->access.fmask, 027u);
+  EXPECT_EQ(o->access.dmask, 027u);
+  auto none = parse({"img", "mnt"});
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->access.uid || none->access.gid || none->access.fmask || none->access.dmask);
+}
+
+TEST(FuseOptions, FmaskAndDmaskOverrideUmaskInOrder) {
+  auto o = parse({"-o", "umask=022,fmask=077", "img", "mnt"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->access.fmask, 077u);
+  EXPECT_EQ(o->access.dmask, 022u);
+  auto later = parse({"-o", "dmask=077,umask=0", "img", "mnt"});  // later options win
+  ASSERT_TRUE(later);
+  EXPECT_EQ(later->access.fmask, 0u);
+  EXPECT_EQ(later->access.dmask, 0u);
+  auto d = parse({"-o", "dmask=0700", "img", "mnt"});
+  ASSERT_TRUE(d);
+  EXPECT_FALSE(d->access.fmask);
+  EXPECT_EQ(d->access.dmask, 0700u);
+}
+
+TEST(FuseOptions, NamesAreLookedUp) {
+  auto o = parse({"-o", "allow_other,uid=root,gid=root", "img", "mnt"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->access.uid, 0u);
+  EXPECT_EQ(o->access.gid, 0u);
+}
+
+TEST(FuseOptions, AnotherOwnerNeedsAllowOther) {
+  const std::string other_uid = std::to_string(::getuid() + 1);
+  const std::string other_gid = std::to_string(::getgid() + 1);
+  for (const std::string& opt : {"uid=" + other_uid, "gid=" + other_gid}) {
+    auto o = parse({"-o", opt, "img", "mnt"});
+    ASSERT_FALSE(o) << opt;
+    EXPECT_EQ(o.status().code(), EINVAL);
+    EXPECT_NE(o.status().message().find("allow_other"), std::string::npos) << o.status().message();
+    EXPECT_TRUE(parse({"-o", opt + ",allow_other", "img", "mnt"})) << opt;
+    EXPECT_TRUE(parse({"-o", "allow_other", "-o", opt, "img", "mnt"})) << opt;
+  }
+  // Naming yourself, or only masking bits, needs nothing.
+  EXPECT_TRUE(parse({"-o", "uid=" + std::to_string(::getuid()) + ",gid=" + std::to_string(::getgid()), "img", "mnt"}));
+  EXPECT_TRUE(parse({"-o", "umask=077", "img", "mnt"}));
 }
 
 TEST(FuseOptions, HelpAndVersionNeedNoPositionals) {
@@ -174,7 +235,8 @@ TEST(FuseOptions, DefaultQueueCountIsBounded) {
 TEST(FuseOptions, UsageListsEveryOption) {
   std::string u = usage_text("qcowfs");
   for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
-                          "l2_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "-f", "-d", "--help", "--version"})
+                          "l2_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "uid=", "gid=", "umask=",
+                          "fmask=", "dmask=", "-f", "-d", "--help", "--version"})
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
 }
 
