@@ -1,6 +1,7 @@
 // qcowfs: mounts a qcow2 or raw disk image as one raw file.
 //   qcowfs [-f] [-d] [-o OPTIONS] IMAGE MOUNTPOINT     (see --help)
-//   qcowfs create|info|check|map ...                   (fuse/cmd.h)
+//   qcowfs create|info|check|map ...                   (tools/cmd.h)
+// The one file of fuse/ that includes tools/: it only dispatches to them.
 #include <fuse_lowlevel.h>
 #include <stdlib.h>
 
@@ -8,17 +9,18 @@
 #include <string>
 #include <vector>
 
-#include "fuse/cmd.h"
 #include "fuse/daemon.h"
 #include "fuse/options.h"
 #include "fuse/server.h"
 #include "io/log.h"
+#include "tools/cmd.h"
 
 namespace {
 
 using qcowfs::Result;
 using qcowfs::Status;
 namespace fuse = qcowfs::fuse;
+namespace tools = qcowfs::tools;
 namespace log = qcowfs::log;
 
 Result<std::string> absolute_path(const std::string& path, const char* what) {
@@ -75,8 +77,8 @@ int serve(fuse::Options opts) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && fuse::is_subcommand(args[0]))
-    return fuse::run_subcommand(args[0], std::span<const std::string>(args).subspan(1));
+  if (!args.empty() && tools::is_subcommand(args[0]))
+    return tools::run_subcommand(args[0], std::span<const std::string>(args).subspan(1));
   auto opts = fuse::parse_command_line(args);
   if (!opts) {
     std::fprintf(stderr, "qcowfs: %s\nTry 'qcowfs --help' for more information.\n", opts.status().to_string().c_str());

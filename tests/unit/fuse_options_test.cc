@@ -240,5 +240,15 @@ TEST(FuseOptions, UsageListsEveryOption) {
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
 }
 
+TEST(MountHelperOptions, FstabAtimeFlagsAreAccepted) {
+  // mount(8) hands fstab options such as "defaults,noatime" to the helper.
+  std::vector<std::string> args = {"disk.qcow2", "/mnt", "-o", "rw,defaults,noatime,nodiratime,relatime,_netdev"};
+  auto o = parse_command_line(args);
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_TRUE(o->writable);
+  std::vector<std::string> bad = {"disk.qcow2", "/mnt", "-o", "noatimes"};
+  EXPECT_FALSE(parse_command_line(bad).is_ok());
+}
+
 }  // namespace
 }  // namespace qcowfs::fuse

@@ -3,16 +3,15 @@
 // under preallocated qcow2 data).
 #include <gtest/gtest.h>
 
-#include "fuse/cmd.h"
-#include "fuse/cmd_json.h"
-#include "fuse/options.h"
+#include "tools/cmd.h"
+#include "tools/json.h"
 #include "image/qcow2_status.h"
 #include "image/raw.h"
 #include "image/window.h"
 #include "io/mem_file.h"
 #include "tools_test_util.h"
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 namespace {
 
 using tools_testing::run_now;
@@ -149,15 +148,5 @@ TEST(Subcommands, AreRecognised) {
   EXPECT_FALSE(is_subcommand("-o"));
 }
 
-TEST(MountHelperOptions, FstabAtimeFlagsAreAccepted) {
-  // mount(8) hands fstab options such as "defaults,noatime" to the helper.
-  std::vector<std::string> args = {"disk.qcow2", "/mnt", "-o", "rw,defaults,noatime,nodiratime,relatime,_netdev"};
-  auto o = parse_command_line(args);
-  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
-  EXPECT_TRUE(o->writable);
-  std::vector<std::string> bad = {"disk.qcow2", "/mnt", "-o", "noatimes"};
-  EXPECT_FALSE(parse_command_line(bad).is_ok());
-}
-
 }  // namespace
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

@@ -1,11 +1,11 @@
-#include "fuse/cmd.h"
+#include "tools/cmd.h"
 
 #include <cmath>
 #include <cstdio>
 
 #include <fmt/format.h>
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 
 bool is_subcommand(std::string_view name) {
   return name == "create" || name == "info" || name == "check" || name == "map";
@@ -91,4 +91,4 @@ Status parse_common_image_arg(std::span<const std::string> args, size_t& i, Imag
   return Status::ok();
 }
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

@@ -1,8 +1,8 @@
-#include "fuse/cmd_json.h"
+#include "tools/json.h"
 
 #include <fmt/format.h>
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 
 std::string json_quote(const std::string& s) {
   std::string out = "\"";
@@ -80,4 +80,4 @@ void Json::render_to(std::string& out, int indent, int level) const {
   }
 }
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

@@ -8,12 +8,12 @@
 
 #include <cstdio>
 
-#include "fuse/cmd.h"
+#include "tools/cmd.h"
 #include "image/block_driver.h"
 #include "image/qcow2_create.h"
 #include "io/fd.h"
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 namespace {
 
 namespace q = image::qcow2;
@@ -213,4 +213,4 @@ int cmd_create(std::span<const std::string> args) {
   return 0;
 }
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

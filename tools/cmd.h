@@ -1,8 +1,8 @@
 // The qcowfs subcommands (git style: `qcowfs create|info|check|map ...`),
 // each a function from its arguments (without the subcommand name) to a
 // process exit code. They print to stdout/stderr and run their image I/O on a
-// private Engine through io::run_sync; the mount form of the binary is
-// untouched. Shared helpers for them live here too.
+// private Engine through io::run_sync. They use image/ and io/ only, never
+// FUSE: fuse/main.cc merely dispatches here. Shared helpers live here too.
 // Thread-safety: each runs on the main thread of a short-lived process.
 #pragma once
 
@@ -16,7 +16,7 @@
 #include "io/run_sync.h"
 #include "io/status.h"
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 
 // True when `name` (argv[1]) is a subcommand.
 bool is_subcommand(std::string_view name);
@@ -77,4 +77,4 @@ Status parse_image_command(std::span<const std::string> args, ImageCommandArgs& 
   return Status::ok();
 }
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

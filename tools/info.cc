@@ -4,13 +4,13 @@
 #include <cstdio>
 #include <ctime>
 
-#include "fuse/cmd.h"
-#include "fuse/cmd_json.h"
+#include "tools/cmd.h"
+#include "tools/json.h"
 #include "image/block_driver.h"
 #include "image/endian.h"
 #include "image/qcow2_inspect.h"
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 namespace {
 
 namespace q = image::qcow2;
@@ -296,4 +296,4 @@ int cmd_info(std::span<const std::string> args) {
   return 0;
 }
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 
 class Json {
  public:
@@ -44,4 +44,4 @@ class Json {
 
 std::string json_quote(const std::string& s);
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

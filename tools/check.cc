@@ -5,12 +5,12 @@
 
 #include <cstdio>
 
-#include "fuse/cmd.h"
-#include "fuse/cmd_json.h"
+#include "tools/cmd.h"
+#include "tools/json.h"
 #include "image/block_driver.h"
 #include "image/qcow2_check.h"
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 namespace {
 
 namespace q = image::qcow2;
@@ -173,4 +173,4 @@ int cmd_check(std::span<const std::string> args) {
   return exit_code(*r);
 }
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools

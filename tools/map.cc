@@ -4,11 +4,11 @@
 // same flags, depth and file, and host offsets that continue each other.
 #include <cstdio>
 
-#include "fuse/cmd.h"
-#include "fuse/cmd_json.h"
+#include "tools/cmd.h"
+#include "tools/json.h"
 #include "image/block_driver.h"
 
-namespace qcowfs::fuse {
+namespace qcowfs::tools {
 namespace {
 
 struct MapArgs : ImageCommandArgs {};
@@ -134,4 +134,4 @@ int cmd_map(std::span<const std::string> args) {
   return print_human(*map);
 }
 
-}  // namespace qcowfs::fuse
+}  // namespace qcowfs::tools
