@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "image/endian.h"
+#include "image/path.h"
 #include "image/qcow2_driver.h"
 #include "image/qcow2_status.h"
 #include "image/qcow2_writer.h"
@@ -28,15 +29,6 @@ constexpr std::string_view kReadOnly = "the qcow2 image is open read-only";
 // Upper bound on runs one block_status() call walks, so a query over a huge
 // fragmented range stays short; callers continue from the returned length.
 constexpr size_t kMaxStatusRuns = 65536;
-
-// Relative backing and data file names are relative to the image's directory,
-// spelled as QEMU's path_combine() does (the image path up to its last slash,
-// then the name), so tools name these files the way qemu-img does.
-std::string resolve_relative(const std::string& image_path, const std::string& name) {
-  if (!name.empty() && name[0] == '/') return name;
-  auto slash = image_path.rfind('/');
-  return slash == std::string::npos ? name : image_path.substr(0, slash + 1) + name;
-}
 
 std::string real_path(const std::string& path) {
   char buf[PATH_MAX];

@@ -10,6 +10,7 @@
 
 #include "tools/cmd.h"
 #include "image/block_driver.h"
+#include "image/path.h"
 #include "image/qcow2_create.h"
 #include "io/fd.h"
 
@@ -72,12 +73,6 @@ Result<q::CreateOptions> build_options(const CreateArgs& a) {
   return o;
 }
 
-std::string resolve_relative(const std::string& image, const std::string& name) {
-  if (name.empty() || name[0] == '/') return name;
-  auto slash = image.rfind('/');
-  return slash == std::string::npos ? name : image.substr(0, slash + 1) + name;
-}
-
 // qemu-img's refusal of a backing file without a format; `detected` is the
 // probed format when the backing file was opened.
 Status missing_backing_format(const std::string& image, std::string_view detected) {
@@ -97,7 +92,7 @@ Task<Status> inspect_backing(const CreateArgs& a, q::CreateOptions& o) {
   }
   image::ImageOptions bo;
   bo.format = o.backing_format;
-  auto b = co_await image::open_image(resolve_relative(a.image, o.backing_file), bo);
+  auto b = co_await image::open_image(image::resolve_relative(a.image, o.backing_file), bo);
   if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", o.backing_file));
   std::string detected((*b)->format_name());
   uint64_t size = (*b)->size();
@@ -151,7 +146,7 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
   if (!a.quiet) print_formatting(a, *valid);
   std::unique_ptr<io::HostFile> data;
   if (!valid->data_file.empty()) {
-    auto d = create_file(resolve_relative(path, valid->data_file));
+    auto d = create_file(image::resolve_relative(path, valid->data_file));
     if (!d) co_return d.status();
     data = std::move(*d);
   }

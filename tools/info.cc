@@ -8,6 +8,7 @@
 #include "tools/json.h"
 #include "image/block_driver.h"
 #include "image/endian.h"
+#include "image/path.h"
 #include "image/qcow2_inspect.h"
 
 namespace qcowfs::tools {
@@ -44,13 +45,6 @@ struct ImageInfo {
   std::string full_backing;
 };
 
-// qemu's path_combine(): a relative name is relative to the directory of base.
-std::string path_combine(const std::string& base, const std::string& name) {
-  if (name.empty() || name[0] == '/') return name;
-  auto slash = base.rfind('/');
-  return slash == std::string::npos ? name : base.substr(0, slash + 1) + name;
-}
-
 Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
   auto h = co_await q::read_qcow2_header(f);
   if (!h) co_return h.status();
@@ -64,7 +58,7 @@ Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
   auto bm = co_await q::read_qcow2_bitmaps(f, *h);
   if (!bm) co_return bm.status();
   info.bitmaps = std::move(*bm);
-  if (!h->backing_file.empty()) info.full_backing = path_combine(info.filename, h->backing_file);
+  if (!h->backing_file.empty()) info.full_backing = image::resolve_relative(info.filename, h->backing_file);
   co_return Status::ok();
 }
 
