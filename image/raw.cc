@@ -97,4 +97,10 @@ Task<Status> RawDriver::close() {
   co_return co_await file_->flush();
 }
 
+Task<Status> create_raw(io::HostFile& file, uint64_t size, bool allocate) {
+  QCOWFS_CO_TRY(co_await file.truncate(size));
+  if (allocate) QCOWFS_CO_TRY(co_await file.write_zeroes(0, size));
+  co_return co_await file.flush();
+}
+
 }  // namespace qcowfs::image

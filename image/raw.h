@@ -49,4 +49,9 @@ class RawDriver final : public BlockDriver {
   std::optional<uint64_t> window_size_;
 };
 
+// Makes `file` (new or emptied, writable) a raw image of `size` bytes; with
+// `allocate` every byte is also given host space (write_zeroes), as qemu-img's
+// preallocation=falloc|full does. Flushes before it returns.
+Task<Status> create_raw(io::HostFile& file, uint64_t size, bool allocate);
+
 }  // namespace qcowfs::image

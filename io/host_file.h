@@ -105,5 +105,8 @@ class HostFile {
 
 // Opens a regular file or block device. Fails with a clear message naming path.
 Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const OpenOptions& opts);
+// Creates the regular file path (mode 0644 less the umask) or empties the one
+// already there, then opens it writable as open_host_file() does.
+Result<std::unique_ptr<HostFile>> create_host_file(const std::string& path, OpenOptions opts);
 
 }  // namespace qcowfs::io

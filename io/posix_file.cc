@@ -152,6 +152,13 @@ Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const 
   return std::unique_ptr<HostFile>(std::move(*f));
 }
 
+Result<std::unique_ptr<HostFile>> create_host_file(const std::string& path, OpenOptions opts) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Status::from_errno(errno, fmt::format("creating {}", path));
+  opts.writable = true;
+  return open_host_file(path, opts);
+}
+
 Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, const OpenOptions& opts) {
   CacheMode cache;
   auto fd = open_with_cache(path, opts, &cache);

@@ -5,10 +5,10 @@
 
 #include <cstdio>
 
-#include "tools/cmd.h"
-#include "tools/json.h"
 #include "image/block_driver.h"
 #include "image/qcow2_check.h"
+#include "tools/cmd.h"
+#include "tools/json.h"
 
 namespace qcowfs::tools {
 namespace {

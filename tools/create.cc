@@ -3,16 +3,13 @@
 // Like qemu-img 7.2 it refuses a backing file without its format (-F or
 // backing_fmt): the format is written into the image, and a probed one lets a
 // raw backing file that starts like a qcow2 header pass itself off as one.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 
-#include "tools/cmd.h"
 #include "image/block_driver.h"
 #include "image/path.h"
 #include "image/qcow2_create.h"
-#include "io/fd.h"
+#include "image/raw.h"
+#include "tools/cmd.h"
 
 namespace qcowfs::tools {
 namespace {
@@ -105,15 +102,6 @@ Task<Status> inspect_backing(const CreateArgs& a, q::CreateOptions& o) {
   co_return Status::ok();
 }
 
-// Creates (or empties) a file and opens it writable.
-Result<std::unique_ptr<io::HostFile>> create_file(const std::string& path) {
-  io::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return Status::from_errno(errno, fmt::format("creating {}", path));
-  io::OpenOptions o;
-  o.writable = true;
-  return io::open_host_file(path, o);
-}
-
 void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
   if (a.format == "raw") {
     fmt::print("Formatting '{}', fmt=raw size={}\n", a.image, o.size);
@@ -129,13 +117,11 @@ void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
   fmt::print("\n");
 }
 
-Task<Status> create_raw(const std::string& path, const q::CreateOptions& o) {
-  auto f = create_file(path);
+Task<Status> create_raw_file(const std::string& path, const q::CreateOptions& o) {
+  auto f = io::create_host_file(path, io::OpenOptions{});
   if (!f) co_return f.status();
-  QCOWFS_CO_TRY(co_await (*f)->truncate(o.size));
-  if (o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full)
-    QCOWFS_CO_TRY(co_await (*f)->write_zeroes(0, o.size));
-  co_return co_await (*f)->flush();
+  bool allocate = o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full;
+  co_return co_await image::create_raw(**f, o.size, allocate);
 }
 
 Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
@@ -146,11 +132,11 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
   if (!a.quiet) print_formatting(a, *valid);
   std::unique_ptr<io::HostFile> data;
   if (!valid->data_file.empty()) {
-    auto d = create_file(image::resolve_relative(path, valid->data_file));
+    auto d = io::create_host_file(image::resolve_relative(path, valid->data_file), io::OpenOptions{});
     if (!d) co_return d.status();
     data = std::move(*d);
   }
-  auto f = create_file(path);
+  auto f = io::create_host_file(path, io::OpenOptions{});
   if (!f) co_return f.status();
   co_return co_await q::write_new_image(**f, data.get(), *valid);
 }
@@ -202,7 +188,7 @@ int cmd_create(std::span<const std::string> args) {
   auto engine = tool_engine();
   if (!engine) return cmd_fail("create", engine.status());
   if (a->format == "raw" && !a->quiet) print_formatting(*a, *o);
-  Status st = a->format == "raw" ? io::run_sync(**engine, create_raw(a->image, *o))
+  Status st = a->format == "raw" ? io::run_sync(**engine, create_raw_file(a->image, *o))
                                  : io::run_sync(**engine, create_qcow2(*a, *o));
   if (!st) return cmd_fail("create", st);
   return 0;

@@ -4,12 +4,12 @@
 #include <cstdio>
 #include <ctime>
 
-#include "tools/cmd.h"
-#include "tools/json.h"
 #include "image/block_driver.h"
 #include "image/endian.h"
 #include "image/path.h"
 #include "image/qcow2_inspect.h"
+#include "tools/cmd.h"
+#include "tools/json.h"
 
 namespace qcowfs::tools {
 namespace {

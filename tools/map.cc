@@ -4,9 +4,9 @@
 // same flags, depth and file, and host offsets that continue each other.
 #include <cstdio>
 
+#include "image/block_driver.h"
 #include "tools/cmd.h"
 #include "tools/json.h"
-#include "image/block_driver.h"
 
 namespace qcowfs::tools {
 namespace {
