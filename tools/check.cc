@@ -155,22 +155,16 @@ std::string_view check_usage() {
 }
 
 int cmd_check(std::span<const std::string> args) {
-  auto a = parse_check_args(args);
-  if (!a) return usage_error("check", a.status().message());
-  if (a->help) {
-    fmt::print("{}", check_usage());
-    return 0;
-  }
-  auto engine = tool_engine();
-  if (!engine) return cmd_fail("check", engine.status());
-  bool no_checks = false;
-  auto r = io::run_sync(**engine, run_check(*a, &no_checks));
-  if (!r) return cmd_fail("check", r.status(), no_checks ? kExitNoChecks : 1);
-  if (!a->quiet)
-    for (const auto& m : r->messages) fmt::print(stderr, "{}\n", m);
-  if (a->json) fmt::print("{}\n", report_json(*r, a->image).render());
-  else if (!a->quiet) print_human(*r);
-  return exit_code(*r);
+  return run_tool("check", check_usage(), parse_check_args(args), [](const CheckArgs& a, io::Engine& engine) {
+    bool no_checks = false;
+    auto r = io::run_sync(engine, run_check(a, &no_checks));
+    if (!r) return cmd_fail("check", r.status(), no_checks ? kExitNoChecks : 1);
+    if (!a.quiet)
+      for (const auto& m : r->messages) fmt::print(stderr, "{}\n", m);
+    if (a.json) fmt::print("{}\n", report_json(*r, a.image).render());
+    else if (!a.quiet) print_human(*r);
+    return exit_code(*r);
+  });
 }
 
 }  // namespace qcowfs::tools

@@ -28,6 +28,8 @@ int usage_error(std::string_view cmd, std::string_view message) {
   return 1;
 }
 
+void print_usage(std::string_view usage) { fmt::print("{}", usage); }
+
 Result<std::unique_ptr<io::Engine>> tool_engine() { return io::make_engine(io::EngineKind::automatic, 64); }
 
 std::string human_size(uint64_t bytes) {

@@ -40,9 +40,27 @@ std::string_view map_usage();
 int cmd_fail(std::string_view cmd, const Status& st, int code = 1);
 // Prints a usage error and the --help hint; returns 1.
 int usage_error(std::string_view cmd, std::string_view message);
+// Prints a --help text to stdout.
+void print_usage(std::string_view usage);
 
 // A private engine for the process (io_uring, else threads).
 Result<std::unique_ptr<io::Engine>> tool_engine();
+
+// The opening every subcommand shares: a failed parse is a usage error (exit
+// 1), --help (Args::help) prints `usage` (exit 0); otherwise the private
+// engine is made (its failure reported as "qcowfs NAME: ...", exit 1) and the
+// exit code is body(args, engine)'s.
+template <typename Args, typename Body>
+int run_tool(std::string_view name, std::string_view usage, Result<Args> parsed, Body body) {
+  if (!parsed) return usage_error(name, parsed.status().message());
+  if (parsed->help) {
+    print_usage(usage);
+    return 0;
+  }
+  auto engine = tool_engine();
+  if (!engine) return cmd_fail(name, engine.status());
+  return body(*parsed, **engine);
+}
 
 // "1.5 GiB", "196 KiB", "512 B": qemu-img's human sizes.
 std::string human_size(uint64_t bytes);

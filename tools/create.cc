@@ -19,15 +19,16 @@ namespace q = image::qcow2;
 struct CreateArgs {
   std::string image;
   std::string format = "qcow2";
-  std::string options;  // -o lists, joined with commas
+  std::string option_list;  // -o lists, joined with commas
   std::string backing, backing_format;
   std::string size;
   bool quiet = false;
   bool unsafe = false;  // -u: do not open the backing file
   bool help = false;
+  q::CreateOptions create_options;  // the above as qcow2 create options (not with help)
 };
 
-Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
+Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
   CreateArgs a;
   std::vector<std::string> positional;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -39,7 +40,7 @@ Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
     } else if (args[i] == "-u") {
       a.unsafe = true;
     } else if (take_option(args, i, "--options", "-o", v)) {
-      a.options += (a.options.empty() ? "" : ",") + v;
+      a.option_list += (a.option_list.empty() ? "" : ",") + v;
     } else if (take_option(args, i, "--backing", "-b", v)) {
       a.backing = v;
     } else if (take_option(args, i, "--backing-format", "-F", v)) {
@@ -63,11 +64,22 @@ Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
 
 Result<q::CreateOptions> build_options(const CreateArgs& a) {
   q::CreateOptions o;
-  QCOWFS_TRY(q::apply_create_options(o, a.options));
+  QCOWFS_TRY(q::apply_create_options(o, a.option_list));
   if (!a.size.empty()) QCOWFS_TRY(q::apply_create_option(o, "size", a.size));
   if (!a.backing.empty()) o.backing_file = a.backing;
   if (!a.backing_format.empty()) o.backing_format = a.backing_format;
   return o;
+}
+
+// The command line, its -o/-b/-F/SIZE turned into create options; errors are
+// usage errors. With --help nothing but the flags is looked at.
+Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
+  auto a = parse_create_flags(args);
+  if (!a || a->help) return a;
+  auto o = build_options(*a);
+  if (!o) return o.status();
+  a->create_options = std::move(*o);
+  return a;
 }
 
 // qemu-img's refusal of a backing file without a format; `detected` is the
@@ -174,24 +186,17 @@ std::string_view create_usage() {
 }
 
 int cmd_create(std::span<const std::string> args) {
-  auto a = parse_create_args(args);
-  if (!a) return usage_error("create", a.status().message());
-  if (a->help) {
-    fmt::print("{}", create_usage());
+  return run_tool("create", create_usage(), parse_create_args(args), [](const CreateArgs& a, io::Engine& engine) {
+    const q::CreateOptions& o = a.create_options;
+    if (a.format == "raw" && !o.backing_file.empty())
+      return cmd_fail("create", Status::errorf(EINVAL, "{}: Backing file not supported for file format 'raw'", a.image));
+    if (a.format == "raw" && !o.size_given) return usage_error("create", "a raw image needs a SIZE");
+    if (a.format == "raw" && !a.quiet) print_formatting(a, o);
+    Status st = a.format == "raw" ? io::run_sync(engine, create_raw_file(a.image, o))
+                                  : io::run_sync(engine, create_qcow2(a, o));
+    if (!st) return cmd_fail("create", st);
     return 0;
-  }
-  auto o = build_options(*a);
-  if (!o) return usage_error("create", o.status().message());
-  if (a->format == "raw" && !o->backing_file.empty())
-    return cmd_fail("create", Status::errorf(EINVAL, "{}: Backing file not supported for file format 'raw'", a->image));
-  if (a->format == "raw" && !o->size_given) return usage_error("create", "a raw image needs a SIZE");
-  auto engine = tool_engine();
-  if (!engine) return cmd_fail("create", engine.status());
-  if (a->format == "raw" && !a->quiet) print_formatting(*a, *o);
-  Status st = a->format == "raw" ? io::run_sync(**engine, create_raw_file(a->image, *o))
-                                 : io::run_sync(**engine, create_qcow2(*a, *o));
-  if (!st) return cmd_fail("create", st);
-  return 0;
+  });
 }
 
 }  // namespace qcowfs::tools

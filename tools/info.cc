@@ -248,6 +248,21 @@ Task<Result<std::vector<ImageInfo>>> gather_chain(const InfoArgs& a) {
   }
 }
 
+void print_chain(const InfoArgs& a, const std::vector<ImageInfo>& chain) {
+  if (a.json && !a.backing_chain) {
+    fmt::print("{}\n", info_json(chain.front()).render());
+  } else if (a.json) {
+    Json list = Json::array();
+    for (const auto& i : chain) list.push(info_json(i));
+    fmt::print("{}\n", list.render());
+  } else {
+    for (size_t i = 0; i < chain.size(); ++i) {
+      if (i) fmt::print("\n");
+      print_human(chain[i]);
+    }
+  }
+}
+
 }  // namespace
 
 std::string_view info_usage() {
@@ -265,29 +280,12 @@ std::string_view info_usage() {
 }
 
 int cmd_info(std::span<const std::string> args) {
-  auto a = parse_info_args(args);
-  if (!a) return usage_error("info", a.status().message());
-  if (a->help) {
-    fmt::print("{}", info_usage());
+  return run_tool("info", info_usage(), parse_info_args(args), [](const InfoArgs& a, io::Engine& engine) {
+    auto chain = io::run_sync(engine, gather_chain(a));
+    if (!chain) return cmd_fail("info", chain.status());
+    print_chain(a, *chain);
     return 0;
-  }
-  auto engine = tool_engine();
-  if (!engine) return cmd_fail("info", engine.status());
-  auto chain = io::run_sync(**engine, gather_chain(*a));
-  if (!chain) return cmd_fail("info", chain.status());
-  if (a->json && !a->backing_chain) {
-    fmt::print("{}\n", info_json(chain->front()).render());
-  } else if (a->json) {
-    Json list = Json::array();
-    for (const auto& i : *chain) list.push(info_json(i));
-    fmt::print("{}\n", list.render());
-  } else {
-    for (size_t i = 0; i < chain->size(); ++i) {
-      if (i) fmt::print("\n");
-      print_human((*chain)[i]);
-    }
-  }
-  return 0;
+  });
 }
 
 }  // namespace qcowfs::tools

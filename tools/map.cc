@@ -117,21 +117,13 @@ std::string_view map_usage() {
 }
 
 int cmd_map(std::span<const std::string> args) {
-  auto a = parse_map_args(args);
-  if (!a) return usage_error("map", a.status().message());
-  if (a->help) {
-    fmt::print("{}", map_usage());
-    return 0;
-  }
-  auto engine = tool_engine();
-  if (!engine) return cmd_fail("map", engine.status());
-  auto map = io::run_sync(**engine, build_map(*a));
-  if (!map) return cmd_fail("map", map.status());
-  if (a->json) {
+  return run_tool("map", map_usage(), parse_map_args(args), [](const MapArgs& a, io::Engine& engine) {
+    auto map = io::run_sync(engine, build_map(a));
+    if (!map) return cmd_fail("map", map.status());
+    if (!a.json) return print_human(*map);
     print_json(*map);
     return 0;
-  }
-  return print_human(*map);
+  });
 }
 
 }  // namespace qcowfs::tools
