@@ -5,7 +5,6 @@
 
 #include <cstdio>
 
-#include "image/block_driver.h"
 #include "image/qcow2_check.h"
 #include "tools/cmd.h"
 #include "tools/json.h"
@@ -119,19 +118,18 @@ class ProgressBar {
 Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks) {
   io::OpenOptions o;
   o.writable = a.repair != q::RepairMode::none;
-  auto file = io::open_host_file(a.image, o);
-  if (!file) co_return file.status();
-  auto format = co_await image::choose_format(**file, a.image, a.format);
-  if (!format) co_return format.status();
-  if (*format != "qcow2") {
+  auto image = co_await open_image_file(a.image, o, a.format, "");
+  if (!image) co_return image.status();
+  io::HostFile& file = *image->file;
+  if (image->format != "qcow2") {
     *no_checks = true;
     co_return Status::error(ENOTSUP, "This image format does not support checks");
   }
   q::CheckOptions opts;
   opts.repair = a.repair;
   if (!a.json && !a.quiet && ::isatty(STDERR_FILENO)) opts.progress = ProgressBar();
-  auto r = co_await q::check_image(**file, opts);
-  if (r && (*file)->writable()) QCOWFS_CO_TRY(co_await (*file)->flush());
+  auto r = co_await q::check_image(file, opts);
+  if (r && file.writable()) QCOWFS_CO_TRY(co_await file.flush());
   co_return r;
 }
 

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "image/block_driver.h"
+
 namespace qcowfs::tools {
 
 bool is_subcommand(std::string_view name) {
@@ -31,6 +33,15 @@ int usage_error(std::string_view cmd, std::string_view message) {
 void print_usage(std::string_view usage) { fmt::print("{}", usage); }
 
 Result<std::unique_ptr<io::Engine>> tool_engine() { return io::make_engine(io::EngineKind::automatic, 64); }
+
+Task<Result<ImageFile>> open_image_file(std::string path, io::OpenOptions options, std::string named,
+                                        std::string backing_of) {
+  auto f = io::open_host_file(path, options);
+  if (!f) co_return f.status();
+  auto format = co_await image::choose_format(**f, path, named, backing_of);
+  if (!format) co_return format.status();
+  co_return ImageFile{std::move(*f), std::move(*format)};
+}
 
 std::string human_size(uint64_t bytes) {
   // qemu's size_to_str(): the unit changes at 1000 of the smaller one, and the

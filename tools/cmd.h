@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "io/engine.h"
+#include "io/host_file.h"
 #include "io/run_sync.h"
 #include "io/status.h"
 
@@ -61,6 +62,16 @@ int run_tool(std::string_view name, std::string_view usage, Result<Args> parsed,
   if (!engine) return cmd_fail(name, engine.status());
   return body(*parsed, **engine);
 }
+
+// An image's host file and its format (`named`, else probed), for the
+// commands that read an image's structures themselves (info, check).
+// backing_of names the overlay when path is its backing file.
+struct ImageFile {
+  std::unique_ptr<io::HostFile> file;
+  std::string format;
+};
+Task<Result<ImageFile>> open_image_file(std::string path, io::OpenOptions options, std::string named,
+                                        std::string backing_of);
 
 // "1.5 GiB", "196 KiB", "512 B": qemu-img's human sizes.
 std::string human_size(uint64_t bytes);

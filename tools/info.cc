@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <ctime>
 
-#include "image/block_driver.h"
 #include "image/endian.h"
 #include "image/path.h"
 #include "image/qcow2_inspect.h"
@@ -64,17 +63,15 @@ Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
 
 // backing_of: the overlay whose backing file path is ("" for the image named).
 Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint, const std::string& backing_of) {
-  io::OpenOptions o;
-  auto f = io::open_host_file(path, o);
-  if (!f) co_return f.status();
+  auto image = co_await open_image_file(path, io::OpenOptions{}, format_hint, backing_of);
+  if (!image) co_return image.status();
+  io::HostFile& f = *image->file;
   ImageInfo info;
   info.filename = path;
-  auto format = co_await image::choose_format(**f, path, format_hint, backing_of);
-  if (!format) co_return format.status();
-  info.format = *format;
-  info.actual_size = (*f)->allocated_bytes();
-  info.virtual_size = (*f)->size();
-  if (info.format == "qcow2") QCOWFS_CO_TRY(co_await add_qcow2_info(**f, info));
+  info.format = image->format;
+  info.actual_size = f.allocated_bytes();
+  info.virtual_size = f.size();
+  if (info.format == "qcow2") QCOWFS_CO_TRY(co_await add_qcow2_info(f, info));
   co_return info;
 }
 
