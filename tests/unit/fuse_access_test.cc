@@ -6,6 +6,7 @@
 #include <memory>
 #include <thread>
 
+#include "fake_driver.h"
 #include "fuse/access.h"
 #include "fuse/filesystem.h"
 #include "fuse/image_file.h"
@@ -13,32 +14,6 @@
 
 namespace qcowfs::fuse {
 namespace {
-
-// A 1 MiB disk that does nothing: only its size and access mode matter here.
-class NullDriver final : public image::BlockDriver {
- public:
-  explicit NullDriver(bool ro) : ro_(ro) {}
-  std::string_view format_name() const override { return "null"; }
-  uint64_t size() const override { return 1 << 20; }
-  bool read_only() const override { return ro_; }
-  size_t mem_align() const override { return 4096; }
-  Task<Status> read(uint64_t, std::span<std::byte>) override { co_return Status::ok(); }
-  Task<Status> write(uint64_t, std::span<const std::byte>) override { co_return Status::ok(); }
-  Task<Status> flush() override { co_return Status::ok(); }
-  Task<Status> discard(uint64_t, uint64_t) override { co_return Status::ok(); }
-  Task<Status> write_zeroes(uint64_t, uint64_t, bool) override { co_return Status::ok(); }
-  Task<Status> truncate(uint64_t) override { co_return Status::ok(); }
-  Task<Result<image::BlockStatus>> block_status(uint64_t, uint64_t len) override {
-    image::BlockStatus st;
-    st.length = len;
-    co_return st;
-  }
-  uint64_t allocated_bytes() const override { return 0; }
-  Task<Status> close() override { co_return Status::ok(); }
-
- private:
-  bool ro_;
-};
 
 struct stat image_stat(uid_t uid, gid_t gid, mode_t mode) {
   struct stat st = {};
@@ -142,7 +117,7 @@ TEST(FuseAccess, ConcurrentReadersSeeWholeChanges) {
 // A directory-mode tree: disk.raw (the view), snapshots/s.raw, and a
 // read-only copy standing in for a partition of a read-only mount.
 struct Tree {
-  NullDriver disk{false};
+  fakes::FakeDriver disk{1 << 20, false};
   InodeTable table = InodeTable::directory_root();
   Ino view = 0, snaps = 0, snap = 0, ro_file = 0;
   Tree(bool writable) {
