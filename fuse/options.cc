@@ -1,5 +1,7 @@
 #include "fuse/options.h"
 
+#include "image/probe.h"
+
 #include <grp.h>
 #include <pwd.h>
 #include <unistd.h>
@@ -127,7 +129,9 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
     if (!n) return n.status();
     o.queues = *n;
   } else if (key == "format") {
-    if (value != "raw" && value != "qcow2") return bad_value(key, value, "raw or qcow2");
+    // Formats qcowfs only recognises (vmdk, vhdx, ...) pass here: opening the
+    // image refuses them with a message naming the format (image/probe.h).
+    if (!image::find_format(value)) return bad_value(key, value, "raw or qcow2");
     o.format = std::string(value);
   } else if (key == "discard") {
     if (value != "unmap" && value != "ignore") return bad_value(key, value, "unmap or ignore");

@@ -60,6 +60,14 @@ def test_mount_is_refused_naming_the_format(workdir: Path, kind: str, rw: bool) 
     assert helpers.sha256_file(image) == before
 
 
+def test_naming_a_foreign_format_is_refused_naming_it(workdir: Path) -> None:
+    """-o format=vmdk is a known format qcowfs does not read yet: the mount says so."""
+    image = create(workdir, "vmdk")
+    code, text = helpers.mount_fails(image, workdir / "view", ["format=vmdk"])
+    assert code != 0
+    assert "VMDK" in text and "format=raw" in text, text
+
+
 @pytest.mark.parametrize("kind", sorted(FORMATS))
 def test_format_raw_serves_the_container_file(workdir: Path, kind: str) -> None:
     image = create(workdir, kind)

@@ -92,7 +92,7 @@ TEST(FuseOptions, BadInputNamesTheCulprit) {
       {{"-o", "queues=0", "img", "mnt"}, "queues"},
       {{"-o", "queues=65", "img", "mnt"}, "queues"},
       {{"-o", "queues=2x", "img", "mnt"}, "2x"},
-      {{"-o", "format=vmdk", "img", "mnt"}, "vmdk"},
+      {{"-o", "format=nosuchfmt", "img", "mnt"}, "nosuchfmt"},
       {{"-o", "discard=on", "img", "mnt"}, "discard"},
       {{"-o", "fuse_uring=yes", "img", "mnt"}, "fuse_uring"},
       {{"-o", "passthrough=on", "img", "mnt"}, "passthrough"},
