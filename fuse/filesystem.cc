@@ -515,16 +515,13 @@ fuse_lowlevel_ops make_operations() {
 Filesystem::Filesystem(InodeTable table, AttrContext initial, Ino view, uid_t mounter)
     : table_(std::move(table)),
       ctx_(initial),
-      access_(ViewAttrs{initial.uid, initial.gid, initial.view_mode}),
+      access_(initial.view),
       view_(view),
       mounter_(mounter) {}
 
 AttrContext Filesystem::attr_context() const {
   AttrContext ctx = ctx_;
-  ViewAttrs now = access_.get();
-  ctx.uid = now.uid;
-  ctx.gid = now.gid;
-  ctx.view_mode = now.mode;
+  ctx.view = access_.get();
   return ctx;
 }
 

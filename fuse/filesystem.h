@@ -46,7 +46,7 @@ class Filesystem {
 
  private:
   InodeTable table_;
-  AttrContext ctx_;  // dir_mask, mount_time; the rest is in access_
+  AttrContext ctx_;  // dir_mask and mount_time; its view is access_'s first value
   ViewAccess access_;
   const Ino view_;
   const uid_t mounter_;

@@ -79,18 +79,18 @@ std::vector<ImageFile*> InodeTable::image_files() const {
 struct stat InodeTable::attributes(const Node& node, const AttrContext& ctx) const {
   struct stat st = {};
   st.st_ino = node.ino;
-  st.st_uid = ctx.uid;
-  st.st_gid = ctx.gid;
+  st.st_uid = ctx.view.uid;
+  st.st_gid = ctx.view.gid;
   st.st_atim = st.st_mtim = st.st_ctim = ctx.mount_time;
   st.st_blksize = 4096;
   if (node.kind == NodeKind::directory) {
-    st.st_mode = S_IFDIR | directory_permissions(ctx.view_mode, ctx.dir_mask);
+    st.st_mode = S_IFDIR | directory_permissions(ctx.view.mode, ctx.dir_mask);
     st.st_nlink = 2;
     for (Ino child : node.children)
       if (nodes_[child - kRootIno].kind == NodeKind::directory) ++st.st_nlink;
     return st;
   }
-  st.st_mode = S_IFREG | file_permissions(ctx.view_mode, node.file->writable());
+  st.st_mode = S_IFREG | file_permissions(ctx.view.mode, node.file->writable());
   st.st_nlink = 1;
   st.st_size = static_cast<off_t>(node.file->size());
   st.st_blocks = static_cast<blkcnt_t>(div_round_up(node.file->allocated_bytes(), 512));

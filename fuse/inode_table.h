@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fuse/access.h"
 #include "fuse/image_file.h"
 
 namespace qcowfs::fuse {
@@ -43,9 +44,7 @@ struct Node {
 // permission bits (fuse/access.h), the dmask= of the mount, and when the mount
 // started.
 struct AttrContext {
-  uid_t uid = 0;
-  gid_t gid = 0;
-  mode_t view_mode = 0644;
+  ViewAttrs view;
   mode_t dir_mask = 0;
   struct timespec mount_time = {};
 };

@@ -1,7 +1,5 @@
 #include "fuse/options.h"
 
-#include "image/probe.h"
-
 #include <grp.h>
 #include <pwd.h>
 #include <unistd.h>
@@ -13,6 +11,8 @@
 #include <limits>
 #include <optional>
 #include <vector>
+
+#include "image/probe.h"
 
 namespace qcowfs::fuse {
 namespace {

@@ -95,7 +95,8 @@ bool PartitionDirectory::watched(uint64_t disk_offset, uint64_t len) const {
 }
 
 void PartitionDirectory::note_write(uint64_t disk_offset, uint64_t len) {
-  if (len != 0 && watched(disk_offset, len)) stale_.store(true, std::memory_order_release);
+  if (len == 0 || stale_.load(std::memory_order_relaxed)) return;  // already marked: no scan, no store
+  if (watched(disk_offset, len)) stale_.store(true, std::memory_order_release);
 }
 
 void add_partition_directory(InodeTable& table, ImageFile& disk_view, io::Engine& engine) {

@@ -208,14 +208,11 @@ Status Server::build_filesystem() {
 Result<AttrContext> Server::initial_attributes() const {
   struct stat image;
   if (::stat(opts_.image.c_str(), &image) != 0) return Status::from_errno(errno, opts_.image);
-  ViewAttrs view = initial_view_attrs(image, opts_.access);
   AttrContext ctx;
-  ctx.uid = view.uid;
-  ctx.gid = view.gid;
-  ctx.view_mode = view.mode;
+  ctx.view = initial_view_attrs(image, opts_.access);
   ctx.dir_mask = opts_.access.dmask.value_or(0);
   ::clock_gettime(CLOCK_REALTIME, &ctx.mount_time);
-  log::debug("the view is owned by {}:{}, mode {:03o}{}", ctx.uid, ctx.gid, ctx.view_mode,
+  log::debug("the view is owned by {}:{}, mode {:03o}{}", ctx.view.uid, ctx.view.gid, ctx.view.mode,
              opts_.allow_other ? " (allow_other)" : "");
   return ctx;
 }

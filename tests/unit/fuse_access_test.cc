@@ -130,9 +130,7 @@ struct Tree {
 
 AttrContext context(uid_t uid, gid_t gid, mode_t mode, mode_t dmask = 0) {
   AttrContext c;
-  c.uid = uid;
-  c.gid = gid;
-  c.view_mode = mode;
+  c.view = ViewAttrs{uid, gid, mode};
   c.dir_mask = dmask;
   return c;
 }
@@ -168,14 +166,14 @@ TEST(FuseAccess, ChmodAndChownChangeTheViewForEveryNode) {
   chmod.mode = 0644;
   ASSERT_TRUE(fs.change_access(view, 1000, chmod));  // the mounting user
   AttrContext now = fs.attr_context();
-  EXPECT_EQ(now.view_mode, 0644u);
+  EXPECT_EQ(now.view.mode, 0644u);
   EXPECT_EQ(perms(fs.table().attributes(*fs.table().get(view), now)), 0644u);
   EXPECT_EQ(perms(fs.table().attributes(*fs.table().get(snap), now)), 0444u);
   EXPECT_EQ(perms(fs.table().attributes(*fs.table().get(snaps), now)), 0555u);
   AccessChange chown;
   chown.uid = 4242;
   ASSERT_TRUE(fs.change_access(view, 0, chown));  // root
-  EXPECT_EQ(fs.attr_context().uid, 4242u);
+  EXPECT_EQ(fs.attr_context().view.uid, 4242u);
   EXPECT_EQ(fs.table().attributes(*fs.table().get(snap), fs.attr_context()).st_uid, 4242u);
 }
 
@@ -189,7 +187,7 @@ TEST(FuseAccess, OthersAndOtherNodesGetEperm) {
   EXPECT_EQ(fs.change_access(snap, 0, c).code(), EPERM);
   EXPECT_EQ(fs.change_access(snaps, 0, c).code(), EPERM);
   EXPECT_EQ(fs.change_access(kRootIno, 1000, c).code(), EPERM);
-  EXPECT_EQ(fs.attr_context().view_mode, 0600u);
+  EXPECT_EQ(fs.attr_context().view.mode, 0600u);
 }
 
 }  // namespace

@@ -30,8 +30,8 @@ TEST(FuseInodeTable, FileModeRootIsTheImage) {
   const Node* root = t.get(kRootIno);
   ASSERT_NE(root, nullptr);
   AttrContext ctx;
-  ctx.uid = 1234;
-  ctx.gid = 99;
+  ctx.view.uid = 1234;
+  ctx.view.gid = 99;
   struct stat st = t.attributes(*root, ctx);
   EXPECT_TRUE(S_ISREG(st.st_mode));
   EXPECT_EQ(st.st_mode & 07777, 0644u);

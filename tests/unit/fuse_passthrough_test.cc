@@ -25,7 +25,7 @@ TEST(FusePassthrough, ReadOnlyViewOfAWholeRawFileQualifies) {
   EXPECT_EQ(ImageFile(raw.get(), false).passthrough_file(), &raw->file());
 }
 
-// Writes must reach the daemon (fixed size, EFBIG past the end), and the
+// Writes must reach the daemon (fixed size, ENOSPC at the end), and the
 // kernel fails ordinary opens of a file that has passed-through ones.
 TEST(FusePassthrough, WritableViewsDoNot) {
   auto raw = raw_over(512);
