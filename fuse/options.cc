@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "image/probe.h"
+#include "image/format.h"
 
 namespace qcowfs::fuse {
 namespace {
@@ -130,8 +130,8 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
     o.queues = *n;
   } else if (key == "format") {
     // Formats qcowfs only recognises (vmdk, vhdx, ...) pass here: opening the
-    // image refuses them with a message naming the format (image/probe.h).
-    if (!image::find_format(value)) return bad_value(key, value, "raw or qcow2");
+    // image refuses them with a message naming the format (image/format.h).
+    if (!image::find_format(value)) return bad_value(key, value, image::supported_format_names());
     o.format = std::string(value);
   } else if (key == "discard") {
     if (value != "unmap" && value != "ignore") return bad_value(key, value, "unmap or ignore");

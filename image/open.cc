@@ -1,10 +1,9 @@
-// open_image() and choose_format(): the one place that picks a format driver
-// (or refuses a format qcowfs only recognises, image/probe.h).
+// open_image() and choose_format(): the one place that turns a named or probed
+// format into its registry entry's driver (image/format.h), or refuses a format
+// qcowfs only recognises.
 #include "image/block_driver.h"
+#include "image/format.h"
 #include "image/probe.h"
-#include "image/qcow2.h"
-#include "image/raw.h"
-#include "io/log.h"
 
 namespace qcowfs::image {
 
@@ -17,13 +16,13 @@ Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& p
   const FormatInfo* f = nullptr;
   if (!named.empty()) {
     f = find_format(named);
-    if (!f) co_return Status::errorf(EINVAL, "unknown image format '{}' (use raw or qcow2)", named);
+    if (!f) co_return Status::errorf(EINVAL, "unknown image format '{}' (use {})", named, supported_format_names());
   } else {
     auto probed = co_await probe_format_info(file);
     if (!probed) co_return probed.status();
     f = *probed;
   }
-  if (!f->supported) co_return foreign_format_error(path, *f, !named.empty(), backing_of);
+  if (!f->supported()) co_return foreign_format_error(path, *f, !named.empty(), backing_of);
   co_return std::string(f->name);
 }
 
@@ -32,10 +31,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOpt
   if (!file) co_return file.status();
   auto format = co_await choose_format(**file, path, opts.format, opts.backing_of);
   if (!format) co_return format.status();
-  if (*format == "qcow2") co_return co_await open_qcow2(std::move(*file), path, opts);
-  if (!opts.snapshot.empty()) co_return Status::error(EINVAL, "raw images have no snapshots");
-  std::unique_ptr<BlockDriver> d = std::make_unique<RawDriver>(std::move(*file), opts.discard_unmap);
-  co_return d;
+  co_return co_await find_format(*format)->open(std::move(*file), std::move(path), std::move(opts));
 }
 
 }  // namespace qcowfs::image

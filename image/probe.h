@@ -1,10 +1,9 @@
 // Format probing: which disk-image format a file holds, from its first
-// kProbeHeadBytes and its last kProbeTailBytes. The signature table in
-// probe.cc is the one list of the formats qcowfs recognises: "qcow2" and
-// "raw" it serves; every other one (VMDK, VHDX, VHD, VDI, QED, Parallels,
-// LUKS, qcow version 1, bochs, cloop, DMG) it recognises only to refuse it,
-// so a container is never served (and written) as if it were a raw disk.
-// The facts follow QEMU's block/*.c probe functions; raw is the default.
+// kProbeHeadBytes and its last kProbeTailBytes, as an entry of the format
+// registry (image/format.h). Every format the registry knows is recognised
+// here, including those qcowfs only refuses, so a container is never served
+// (and written) as if it were a raw disk. The facts follow QEMU's block/*.c
+// probe functions; raw is the default.
 //
 // open_image() (image/open.cc) is the one place that turns a probed or named
 // format into a driver or a refusal (foreign_format_error()).
@@ -18,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "image/format.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/task.h"
@@ -29,21 +29,10 @@ namespace qcowfs::image {
 inline constexpr size_t kProbeHeadBytes = 2048;
 inline constexpr size_t kProbeTailBytes = 512;
 
-struct FormatInfo {
-  std::string_view name;     // QEMU's driver name: "qcow2", "raw", "vmdk", "vpc", ...
-  std::string_view display;  // for messages: "VMDK", "VHD (vpc)", ...
-  bool supported;            // qcowfs has a driver for it
-};
-
 // The format a file holds. head: its first bytes (up to kProbeHeadBytes,
 // fewer for a short file); tail: its last kProbeTailBytes, or empty when the
 // file is shorter than that. Never fails: unknown bytes are raw.
 const FormatInfo& detect_format(std::span<const std::byte> head, std::span<const std::byte> tail);
-
-// The table entry for a format name as given with format= or backing_fmt=
-// (QEMU's driver names, plus "vhd" for "vpc"); nullptr for a name qcowfs does
-// not know at all.
-const FormatInfo* find_format(std::string_view name);
 
 // Reads the head and tail of file and detects its format.
 Task<Result<const FormatInfo*>> probe_format_info(io::HostFile& file);

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "image/qcow2_check.h"
+#include "image/qcow2/qcow2_check.h"
 #include "tools/cmd.h"
 #include "tools/json.h"
 

@@ -7,8 +7,8 @@
 
 #include "image/block_driver.h"
 #include "image/path.h"
-#include "image/qcow2_create.h"
-#include "image/raw.h"
+#include "image/qcow2/qcow2_create.h"
+#include "image/raw/raw.h"
 #include "tools/cmd.h"
 
 namespace qcowfs::tools {

@@ -6,7 +6,7 @@
 
 #include "image/endian.h"
 #include "image/path.h"
-#include "image/qcow2_inspect.h"
+#include "image/qcow2/qcow2_inspect.h"
 #include "tools/cmd.h"
 #include "tools/json.h"
 

@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "image/qcow2_header.h"
-#include "image/qcow2_snapshot.h"
+#include "image/qcow2/header.h"
+#include "image/qcow2/snapshot.h"
 
 namespace q = qcowfs::image::qcow2;
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "image/block_driver.h"
-#include "image/qcow2.h"
+#include "image/qcow2/qcow2.h"
 #include "io/buffer.h"
 #include "io/engine.h"
 #include "io/mem_file.h"

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#include "image/qcow2_compress.h"
-#include "image/qcow2_l2.h"
+#include "image/qcow2/compress.h"
+#include "image/qcow2/l2.h"
 
 namespace q = qcowfs::image::qcow2;
 

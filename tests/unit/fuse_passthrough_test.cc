@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fuse/image_file.h"
-#include "image/raw.h"
+#include "image/raw/raw.h"
 #include "io/mem_file.h"
 
 namespace qcowfs::fuse {

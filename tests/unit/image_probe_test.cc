@@ -42,7 +42,7 @@ TEST(ImageProbe, QcowMagicIsQcow2UnlessVersion1) {
   EXPECT_EQ(head_format(bytes(std::string_view("QFI\xfb\0\0\0\3", 8), 512)), "qcow2");
   EXPECT_EQ(head_format(bytes(std::string_view("QFI\xfb\0\0\0\2", 8), 512)), "qcow2");
   EXPECT_EQ(head_format(bytes(std::string_view("QFI\xfb\0\0\0\1", 8), 512)), "qcow");
-  EXPECT_FALSE(detect_format(bytes(std::string_view("QFI\xfb\0\0\0\1", 8)), {}).supported);
+  EXPECT_FALSE(detect_format(bytes(std::string_view("QFI\xfb\0\0\0\1", 8)), {}).supported());
   // A truncated qcow2 header is for the qcow2 driver to refuse, not raw.
   EXPECT_EQ(head_format(bytes("QFI\xfb")), "qcow2");
 }
@@ -64,7 +64,7 @@ TEST(ImageProbe, EveryForeignMagicAtOffsetZero) {
   for (auto [magic, name] : cases) {
     const FormatInfo& f = detect_format(bytes(magic, 1024), {});
     EXPECT_EQ(f.name, name) << magic;
-    EXPECT_FALSE(f.supported) << magic;
+    EXPECT_FALSE(f.supported()) << magic;
     EXPECT_FALSE(f.display.empty());
   }
 }
@@ -151,9 +151,9 @@ TEST(ImageProbe, FindFormatKnowsQemuNames) {
     ASSERT_NE(find_format(n), nullptr) << n;
   EXPECT_EQ(find_format("vhd")->name, "vpc");
   EXPECT_EQ(find_format("nonsense"), nullptr);
-  EXPECT_TRUE(find_format("raw")->supported);
-  EXPECT_TRUE(find_format("qcow2")->supported);
-  EXPECT_FALSE(find_format("vmdk")->supported);
+  EXPECT_TRUE(find_format("raw")->supported());
+  EXPECT_TRUE(find_format("qcow2")->supported());
+  EXPECT_FALSE(find_format("vmdk")->supported());
 }
 
 class ImageChooseFormat : public ::testing::Test {

@@ -2,7 +2,7 @@
 // for every byte when preallocated, flushed before it reports success.
 #include <gtest/gtest.h>
 
-#include "image/raw.h"
+#include "image/raw/raw.h"
 #include "io/mem_file.h"
 #include "tools_test_util.h"
 

@@ -4,8 +4,8 @@
 // they were, and does not stop other ranges (or a retry) from working.
 #include <gtest/gtest.h>
 
-#include "image/qcow2.h"
-#include "image/raw.h"
+#include "image/qcow2/qcow2.h"
+#include "image/raw/raw.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"

@@ -5,9 +5,9 @@
 
 #include "image/endian.h"
 #include "io/align.h"
-#include "image/qcow2_alloc.h"
-#include "image/qcow2_metadata.h"
-#include "image/qcow2_refcount.h"
+#include "image/qcow2/alloc.h"
+#include "image/qcow2/metadata.h"
+#include "image/qcow2/refcount.h"
 #include "qcow2_write_test_util.h"
 
 namespace qcowfs::image::qcow2 {

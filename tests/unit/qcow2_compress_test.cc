@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "image/qcow2_compress.h"
-#include "image/qcow2_format.h"
+#include "image/qcow2/compress.h"
+#include "image/qcow2/format.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <random>
 
-#include "image/qcow2.h"
+#include "image/qcow2/qcow2.h"
 #include "io/mem_file.h"
 #include "qcow2_write_test_util.h"
 

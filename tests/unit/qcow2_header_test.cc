@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "image/qcow2_header.h"
+#include "image/qcow2/header.h"
 #include "qcow2_test_util.h"
 
 namespace qcowfs::image::qcow2 {

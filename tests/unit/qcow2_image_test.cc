@@ -16,7 +16,7 @@
 
 #include "image/block_driver.h"
 #include "image/endian.h"
-#include "image/qcow2_driver.h"
+#include "image/qcow2/driver.h"
 #include "io/engine.h"
 #include "io/run_sync.h"
 #include "io/when_all.h"

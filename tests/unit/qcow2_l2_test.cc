@@ -2,7 +2,7 @@
 // descriptors, and one test per corrupt-entry failure mode.
 #include <gtest/gtest.h>
 
-#include "image/qcow2_l2.h"
+#include "image/qcow2/l2.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "image/endian.h"
-#include "image/qcow2.h"
+#include "image/qcow2/qcow2.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "image/qcow2_refcount_entry.h"
+#include "image/qcow2/refcount_entry.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "image/qcow2_snapshot.h"
+#include "image/qcow2/snapshot.h"
 #include "qcow2_test_util.h"
 
 namespace qcowfs::image::qcow2 {

@@ -19,7 +19,7 @@
 
 #include "image/block_driver.h"
 #include "image/endian.h"
-#include "image/qcow2_format.h"
+#include "image/qcow2/format.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
 

@@ -7,10 +7,10 @@
 #include <random>
 
 #include "image/endian.h"
-#include "image/qcow2.h"
-#include "image/qcow2_driver.h"
-#include "image/qcow2_format.h"
-#include "image/qcow2_writer.h"
+#include "image/qcow2/qcow2.h"
+#include "image/qcow2/driver.h"
+#include "image/qcow2/format.h"
+#include "image/qcow2/writer.h"
 #include "io/mem_file.h"
 #include "qcow2_write_test_util.h"
 

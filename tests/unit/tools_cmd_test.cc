@@ -5,8 +5,8 @@
 
 #include "tools/cmd.h"
 #include "tools/json.h"
-#include "image/qcow2_status.h"
-#include "image/raw.h"
+#include "image/qcow2/status.h"
+#include "image/raw/raw.h"
 #include "image/window.h"
 #include "io/mem_file.h"
 #include "tools_test_util.h"

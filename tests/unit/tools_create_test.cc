@@ -3,10 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "image/endian.h"
-#include "image/qcow2_check.h"
-#include "image/qcow2_create.h"
-#include "image/qcow2_inspect.h"
-#include "image/qcow2_status.h"
+#include "image/qcow2/qcow2_check.h"
+#include "image/qcow2/qcow2_create.h"
+#include "image/qcow2/qcow2_inspect.h"
+#include "image/qcow2/status.h"
 #include "io/mem_file.h"
 #include "tools_test_util.h"
 

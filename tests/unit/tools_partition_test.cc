@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "image/partition.h"
-#include "image/raw.h"
+#include "image/raw/raw.h"
 #include "image/window.h"
 #include "io/mem_file.h"
 #include "tools_test_util.h"

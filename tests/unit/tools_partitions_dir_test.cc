@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "fuse/partitions_dir.h"
-#include "image/raw.h"
+#include "image/raw/raw.h"
 #include "io/mem_file.h"
 #include "tools_test_util.h"
 

@@ -1,0 +1,44 @@
+// The registry of image formats: the one list of every format qcowfs knows by
+// name, and for each the function that opens it (nullptr for a format qcowfs
+// only recognises, so that it is refused with a message naming it instead of
+// being served, and written, as if it were a raw disk).
+//
+// A format lives in its own folder (image/raw/, image/qcow2/, ...) and offers
+// the registry one OpenFormatFn through its public header; image/formats.cc
+// holds the table, image/probe.h tells the formats apart by their bytes and
+// image/open.cc turns a probed or named format into a driver or a refusal.
+// Thread-safety: the table is immutable.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "image/block_driver.h"
+
+namespace qcowfs::image {
+
+// Opens an image of one format on an already opened host file. path resolves
+// relative backing and data file names and names the image in messages.
+using OpenFormatFn = Task<Result<std::unique_ptr<BlockDriver>>> (*)(std::unique_ptr<io::HostFile> file,
+                                                                    std::string path, ImageOptions opts);
+
+struct FormatInfo {
+  std::string_view name;     // QEMU's driver name: "qcow2", "raw", "vmdk", "vpc", ...
+  std::string_view display;  // for messages: "VMDK", "VHD (vpc)", ...
+  OpenFormatFn open;         // nullptr: recognised only, refused when opened
+  bool supported() const { return open != nullptr; }
+};
+
+// Every format, raw first.
+std::span<const FormatInfo> all_formats();
+
+// The entry for a format name as given with format= or backing_fmt= (QEMU's
+// driver names, plus "vhd" for "vpc"); nullptr for a name qcowfs does not know.
+const FormatInfo* find_format(std::string_view name);
+
+// The names of the formats qcowfs opens, for messages: "raw, qcow2".
+std::string supported_format_names();
+
+}  // namespace qcowfs::image

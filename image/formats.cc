@@ -1,0 +1,49 @@
+// The format table (image/format.h). A new format adds its row here and its
+// folder under image/.
+#include <array>
+
+#include "image/format.h"
+#include "image/qcow2/qcow2.h"
+#include "image/raw/raw.h"
+
+namespace qcowfs::image {
+namespace {
+
+const std::array kFormats = {
+    FormatInfo{"raw", "raw", open_raw},
+    FormatInfo{"qcow2", "qcow2", open_qcow2},
+    FormatInfo{"qcow", "qcow (version 1)", nullptr},
+    FormatInfo{"vmdk", "VMDK", nullptr},
+    FormatInfo{"vhdx", "VHDX", nullptr},
+    FormatInfo{"vpc", "VHD (vpc)", nullptr},
+    FormatInfo{"vdi", "VDI", nullptr},
+    FormatInfo{"qed", "QED", nullptr},
+    FormatInfo{"parallels", "Parallels", nullptr},
+    FormatInfo{"luks", "LUKS", nullptr},
+    FormatInfo{"bochs", "Bochs", nullptr},
+    FormatInfo{"cloop", "cloop", nullptr},
+    FormatInfo{"dmg", "DMG", nullptr},
+};
+
+}  // namespace
+
+std::span<const FormatInfo> all_formats() { return kFormats; }
+
+const FormatInfo* find_format(std::string_view name) {
+  if (name == "vhd") name = "vpc";
+  for (const FormatInfo& f : kFormats)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+std::string supported_format_names() {
+  std::string names;
+  for (const FormatInfo& f : kFormats) {
+    if (!f.supported()) continue;
+    if (!names.empty()) names += ", ";
+    names += f.name;
+  }
+  return names;
+}
+
+}  // namespace qcowfs::image

@@ -1,0 +1,93 @@
+#include "image/qcow2/alloc.h"
+
+#include <algorithm>
+
+namespace qcowfs::image::qcow2 {
+
+Task<Result<uint64_t>> ClusterAllocator::find_free_run(uint64_t n) {
+  if (hint_ >= end_ || (failed_n_ != 0 && n >= failed_n_)) co_return end_;
+  uint64_t first_free = end_, run_start = 0, run = 0;
+  for (uint64_t c = hint_; c < end_;) {
+    auto v = rt_.peek(c);
+    if (!v) {
+      QCOWFS_CO_TRY(co_await rt_.load_block_for(c));
+      continue;
+    }
+    if (*v != 0) {
+      run = 0;
+      ++c;
+      continue;
+    }
+    if (run++ == 0) run_start = c;
+    first_free = std::min(first_free, c);
+    ++c;
+    if (run == n) {
+      hint_ = first_free == run_start ? run_start + n : first_free;
+      co_return run_start;
+    }
+  }
+  // A free run reaching the end continues into the unused area.
+  hint_ = first_free;
+  if (run > 0) co_return run_start;
+  failed_n_ = failed_n_ == 0 ? n : std::min(failed_n_, n);
+  co_return end_;
+}
+
+Task<Result<uint64_t>> ClusterAllocator::allocate(uint64_t n) {
+  const uint64_t per = rt_.block_entries();
+  for (;;) {
+    auto start = co_await find_free_run(n);
+    if (!start) co_return start.status();
+    uint64_t first_index = *start / per, last_index = (*start + n - 1) / per;
+    if (last_index >= rt_.table_entries()) {
+      grow_to_entries_ = last_index + 1;
+      co_return Status::error(EAGAIN, "the refcount table must grow");
+    }
+    uint64_t missing = UINT64_MAX;
+    for (uint64_t r = first_index; r <= last_index && missing == UINT64_MAX; ++r)
+      if (!rt_.has_block(r)) missing = r;
+    if (missing == UINT64_MAX) {
+      QCOWFS_CO_TRY(co_await rt_.add(*start, n, +1));
+      end_ = std::max(end_, *start + n);
+      if (hint_ == *start) hint_ = *start + n;
+      co_return *start;
+    }
+    // Put the missing block on the run's first cluster. That cluster is counted
+    // by its own block: create that one first if it is the missing one.
+    uint64_t place = *start;
+    rt_.install_block(rt_.has_block(first_index) ? missing : first_index, place);
+    QCOWFS_CO_TRY(co_await rt_.add(place, 1, +1));
+    end_ = std::max(end_, place + 1);
+    if (hint_ == place) hint_ = place + 1;
+  }
+}
+
+Task<Status> ClusterAllocator::grow_table() {
+  if (grow_to_entries_ <= rt_.table_entries()) co_return Status::ok();
+  uint64_t old_first = rt_.table_offset() / rt_.cluster_size();
+  auto next = co_await rt_.grow(grow_to_entries_, end_);
+  if (!next) co_return next.status();
+  end_ = *next;
+  set_hint(old_first);
+  grow_to_entries_ = 0;
+  co_return Status::ok();
+}
+
+Task<Status> ClusterAllocator::release(uint64_t first, uint64_t n, std::vector<uint64_t>* freed) {
+  QCOWFS_CO_TRY(co_await rt_.add(first, n, -1));
+  for (uint64_t c = first; c < first + n; ++c) {
+    auto v = rt_.peek(c);
+    if (v && *v == 0) {
+      set_hint(c);
+      if (freed) freed->push_back(c);
+    }
+  }
+  co_return Status::ok();
+}
+
+void ClusterAllocator::set_hint(uint64_t cluster) {
+  hint_ = std::min(hint_, cluster);
+  failed_n_ = 0;
+}
+
+}  // namespace qcowfs::image::qcow2

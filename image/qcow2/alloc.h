@@ -1,0 +1,61 @@
+// ClusterAllocator: finds and reserves host clusters of a writable qcow2 image
+// on top of its RefcountTable. allocate(n) returns n contiguous clusters with
+// refcount 1: the first free run of n clusters found scanning from a hint (the
+// lowest cluster that may be free), else the end of the used area. Clusters
+// freed by release() lower the hint so their runs are reused. Refcount blocks a
+// run needs are created on the way (placed on the first cluster of the run,
+// covering themselves or covered by an existing block), so a run can move by
+// the clusters those blocks take.
+//
+// When a run lies beyond what the refcount table covers, allocate() fails with
+// EAGAIN and the caller runs grow_table() (which needs the writeback lock as
+// well as the metadata lock) and retries.
+//
+// A cluster whose refcount has dropped in memory is free for reuse at once;
+// the write path only releases a cluster after the L2/L1 update that dropped
+// it is on disk (image/qcow2/metadata.h), so reuse never races with stale
+// references.
+//
+// Thread-safety: none; called with the image's metadata lock held.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "image/qcow2/refcount.h"
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::image::qcow2 {
+
+class ClusterAllocator {
+ public:
+  // end_cluster: first cluster past everything in use (file end or refcounts).
+  ClusterAllocator(RefcountTable& refcounts, uint64_t end_cluster)
+      : rt_(refcounts), end_(end_cluster), hint_(end_cluster) {}
+
+  // Reserves n (> 0) contiguous clusters; returns the first cluster index.
+  // EAGAIN: grow_table() first. Nothing is reserved on failure.
+  Task<Result<uint64_t>> allocate(uint64_t n);
+  // Grows the refcount table to cover what the last EAGAIN asked for.
+  Task<Status> grow_table();
+  // Drops one reference from each of [first, first + n); appends the clusters
+  // that became free to *freed (may be null).
+  Task<Status> release(uint64_t first, uint64_t n, std::vector<uint64_t>* freed);
+  // Starts the free-run scan at `cluster` (e.g. after an image-wide rebuild).
+  void set_hint(uint64_t cluster);
+
+  uint64_t end_cluster() const { return end_; }
+  uint64_t hint() const { return hint_; }
+
+ private:
+  Task<Result<uint64_t>> find_free_run(uint64_t n);
+
+  RefcountTable& rt_;
+  uint64_t end_;
+  uint64_t hint_;                // no free cluster below it
+  uint64_t failed_n_ = 0;        // a scan from hint_ found no run this long (0: none failed)
+  uint64_t grow_to_entries_ = 0; // reftable entries the last EAGAIN needs
+};
+
+}  // namespace qcowfs::image::qcow2

@@ -1,0 +1,344 @@
+#include "image/qcow2/qcow2_create.h"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <vector>
+
+#include "image/endian.h"
+#include "image/qcow2/qcow2_inspect.h"
+#include "io/align.h"
+#include "io/buffer.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+constexpr uint64_t kMinExtendedL2ClusterSize = 16384;
+constexpr uint64_t kSectorSize = 512;
+constexpr size_t kZeroChunk = 1 << 20;
+
+Status bad_value(std::string_view key, std::string_view value, std::string_view expected) {
+  return Status::errorf(EINVAL, "bad value '{}' for option {} (expected {})", value, key, expected);
+}
+
+Result<bool> parse_bool(std::string_view key, std::string_view v) {
+  if (v == "on" || v == "true" || v == "yes") return true;
+  if (v == "off" || v == "false" || v == "no") return false;
+  return bad_value(key, v, "on or off");
+}
+
+// "64K", "1M", "2G", "4096": K/M/G/T/P/E binary multiples (qemu's suffixes).
+Result<uint64_t> parse_size_value(std::string_view key, std::string_view text) {
+  uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end == text.data()) return bad_value(key, text, "a size such as 64K");
+  std::string_view suffix(end, static_cast<size_t>(text.data() + text.size() - end));
+  if (suffix == "B" || suffix == "b") suffix = "";
+  static constexpr std::string_view kSuffixes = "KMGTPE";
+  unsigned shift = 0;
+  if (suffix.size() == 1) {
+    auto pos = kSuffixes.find(static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0]))));
+    if (pos == std::string_view::npos) return bad_value(key, text, "a size with K, M, G, T, P or E");
+    shift = static_cast<unsigned>(10 * (pos + 1));
+  } else if (!suffix.empty()) {
+    return bad_value(key, text, "a size with K, M, G, T, P or E");
+  }
+  if (shift >= 64 || n > (~uint64_t{0} >> shift)) return bad_value(key, text, "a smaller size");
+  return n << shift;
+}
+
+Result<Preallocation> parse_prealloc(std::string_view v) {
+  if (v == "off") return Preallocation::off;
+  if (v == "metadata") return Preallocation::metadata;
+  if (v == "falloc") return Preallocation::falloc;
+  if (v == "full") return Preallocation::full;
+  return bad_value("preallocation", v, "off, metadata, falloc or full");
+}
+
+Status check_numbers(const CreateOptions& o) {
+  if (!is_pow2(o.cluster_size) || o.cluster_size < (uint64_t{1} << kMinClusterBits) ||
+      o.cluster_size > (uint64_t{1} << kMaxClusterBits))
+    return Status::errorf(EINVAL, "cluster size must be a power of two between {} and {} bytes",
+                          uint64_t{1} << kMinClusterBits, uint64_t{1} << kMaxClusterBits);
+  if (!is_pow2(o.refcount_bits) || o.refcount_bits > 64)
+    return Status::error(EINVAL, "refcount width must be a power of two and may not exceed 64 bits");
+  return Status::ok();
+}
+
+Status check_v2_compatible(const CreateOptions& o) {
+  if (!o.compat_v2) return Status::ok();
+  if (o.refcount_bits != 16) return Status::error(EINVAL, "different refcount widths than 16 bits require compatibility level 1.1 or above (use compat=1.1 or greater)");
+  if (o.lazy_refcounts) return Status::error(EINVAL, "lazy refcounts only supported with compatibility level 1.1 and above (use compat=1.1 or greater)");
+  if (o.extended_l2) return Status::error(EINVAL, "extended L2 entries are only supported with compatibility level 1.1 and above (use compat=1.1 or greater)");
+  if (!o.data_file.empty()) return Status::error(EINVAL, "external data files are only supported with compatibility level 1.1 and above");
+  if (o.compression_type != kCompressionZlib)
+    return Status::error(EINVAL, "non-zlib compression type is only supported with compatibility level 1.1 and above (use compat=1.1 or greater)");
+  return Status::ok();
+}
+
+Status check_combinations(const CreateOptions& o) {
+  if (o.extended_l2 && o.cluster_size < kMinExtendedL2ClusterSize)
+    return Status::errorf(EINVAL, "extended L2 entries are only supported with cluster sizes of at least {} bytes",
+                          kMinExtendedL2ClusterSize);
+  if (o.data_file_raw && o.data_file.empty()) return Status::error(EINVAL, "data_file_raw requires data_file");
+  if (o.data_file_raw && !o.backing_file.empty())
+    return Status::error(EINVAL, "backing file and data_file_raw cannot be used at the same time");
+  if (!o.backing_file.empty() && o.preallocation != Preallocation::off && !o.extended_l2)
+    return Status::error(EINVAL, "backing file and preallocation can only be used at the same time if extended_l2 is on");
+  if (!o.backing_format.empty() && o.backing_file.empty())
+    return Status::error(EINVAL, "backing_fmt needs a backing file");
+  if (o.backing_format.size() > kMaxFormatNameLength) return Status::error(EINVAL, "backing format name is too long");
+  if (o.backing_file.size() > kMaxBackingNameLength) return Status::error(EINVAL, "backing file name is too long");
+  if (!o.size_given && o.backing_file.empty()) return Status::error(EINVAL, "image size must be given (no backing file to take it from)");
+  return Status::ok();
+}
+
+// Feature names QEMU writes into every v3 image's feature name table.
+std::vector<FeatureName> feature_name_table() {
+  return {
+      {FeatureType::incompatible, 0, "dirty bit"},
+      {FeatureType::incompatible, 1, "corrupt bit"},
+      {FeatureType::incompatible, 2, "external data file"},
+      {FeatureType::incompatible, 3, "compression type"},
+      {FeatureType::incompatible, 4, "extended L2 entries"},
+      {FeatureType::compatible, 0, "lazy refcounts"},
+      {FeatureType::autoclear, 0, "bitmaps"},
+      {FeatureType::autoclear, 1, "raw external data"},
+  };
+}
+
+// Cluster counts of the layout described in the header comment.
+struct Layout {
+  uint64_t reftable_clusters = 0;
+  uint64_t refblocks = 0;
+  uint64_t l1_clusters = 0;
+  uint64_t l2_tables = 0;
+  uint64_t data_clusters = 0;  // in the image file
+
+  uint64_t reftable_at() const { return 1; }
+  uint64_t refblocks_at() const { return reftable_at() + reftable_clusters; }
+  uint64_t l1_at() const { return refblocks_at() + refblocks; }
+  uint64_t l2_at() const { return l1_at() + l1_clusters; }
+  uint64_t data_at() const { return l2_at() + l2_tables; }
+  uint64_t total() const { return data_at() + data_clusters; }
+};
+
+Result<Layout> plan_layout(const Header& h, const CreateOptions& o) {
+  uint64_t cs = h.cluster_size();
+  Layout l;
+  l.l1_clusters = div_round_up(uint64_t{h.l1_size} * 8, cs);
+  if (o.preallocation != Preallocation::off) {
+    l.l2_tables = h.l1_size;
+    if (o.data_file.empty()) l.data_clusters = div_round_up(h.size, cs);
+  }
+  uint64_t per_block = (cs * 8) >> h.refcount_order;
+  for (;;) {
+    uint64_t blocks = div_round_up(l.total(), per_block);
+    uint64_t table = std::max<uint64_t>(1, div_round_up(blocks * 8, cs));
+    if (blocks == l.refblocks && table == l.reftable_clusters) break;
+    l.refblocks = blocks;
+    l.reftable_clusters = table;
+  }
+  if (l.reftable_clusters * cs > kMaxRefcountTableBytes)
+    return Status::error(EFBIG, "image would need a refcount table larger than QEMU's limit");
+  return l;
+}
+
+Task<Status> write_refcounts(io::HostFile& f, const Header& h, const Layout& l) {
+  uint64_t cs = h.cluster_size();
+  uint64_t per_block = (cs * 8) >> h.refcount_order;
+  io::AlignedBuffer table(static_cast<size_t>(l.reftable_clusters * cs), f.mem_align());
+  for (uint64_t b = 0; b < l.refblocks; ++b) {
+    io::AlignedBuffer block(static_cast<size_t>(cs), f.mem_align());
+    uint64_t first = b * per_block;
+    uint64_t n = std::min(per_block, l.total() - first);
+    for (uint64_t i = 0; i < n; ++i) set_refcount_entry(block.span(), i, h.refcount_order, 1);
+    uint64_t offset = (l.refblocks_at() + b) * cs;
+    QCOWFS_CO_TRY(co_await f.write(block.span(), offset));
+    store_be64(table.data() + b * 8, offset);
+  }
+  co_return co_await f.write(table.span(), l.reftable_at() * cs);
+}
+
+// L2 entry of a preallocated cluster at host offset `host` (flags as QEMU sets them).
+void put_prealloc_entry(const Header& h, std::byte* p, uint64_t host) {
+  store_be64(p, host | kOflagCopied);
+  if (h.extended_l2()) store_be64(p + 8, 0);  // subclusters unallocated: zeros or the backing file show
+}
+
+Task<Status> write_l1_and_l2(io::HostFile& f, const Header& h, const Layout& l, bool external_data) {
+  uint64_t cs = h.cluster_size();
+  io::AlignedBuffer l1(static_cast<size_t>(l.l1_clusters * cs), f.mem_align());
+  uint64_t clusters = div_round_up(h.size, cs);
+  for (uint64_t t = 0; t < l.l2_tables; ++t) {
+    io::AlignedBuffer l2(static_cast<size_t>(cs), f.mem_align());
+    for (uint64_t i = 0; i < h.l2_entries(); ++i) {
+      uint64_t guest_cluster = t * h.l2_entries() + i;
+      if (guest_cluster >= clusters) break;
+      uint64_t host = external_data ? guest_cluster * cs : (l.data_at() + guest_cluster) * cs;
+      put_prealloc_entry(h, l2.data() + i * h.l2_entry_size(), host);
+    }
+    uint64_t offset = (l.l2_at() + t) * cs;
+    QCOWFS_CO_TRY(co_await f.write(l2.span(), offset));
+    store_be64(l1.data() + t * 8, offset | kOflagCopied);
+  }
+  if (l.l1_clusters == 0) co_return Status::ok();
+  co_return co_await f.write(l1.span(), l.l1_at() * cs);
+}
+
+// Gives [off, off+len) of a file its final allocation per the preallocation mode.
+Task<Status> preallocate_range(io::HostFile& f, uint64_t off, uint64_t len, Preallocation p) {
+  if (p == Preallocation::falloc) co_return co_await f.write_zeroes(off, len);
+  if (p == Preallocation::full) {
+    io::AlignedBuffer zeros(kZeroChunk, f.mem_align());
+    for (uint64_t done = 0; done < len;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kZeroChunk, len - done));
+      QCOWFS_CO_TRY(co_await f.write(zeros.span().first(n), off + done));
+      done += n;
+    }
+  }
+  co_return Status::ok();
+}
+
+Task<Status> size_files(io::HostFile& file, io::HostFile* data_file, const Header& h, const Layout& l,
+                        const CreateOptions& o) {
+  uint64_t cs = h.cluster_size();
+  if (data_file) {
+    // The data file always spans the disk (sparse unless preallocated), as QEMU makes it.
+    QCOWFS_CO_TRY(co_await data_file->truncate(h.size));
+    QCOWFS_CO_TRY(co_await preallocate_range(*data_file, 0, h.size, o.preallocation));
+    QCOWFS_CO_TRY(co_await data_file->flush());
+  }
+  uint64_t end = l.total() * cs;
+  if (file.size() < end) QCOWFS_CO_TRY(co_await file.truncate(end));
+  if (l.data_clusters != 0)
+    QCOWFS_CO_TRY(co_await preallocate_range(file, l.data_at() * cs, l.data_clusters * cs, o.preallocation));
+  co_return co_await file.flush();
+}
+
+}  // namespace
+
+std::string_view to_string(Preallocation p) {
+  switch (p) {
+    case Preallocation::off: return "off";
+    case Preallocation::metadata: return "metadata";
+    case Preallocation::falloc: return "falloc";
+    case Preallocation::full: return "full";
+  }
+  return "off";
+}
+
+Status apply_create_option(CreateOptions& o, std::string_view key, std::string_view v) {
+  if (key == "size") {
+    auto n = parse_size_value(key, v);
+    if (!n) return n.status();
+    o.size = *n;
+    o.size_given = true;
+  } else if (key == "cluster_size") {
+    auto n = parse_size_value(key, v);
+    if (!n) return n.status();
+    o.cluster_size = *n;
+  } else if (key == "compat") {
+    if (v == "0.10" || v == "v2") o.compat_v2 = true;
+    else if (v == "1.1" || v == "v3") o.compat_v2 = false;
+    else return bad_value(key, v, "0.10 or 1.1");
+  } else if (key == "refcount_bits") {
+    uint32_t n = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || end != v.data() + v.size()) return bad_value(key, v, "1, 2, 4, 8, 16, 32 or 64");
+    o.refcount_bits = n;
+  } else if (key == "lazy_refcounts" || key == "extended_l2" || key == "data_file_raw") {
+    auto b = parse_bool(key, v);
+    if (!b) return b.status();
+    (key == "lazy_refcounts" ? o.lazy_refcounts : key == "extended_l2" ? o.extended_l2 : o.data_file_raw) = *b;
+  } else if (key == "compression_type") {
+    if (v == "zlib") o.compression_type = kCompressionZlib;
+    else if (v == "zstd") o.compression_type = kCompressionZstd;
+    else return bad_value(key, v, "zlib or zstd");
+  } else if (key == "preallocation") {
+    auto p = parse_prealloc(v);
+    if (!p) return p.status();
+    o.preallocation = *p;
+  } else if (key == "data_file") {
+    o.data_file = std::string(v);
+  } else if (key == "backing_file") {
+    o.backing_file = std::string(v);
+  } else if (key == "backing_fmt") {
+    o.backing_format = std::string(v);
+  } else {
+    return Status::errorf(EINVAL, "unknown create option '{}'", key);
+  }
+  return Status::ok();
+}
+
+Status apply_create_options(CreateOptions& o, std::string_view list) {
+  while (!list.empty()) {
+    size_t comma = list.find(',');
+    std::string_view opt = list.substr(0, comma);
+    size_t eq = opt.find('=');
+    if (eq == std::string_view::npos) return Status::errorf(EINVAL, "option '{}' needs a value (key=value)", opt);
+    QCOWFS_TRY(apply_create_option(o, opt.substr(0, eq), opt.substr(eq + 1)));
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return Status::ok();
+}
+
+Result<CreateOptions> validate_create_options(CreateOptions o) {
+  QCOWFS_TRY(check_numbers(o));
+  QCOWFS_TRY(check_v2_compatible(o));
+  QCOWFS_TRY(check_combinations(o));
+  o.size = align_up(o.size, kSectorSize);
+  // A raw data file is a complete raw image of the disk: it is full size and
+  // every cluster maps onto it.
+  if (o.data_file_raw && o.preallocation == Preallocation::off) o.preallocation = Preallocation::metadata;
+  Header h = create_header(o);
+  if (h.l1_entries_for(o.size) * 8 > kMaxL1Bytes) return Status::error(EFBIG, "image size is too large for this cluster size");
+  return o;
+}
+
+Header create_header(const CreateOptions& o) {
+  Header h;
+  h.version = o.compat_v2 ? 2 : 3;
+  h.header_length = o.compat_v2 ? kV2HeaderLength : kV3HeaderLength;
+  h.cluster_bits = static_cast<uint32_t>(std::countr_zero(o.cluster_size));
+  h.size = o.size;
+  h.refcount_order = static_cast<uint32_t>(std::countr_zero(o.refcount_bits));
+  h.compression_type = o.compression_type;
+  if (o.compression_type != kCompressionZlib) h.incompatible_features |= kIncompatCompression;
+  if (o.extended_l2) h.incompatible_features |= kIncompatExtendedL2;
+  if (!o.data_file.empty()) {
+    h.incompatible_features |= kIncompatDataFile;
+    h.data_file = o.data_file;
+    h.has_data_file_name = true;
+  }
+  if (o.data_file_raw) h.autoclear_features |= kAutoclearDataFileRaw;
+  if (o.lazy_refcounts) h.compatible_features |= kCompatLazyRefcounts;
+  h.backing_file = o.backing_file;
+  h.backing_format = o.backing_format;
+  if (!o.compat_v2) h.feature_names = feature_name_table();
+  h.l1_size = static_cast<uint32_t>(h.l1_entries_for(o.size));
+  return h;
+}
+
+Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const CreateOptions& o) {
+  Header h = create_header(o);
+  auto layout = plan_layout(h, o);
+  if (!layout) co_return layout.status();
+  uint64_t cs = h.cluster_size();
+  h.refcount_table_offset = layout->reftable_at() * cs;
+  h.refcount_table_clusters = static_cast<uint32_t>(layout->reftable_clusters);
+  h.l1_table_offset = h.l1_size ? layout->l1_at() * cs : 0;
+  auto header = serialize_header(h);
+  if (!header) co_return header.status();
+  QCOWFS_CO_TRY(co_await write_refcounts(file, h, *layout));
+  QCOWFS_CO_TRY(co_await write_l1_and_l2(file, h, *layout, data_file != nullptr));
+  QCOWFS_CO_TRY(co_await size_files(file, data_file, h, *layout, o));
+  // The header goes last: until it is written the file is not a qcow2 image.
+  io::AlignedBuffer hbuf(header->size(), file.mem_align());
+  std::copy(header->begin(), header->end(), hbuf.data());
+  QCOWFS_CO_TRY(co_await file.write(hbuf.span(), 0));
+  co_return co_await file.flush();
+}
+
+}  // namespace qcowfs::image::qcow2

@@ -1,0 +1,65 @@
+// Creating new qcow2 images (`qcowfs create`): options named as qemu-img
+// names them, validated with qemu's rules, and a writer that lays out a fresh
+// image in files the caller has created and opened:
+//
+//   cluster 0                header (+ extensions, backing file name)
+//   next T clusters          refcount table
+//   next B clusters          refcount blocks (covering every cluster below)
+//   next L clusters          L1 table (exactly the entries the size needs)
+//   preallocation only:      every L2 table, then every data cluster in guest
+//                            order (data clusters go to the external data file
+//                            at their guest offset when there is one)
+//
+// Thread-safety: pure functions and one coroutine writing files it is given.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "image/qcow2/header.h"
+#include "io/host_file.h"
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::image::qcow2 {
+
+enum class Preallocation { off, metadata, falloc, full };
+
+struct CreateOptions {
+  uint64_t size = 0;            // guest bytes (rounded up to 512 when validated)
+  bool size_given = false;      // false: take the backing file's size
+  uint64_t cluster_size = 65536;
+  bool compat_v2 = false;       // compat=0.10 (qcow2 version 2)
+  uint32_t refcount_bits = 16;
+  bool lazy_refcounts = false;
+  bool extended_l2 = false;
+  uint8_t compression_type = kCompressionZlib;
+  Preallocation preallocation = Preallocation::off;
+  std::string data_file;        // external data file name, as stored in the header
+  bool data_file_raw = false;
+  std::string backing_file;     // as stored in the header
+  std::string backing_format;
+};
+
+// Applies one qemu-img style option (key=value; "on"/"off" for booleans).
+Status apply_create_option(CreateOptions& o, std::string_view key, std::string_view value);
+// Applies a comma-separated list of them, left to right.
+Status apply_create_options(CreateOptions& o, std::string_view list);
+
+// Checks the combination (qemu's rules: compat=0.10 excludes v3 features,
+// extended_l2 needs 16 KiB clusters, backing files exclude data_file_raw and
+// need extended_l2 to be preallocated, ...) and normalises it (size rounded
+// up to 512 bytes; data_file_raw implies metadata preallocation).
+Result<CreateOptions> validate_create_options(CreateOptions o);
+
+// The header a validated CreateOptions describes, before layout (offsets unset).
+Header create_header(const CreateOptions& o);
+
+// Writes a complete image into `file` (empty, writable) for validated options;
+// `data_file` is the external data file when o.data_file is set (else null).
+Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const CreateOptions& o);
+
+std::string_view to_string(Preallocation p);
+
+}  // namespace qcowfs::image::qcow2

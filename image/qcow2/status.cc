@@ -1,0 +1,58 @@
+#include "image/qcow2/status.h"
+
+#include <algorithm>
+
+#include "image/qcow2/refcount.h"
+
+namespace qcowfs::image::qcow2 {
+namespace {
+
+// Refcount blocks kept while counting: the scan is sequential.
+constexpr size_t kScanCacheBlocks = 2;
+
+}  // namespace
+
+Task<Result<bool>> detect_metadata_preallocation(io::HostFile& image_file, const Header& h) {
+  const uint64_t cs = h.cluster_size();
+  const uint64_t real_clusters = image_file.allocated_bytes() / cs;
+  const uint64_t threshold = std::max(real_clusters * 10 / 9, real_clusters + 2);
+  const uint64_t end_cluster = (image_file.size() + cs - 1) / cs;
+  auto rt = co_await RefcountTable::load(image_file, h.cluster_bits, h.refcount_order, h.refcount_table_offset,
+                                         h.refcount_table_clusters, kScanCacheBlocks);
+  if (!rt) co_return rt.status();
+  uint64_t used = 0;
+  for (uint64_t c = 0; c < end_cluster && used < threshold; ++c) {
+    std::optional<uint64_t> known = (*rt)->peek(c);
+    if (!known) {
+      auto r = co_await (*rt)->get(c);
+      if (!r) co_return r.status();
+      known = *r;
+    }
+    used += *known != 0;
+  }
+  co_return used >= threshold;
+}
+
+Task<Status> apply_host_holes(io::HostFile& data_file, BlockStatus& st) {
+  const uint64_t host = st.host_offset;
+  const uint64_t end = data_file.size();
+  if (host >= end) {
+    st.zero = true;
+    co_return Status::ok();
+  }
+  const uint64_t in_file = std::min(st.length, end - host);
+  auto data = co_await data_file.seek_data(host);
+  if (!data) co_return data.status();
+  if (*data > host) {
+    st.zero = true;
+    // A hole reaching the end of the file covers the whole range (qemu's EOF rule).
+    if (*data < end) st.length = std::min(in_file, *data - host);
+    co_return Status::ok();
+  }
+  auto hole = co_await data_file.seek_hole(host);
+  if (!hole) co_return hole.status();
+  if (*hole > host) st.length = std::min(in_file, *hole - host);
+  co_return Status::ok();
+}
+
+}  // namespace qcowfs::image::qcow2
