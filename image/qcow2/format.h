@@ -5,12 +5,30 @@
 // The structs describe layouts only: every field is big-endian on disk and is
 // read with image/endian.h at offsetof(...), never through the struct.
 // Thread-safety: constants only.
+//
+// Vocabulary, used by every file under image/qcow2/:
+//   guest offset   a byte offset in the virtual disk (GuestOffset; variables
+//                  `guest`, ranges [guest, guest + len))
+//   host offset    a byte offset in the image (or external data) file (HostOffset;
+//                  variables `host`)
+//   guest cluster  a cluster index in the virtual disk, guest offset >> cluster_bits
+//                  (GuestCluster; variables `gc`, `first_gc`, `end_gc`)
+//   host cluster   a cluster index in the image file, host offset >> cluster_bits
+//                  (HostCluster; variables `hc`, `first_hc`, `end_hc`)
+//   L2 entry       the 64-bit word (plus the subcluster bitmap with extended L2)
+//                  that maps one guest cluster; classified by classify_l2_entry()
+//                  (image/qcow2/l2.h) and nowhere else
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 namespace qcowfs::image::qcow2 {
+
+using GuestOffset = uint64_t;
+using HostOffset = uint64_t;
+using GuestCluster = uint64_t;
+using HostCluster = uint64_t;
 
 // ---- Header ----
 inline constexpr uint32_t kMagic = 0x514649fb;  // "QFI\xfb"
