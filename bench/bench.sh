@@ -18,12 +18,19 @@
 # ratio is taken within a round and the table shows the median over rounds (values: medians).
 # Env: ROUNDS (default 3), RUNTIME (s per job, default 5), SETS (default "raw qcow2-full
 # qcow2-empty"), OUT (table file), RAW_OUT (every measurement, one per line).
+# BEFORE=OLD_BINARY compares two builds instead: in each round the raw host file, qsd, OLD_BINARY
+# ("before") and BINARY ("after") run each job back to back, both over /dev/fuse, and the table
+# shows after / before beside the round-to-round spread of the raw host file (the run's noise).
 # Needs: fio, qemu-utils, qemu-system-common, fuse3; root (or the fuse group).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$here/../build/qcowfs}
 bin=$(readlink -f "$bin")
 [ -x "$bin" ] || { echo "no qcowfs binary at $bin (build first)" >&2; exit 1; }
+before=${BEFORE:+$(readlink -f "$BEFORE")}
+[ -z "$before" ] || [ -x "$before" ] || { echo "no qcowfs binary at $BEFORE" >&2; exit 1; }
+systems="raw-host qsd qcowfs qcowfs-ring"
+[ -n "$before" ] && systems="raw-host qsd before after"
 work=$(mktemp -d /var/tmp/qcowfs-bench.XXXXXX)
 results=${RAW_OUT:-$work/results.txt}
 uring_param=/sys/module/fuse/parameters/enable_uring
@@ -69,6 +76,8 @@ measure() {
     qsd) qsdpid=$(FMT=$fmt WRITABLE=$([ $mode = ro ] && echo off || echo on) "$here/qsd-mount.sh" "$img" "$mnt") ;;
     qcowfs) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
     qcowfs-ring) set_uring Y; "$bin" -f -o "$opts,fuse_uring=on" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
+    before) set_uring N; "$before" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
+    after) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
   esac
   if mounted "$mnt" && [ "$(stat -c %s "$mnt")" = 1073741824 ]; then
     "$suite" "$mnt" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
@@ -92,12 +101,12 @@ for round in $(seq "$rounds"); do
       *) echo "unknown set $set" >&2; exit 2 ;;
     esac
     for job in $jobs; do
-      for sys in raw-host qsd qcowfs qcowfs-ring; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
+      for sys in $systems; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
     done
   done
 done
 
-python3 - "$results" "$rounds" <<'PY' | tee "${OUT:-/dev/null}"
+python3 - "$results" "$rounds" "${before:+compare}" <<'PY' | tee "${OUT:-/dev/null}"
 import sys, collections, statistics
 # lines: ROUND SET SYSTEM JOB VALUE IOPS MIBS MiB/s  (or ROUND SET SYSTEM JOB FAILED)
 def is_mb(job): return job.removesuffix("-ro").endswith("1m")
@@ -118,6 +127,21 @@ def ratio(rounds, a, b):
     r = med([v[a] / v[b] for v in rounds.values() if v.get(a) and v.get(b)])
     return "-" if r is None else f"{r:.2f}x"
 print(f"Medians of {sys.argv[2]} rounds; ratios are medians of the per-round ratios.\n")
+if sys.argv[3:] == ["compare"]:
+    def spread(xs):
+        xs = [x for x in xs if x]
+        return f"{min(xs) / statistics.median(xs):.2f}-{max(xs) / statistics.median(xs):.2f}" if xs else "-"
+    def per_round(rounds):
+        return " ".join(f"{v['after'] / v['before']:.2f}" for v in rounds.values() if v.get("after") and v.get("before"))
+    print("| image | job | raw host file | qsd | before | after | after / before | per round "
+          "| raw host file, min-max / median |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (s, job), rounds in runs.items():
+        m = {k: med([v.get(k) for v in rounds.values()]) for k in ("raw-host", "qsd", "before", "after")}
+        print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {fmt(m['before'], job)} "
+              f"| {fmt(m['after'], job)} | {ratio(rounds, 'after', 'before')} | {per_round(rounds)} "
+              f"| {spread([v.get('raw-host') for v in rounds.values()])} |")
+    sys.exit(0)
 print("| image | job | raw host file | qemu-storage-daemon | qcowfs | qcowfs / raw | qcowfs / qsd "
       "| qcowfs, FUSE over io_uring | its / raw | its / qsd |")
 print("|---|---|---|---|---|---|---|---|---|---|")

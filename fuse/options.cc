@@ -118,8 +118,7 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   if (key == "cache") {
     auto mode = io::parse_cache_mode(value);
     if (!mode) return bad_value(key, value, "none, writethrough, writeback or unsafe");
-    o.cache = *mode;
-    o.cache_explicit = true;
+    o.image_options.file.cache = *mode;
   } else if (key == "aio") {
     auto kind = parse_aio(value);
     if (!kind) return kind.status();
@@ -132,20 +131,20 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
     // Formats qcowfs only recognises (vmdk, vhdx, ...) pass here: opening the
     // image refuses them with a message naming the format (image/format.h).
     if (!image::find_format(value)) return bad_value(key, value, image::supported_format_names());
-    o.format = std::string(value);
+    o.image_options.format = std::string(value);
   } else if (key == "discard") {
     if (value != "unmap" && value != "ignore") return bad_value(key, value, "unmap or ignore");
-    o.discard_unmap = value == "unmap";
+    o.image_options.discard_unmap = value == "unmap";
   } else if (key == "snapshot") {
     if (value.empty()) return bad_value(key, value, "a snapshot name or id");
-    o.snapshot = std::string(value);
+    o.image_options.snapshot = std::string(value);
   } else if (key == "locking") {
     auto mode = io::parse_lock_mode(value);
     if (!mode) return bad_value(key, value, "auto, on or off");
-    o.locking = *mode;
+    o.image_options.file.locking = *mode;
   } else if (key == "force-share") {
     if (value != "on" && value != "off") return bad_value(key, value, "on or off");
-    o.force_share = value == "on";
+    o.image_options.file.force_share = value == "on";
   } else if (key == "fuse_uring") {
     if (value == "auto") o.fuse_uring = FuseUringMode::automatic;
     else if (value == "on") o.fuse_uring = FuseUringMode::on;
@@ -157,7 +156,7 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "l2_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
-    o.l2_cache_size = *size;
+    o.image_options.l2_cache_size = *size;
   } else {
     return Status::errorf(EINVAL, "unknown option '{}={}'", key, value);
   }
@@ -166,11 +165,11 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
 
 Status apply_flag(Options& o, std::string_view opt) {
   if (opt == "ro") {
-    o.writable = false;
+    o.image_options.file.writable = false;
   } else if (opt == "rw") {
-    o.writable = true;
+    o.image_options.file.writable = true;
   } else if (opt == "force-share") {
-    o.force_share = true;
+    o.image_options.file.force_share = true;
   } else if (opt == "allow_other") {
     o.allow_other = true;
   } else if (!is_ignored(opt)) {
@@ -193,7 +192,7 @@ Status apply_option_list(Options& o, std::string_view list) {
 }
 
 Status check_combination(const Options& o) {
-  if (!o.snapshot.empty() && o.writable)
+  if (!o.image_options.snapshot.empty() && o.writable())
     return Status::error(EINVAL, "snapshot=NAME mounts a read-only view: it cannot be combined with rw");
   if (!o.allow_other && o.access.uid && *o.access.uid != ::getuid())
     return Status::errorf(EINVAL,

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "fuse/access.h"
+#include "image/block_driver.h"
 #include "io/engine.h"
 #include "io/host_file.h"
 #include "io/status.h"
@@ -38,21 +39,17 @@ struct Options {
   bool help = false;
   bool version = false;
 
-  bool writable = false;  // ro (default) / rw
-  io::CacheMode cache = io::CacheMode::writeback;
-  bool cache_explicit = false;
+  // How the image is opened: format=, ro (default) / rw, cache=, locking=,
+  // force-share, discard=, snapshot=, l2_cache_size= (image/block_driver.h).
+  image::ImageOptions image_options;
+  bool writable() const { return image_options.file.writable; }
+
   io::EngineKind aio = io::EngineKind::automatic;
   unsigned queues = 0;  // 0: default_queue_count()
-  std::string format;   // "", "raw", "qcow2"
   bool allow_other = false;
   // uid=, gid=, umask=, fmask=, dmask=: the view's owner and permission bits
   // (default: the image file's); uid/gid naming someone else need allow_other.
   AccessOptions access;
-  bool discard_unmap = false;
-  std::string snapshot;
-  uint64_t l2_cache_size = 0;  // 0: driver default
-  io::LockMode locking = io::LockMode::automatic;  // locking=auto|on|off (QEMU's names)
-  bool force_share = false;  // force-share: coexist with writers (read-only only)
   FuseUringMode fuse_uring = FuseUringMode::automatic;
   // passthrough=auto|off: let the kernel serve read-only opens of a raw image
   // straight from the host file (FUSE passthrough, Linux 6.9+, as root).

@@ -163,17 +163,7 @@ Status Server::open_image() {
   auto engine = io::make_engine(opts_.aio);
   if (!engine) return engine.status();
   main_engine_ = std::move(*engine);
-  image::ImageOptions io_opts;
-  io_opts.format = opts_.format;
-  io_opts.file.writable = opts_.writable;
-  io_opts.file.cache = opts_.cache;
-  io_opts.file.cache_explicit = opts_.cache_explicit;
-  io_opts.file.locking = opts_.locking;
-  io_opts.file.force_share = opts_.force_share;
-  io_opts.discard_unmap = opts_.discard_unmap;
-  io_opts.snapshot = opts_.snapshot;
-  io_opts.l2_cache_size = opts_.l2_cache_size;
-  auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, io_opts));
+  auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, opts_.image_options));
   if (!driver) return driver.status();
   driver_ = std::move(*driver);
   log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
@@ -184,7 +174,7 @@ Status Server::open_image() {
 Status Server::build_filesystem() {
   struct stat st;
   if (::stat(opts_.mountpoint.c_str(), &st) != 0) return Status::from_errno(errno, opts_.mountpoint);
-  const bool writable = opts_.writable && !driver_->read_only();
+  const bool writable = opts_.writable() && !driver_->read_only();
   auto main_view = std::make_unique<ImageFile>(driver_.get(), writable);
   main_view_ = main_view.get();
   InodeTable table = InodeTable::directory_root();
@@ -218,7 +208,7 @@ Result<AttrContext> Server::initial_attributes() const {
 }
 
 Status Server::mount() {
-  const bool writable = opts_.writable && !driver_->read_only();
+  const bool writable = opts_.writable() && !driver_->read_only();
   FuseArgs a;
   a.strings = {"qcowfs", "-o", kernel_mount_options(opts_, writable)};
   fuse_args args = a.args();

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -39,10 +40,10 @@ Result<CacheMode> parse_cache_mode(std::string_view s);
 
 struct OpenOptions {
   bool writable = false;
-  CacheMode cache = CacheMode::writeback;
-  // True when the user asked for the cache mode explicitly: a host that refuses
-  // O_DIRECT is then an error instead of a warning and a fall back to writeback.
-  bool cache_explicit = false;
+  // The cache mode asked for; nullopt: the default, writeback. A host that
+  // refuses O_DIRECT is an error for cache=none (nothing falls back silently).
+  std::optional<CacheMode> cache;
+  CacheMode cache_mode() const { return cache.value_or(CacheMode::writeback); }
   // Image locking as QEMU does it (io/lock.h): locking=auto|on|off, and
   // force-share (read-only opens only) to coexist with a writer, like qemu-img -U.
   LockMode locking = LockMode::automatic;

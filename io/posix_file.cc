@@ -62,24 +62,18 @@ Result<UniqueFd> open_fd(const std::string& path, bool writable, CacheMode cache
   return UniqueFd(fd);
 }
 
-// A host that refuses O_DIRECT: an error when cache=none was explicit, else a
-// warning and cache=writeback.
-Status refuse_direct(const std::string& path, const OpenOptions& opts, CacheMode* cache) {
-  if (opts.cache_explicit)
-    return Status::errorf(EINVAL, "cache=none: {} does not support O_DIRECT (try cache=writeback)", path);
-  log::warn("{} does not support O_DIRECT: using cache=writeback", path);
-  *cache = CacheMode::writeback;
-  return Status::ok();
+// cache=none is only ever asked for explicitly, so a host that refuses
+// O_DIRECT is an error, never a silent fall back to the page cache.
+Status direct_refused(const std::string& path) {
+  return Status::errorf(EINVAL, "cache=none: {} does not support O_DIRECT (try cache=writeback)", path);
 }
 
-// Opens with the requested cache mode; O_DIRECT refused at open (EINVAL) goes
-// through refuse_direct().
+// Opens with the requested cache mode; O_DIRECT refused at open is EINVAL.
 Result<UniqueFd> open_with_cache(const std::string& path, const OpenOptions& opts, CacheMode* cache) {
-  *cache = opts.cache;
+  *cache = opts.cache_mode();
   auto fd = open_fd(path, opts.writable, *cache);
   if (fd || fd.status().code() != EINVAL || *cache != CacheMode::none) return fd;
-  QCOWFS_TRY(refuse_direct(path, opts, cache));
-  return open_fd(path, opts.writable, *cache);
+  return direct_refused(path);
 }
 
 Result<uint64_t> host_size(int fd, const struct stat& st, const std::string& path) {
@@ -174,13 +168,8 @@ Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, cons
   DirectAlignment align;
   if (cache == CacheMode::none) {
     auto detected = detect_direct_alignment(fd->get(), blk, *size);
-    if (detected) {
-      align = *detected;
-    } else {
-      QCOWFS_TRY(refuse_direct(path, opts, &cache));
-      fd = open_fd(path, opts.writable, cache);
-      if (!fd) return fd.status();
-    }
+    if (!detected) return direct_refused(path);
+    align = *detected;
   }
   const size_t logical_block = blk ? logical_block_size(fd->get()) : 1;
   const size_t dio_align = direct_io_align_of(fd->get(), cache, align);

@@ -8,9 +8,19 @@ tools/ never includes fuse/ (the subcommands use no FUSE); fuse/ includes
 tools/ only in main.cc, which dispatches to the subcommands. FUSE headers
 (libfuse's <fuse_lowlevel.h>, <fuse3/...>, ..., and <linux/fuse.h>) are included only under fuse/.
 
+Inside image/, each subfolder is one format (image/raw/, image/qcow2/, ...).
+Its public headers are the ones whose name starts with the folder's name
+(image/qcow2/qcow2.h, image/qcow2/qcow2_check.h); every other header in it is
+private to the folder. Outside a format's folder only its public headers may
+be included, and in image/'s core only by the format registry
+(image/formats.cc): the rest of the core knows formats only as BlockDrivers.
+tests/ may include anything (unit tests reach into private headers).
+
 Usage: check_layers.py [SOURCE_DIR]   (default: the parent of this script's
 directory). Prints one line per violation, FILE:LINE: what, and exits 1 if
 there is any.
+       check_layers.py --self-test   checks a made-up tree: every kind of wrong
+include must be reported and every allowed one must not.
 """
 import pathlib
 import re
@@ -25,6 +35,26 @@ PEER_RULE = {
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 FUSE_HEADER = re.compile(r"^(fuse3/.*|linux/fuse\.h|c?fuse(_[a-z_]+)?\.h|cuse_lowlevel\.h)$")
+
+
+REGISTRY = "image/formats.cc"
+
+
+def format_folder(rel):
+    """The format a path under image/ belongs to (image/qcow2/x.h -> qcow2), else None."""
+    parts = rel.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "image" else None
+
+
+def format_violation(rel, header):
+    fmt = format_folder(header)
+    if fmt is None or format_folder(rel) == fmt:
+        return None
+    if not pathlib.PurePosixPath(header).name.startswith(fmt):
+        return f"a private header of the {fmt} format (only {fmt}*.h are public)"
+    if rel.startswith("image/") and format_folder(rel) is None and rel != REGISTRY:
+        return f"image/'s core includes the {fmt} format; only the registry ({REGISTRY}) may"
+    return None
 
 
 def layer_violation(rel, layer, target):
@@ -52,14 +82,13 @@ def check_file(root, path):
                 continue
             if m.group(1) != '"' or "/" not in header:
                 continue
-            why = layer_violation(rel, layer, header.split("/", 1)[0])
+            why = layer_violation(rel, layer, header.split("/", 1)[0]) or format_violation(rel, header)
             if why:
                 problems.append(f'{rel}:{lineno}: #include "{header}": {why}')
     return problems
 
 
-def main():
-    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent.parent)
+def check_tree(root):
     problems = []
     scanned = 0
     for layer in RANK:
@@ -67,6 +96,58 @@ def main():
             if path.suffix in (".h", ".cc") and path.is_file():
                 scanned += 1
                 problems += check_file(root, path)
+    return problems, scanned
+
+
+# (file, included header, reported?) for --self-test.
+SELF_TEST = [
+    ("io/a.cc", "image/block_driver.h", True),
+    ("image/a.cc", "tools/cmd.h", True),
+    ("image/a.cc", "fuse/server.h", True),
+    ("tools/a.cc", "fuse/server.h", True),
+    ("fuse/a.cc", "tools/cmd.h", True),
+    ("fuse/main.cc", "tools/cmd.h", False),
+    ("tools/a.cc", "<fuse_lowlevel.h>", True),
+    ("image/a.cc", "<linux/fuse.h>", True),
+    ("fuse/a.cc", "<fuse_lowlevel.h>", False),
+    ("tools/a.cc", "image/qcow2/header.h", True),
+    ("tools/a.cc", "image/qcow2/qcow2_check.h", False),
+    ("fuse/a.cc", "image/raw/raw.h", False),
+    ("image/vmdk/a.cc", "image/qcow2/writer.h", True),
+    ("image/vmdk/a.cc", "image/qcow2/qcow2.h", False),
+    ("image/qcow2/a.cc", "image/qcow2/writer.h", False),
+    ("image/open.cc", "image/qcow2/qcow2.h", True),
+    ("image/formats.cc", "image/qcow2/qcow2.h", False),
+    ("image/formats.cc", "image/qcow2/format.h", True),
+    ("image/a.cc", "io/host_file.h", False),
+    ("tools/a.cc", "image/block_driver.h", False),
+]
+
+
+def self_test():
+    import tempfile
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        for i, (rel, header, bad) in enumerate(SELF_TEST):
+            case = root / str(i)
+            (case / rel).parent.mkdir(parents=True)
+            inc = header if header.startswith("<") else f'"{header}"'
+            (case / rel).write_text(f"#include {inc}\n")
+            problems, _ = check_tree(case)
+            if bool(problems) != bad:
+                failures += 1
+                print(f"self-test: {rel} including {header}: expected "
+                      f"{'a violation' if bad else 'none'}, got {problems or 'none'}")
+    print(f"layering self-test: {len(SELF_TEST) - failures}/{len(SELF_TEST)} cases as expected")
+    return 1 if failures else 0
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent.parent)
+    problems, scanned = check_tree(root)
     for p in problems:
         print(p)
     if scanned == 0:

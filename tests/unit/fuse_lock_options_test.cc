@@ -18,23 +18,23 @@ Result<Options> parse(std::vector<std::string> args) {
 TEST(LockOptions, DefaultsAreAutoWithoutForceShare) {
   auto o = parse({});
   ASSERT_TRUE(o) << o.status().to_string();
-  EXPECT_EQ(o->locking, io::LockMode::automatic);
-  EXPECT_FALSE(o->force_share);
+  EXPECT_EQ(o->image_options.file.locking, io::LockMode::automatic);
+  EXPECT_FALSE(o->image_options.file.force_share);
 }
 
 TEST(LockOptions, LockingValues) {
-  EXPECT_EQ(parse({"-o", "locking=off"})->locking, io::LockMode::off);
-  EXPECT_EQ(parse({"-o", "locking=on"})->locking, io::LockMode::on);
-  EXPECT_EQ(parse({"-o", "locking=auto"})->locking, io::LockMode::automatic);
+  EXPECT_EQ(parse({"-o", "locking=off"})->image_options.file.locking, io::LockMode::off);
+  EXPECT_EQ(parse({"-o", "locking=on"})->image_options.file.locking, io::LockMode::on);
+  EXPECT_EQ(parse({"-o", "locking=auto"})->image_options.file.locking, io::LockMode::automatic);
   auto bad = parse({"-o", "locking=maybe"});
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.status().message().find("locking"), std::string::npos) << bad.status().message();
 }
 
 TEST(LockOptions, ForceShareFlagAndValue) {
-  EXPECT_TRUE(parse({"-o", "force-share"})->force_share);
-  EXPECT_TRUE(parse({"-o", "ro,force-share=on"})->force_share);
-  EXPECT_FALSE(parse({"-o", "force-share,force-share=off"})->force_share);
+  EXPECT_TRUE(parse({"-o", "force-share"})->image_options.file.force_share);
+  EXPECT_TRUE(parse({"-o", "ro,force-share=on"})->image_options.file.force_share);
+  EXPECT_FALSE(parse({"-o", "force-share,force-share=off"})->image_options.file.force_share);
   EXPECT_FALSE(parse({"-o", "force-share=yes"}));
 }
 

@@ -20,42 +20,42 @@ TEST(FuseOptions, DefaultsAreReadOnlyForeground) {
   EXPECT_EQ(o->mountpoint, "/mnt/x");
   EXPECT_TRUE(o->foreground);
   EXPECT_FALSE(o->debug);
-  EXPECT_FALSE(o->writable);
-  EXPECT_FALSE(o->cache_explicit);
+  EXPECT_FALSE(o->writable());
+  EXPECT_FALSE(o->image_options.file.cache.has_value());
   EXPECT_EQ(o->queues, 0u);
   EXPECT_EQ(o->aio, io::EngineKind::automatic);
-  EXPECT_FALSE(o->discard_unmap);
+  EXPECT_FALSE(o->image_options.discard_unmap);
 }
 
 TEST(FuseOptions, AllValuedOptions) {
   auto o = parse({"-o", "rw,cache=none,aio=threads,queues=3,format=qcow2,discard=unmap,l2_cache_size=4M,allow_other",
                   "img", "mnt"});
   ASSERT_TRUE(o) << o.status().to_string();
-  EXPECT_TRUE(o->writable);
-  EXPECT_EQ(o->cache, io::CacheMode::none);
-  EXPECT_TRUE(o->cache_explicit);
+  EXPECT_TRUE(o->writable());
+  EXPECT_EQ(o->image_options.file.cache, io::CacheMode::none);
+  
   EXPECT_EQ(o->aio, io::EngineKind::threads);
   EXPECT_EQ(o->queues, 3u);
-  EXPECT_EQ(o->format, "qcow2");
-  EXPECT_TRUE(o->discard_unmap);
-  EXPECT_EQ(o->l2_cache_size, 4u << 20);
+  EXPECT_EQ(o->image_options.format, "qcow2");
+  EXPECT_TRUE(o->image_options.discard_unmap);
+  EXPECT_EQ(o->image_options.l2_cache_size, 4u << 20);
   EXPECT_TRUE(o->allow_other);
 }
 
 TEST(FuseOptions, OptionsAfterPositionalsAsMountFuseSendsThem) {
   auto o = parse({"img", "mnt", "-o", "rw,dev,suid,noauto,_netdev,x-systemd.automount"});
   ASSERT_TRUE(o) << o.status().to_string();
-  EXPECT_TRUE(o->writable);
+  EXPECT_TRUE(o->writable());
   EXPECT_FALSE(o->foreground);
 }
 
 TEST(FuseOptions, LaterOptionWins) {
   auto o = parse({"-o", "rw", "-oro", "img", "mnt"});
   ASSERT_TRUE(o);
-  EXPECT_FALSE(o->writable);
+  EXPECT_FALSE(o->writable());
   o = parse({"-o", "ro,rw", "img", "mnt"});
   ASSERT_TRUE(o);
-  EXPECT_TRUE(o->writable);
+  EXPECT_TRUE(o->writable());
 }
 
 TEST(FuseOptions, DebugImpliesForeground) {
@@ -68,7 +68,7 @@ TEST(FuseOptions, DebugImpliesForeground) {
 TEST(FuseOptions, SnapshotOption) {
   auto o = parse({"-o", "snapshot=before upgrade", "img", "mnt"});
   ASSERT_TRUE(o) << o.status().to_string();
-  EXPECT_EQ(o->snapshot, "before upgrade");
+  EXPECT_EQ(o->image_options.snapshot, "before upgrade");
 }
 
 TEST(FuseOptions, SnapshotWithRwIsRejected) {
@@ -245,7 +245,7 @@ TEST(MountHelperOptions, FstabAtimeFlagsAreAccepted) {
   std::vector<std::string> args = {"disk.qcow2", "/mnt", "-o", "rw,defaults,noatime,nodiratime,relatime,_netdev"};
   auto o = parse_command_line(args);
   ASSERT_TRUE(o.is_ok()) << o.status().to_string();
-  EXPECT_TRUE(o->writable);
+  EXPECT_TRUE(o->writable());
   std::vector<std::string> bad = {"disk.qcow2", "/mnt", "-o", "noatimes"};
   EXPECT_FALSE(parse_command_line(bad).is_ok());
 }

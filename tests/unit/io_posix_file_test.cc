@@ -41,7 +41,6 @@ std::unique_ptr<HostFile> open_file(const std::string& path, CacheMode cache, bo
   OpenOptions o;
   o.writable = writable;
   o.cache = cache;
-  o.cache_explicit = true;
   auto f = open_host_file(path, o);
   EXPECT_TRUE(f.is_ok()) << f.status().to_string();
   return f ? std::move(*f) : nullptr;
