@@ -64,6 +64,18 @@ ImageFile* opened_file_or_reply(fuse_req_t req, fuse_ino_t ino) {
   return node->file.get();
 }
 
+// The opened image file behind ino for a request that changes it, or nullptr
+// after replying (EROFS on a read-only image).
+ImageFile* writable_file_or_reply(fuse_req_t req, fuse_ino_t ino) {
+  ImageFile* file = opened_file_or_reply(req, ino);
+  if (!file) return nullptr;
+  if (file->driver()->read_only()) {
+    fuse_reply_err(req, EROFS);
+    return nullptr;
+  }
+  return file;
+}
+
 // The driver of an opened image file, or nullptr after replying.
 image::BlockDriver* driver_or_reply(fuse_req_t req, fuse_ino_t ino) {
   ImageFile* file = opened_file_or_reply(req, ino);
@@ -331,13 +343,9 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
-  ImageFile* file = opened_file_or_reply(req, ino);
+  ImageFile* file = writable_file_or_reply(req, ino);
   if (!file) return;
   image::BlockDriver* d = file->driver();
-  if (d->read_only()) {
-    fuse_reply_err(req, EROFS);
-    return;
-  }
   auto n = writable_bytes(static_cast<uint64_t>(off), size, d->size());  // short across the end
   if (!n) {
     reply_error(req, n.status());
@@ -453,13 +461,9 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
 }
 
 void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info* fi) {
-  ImageFile* file = opened_file_or_reply(req, ino);
+  ImageFile* file = writable_file_or_reply(req, ino);
   if (!file) return;
   image::BlockDriver* d = file->driver();
-  if (d->read_only()) {
-    fuse_reply_err(req, EROFS);
-    return;
-  }
   auto plan = plan_fallocate(mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len), d->size());
   if (!plan) {
     reply_error(req, plan.status());

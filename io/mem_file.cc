@@ -92,24 +92,18 @@ Task<Status> MemFile::truncate(uint64_t new_size) {
   co_return Status::ok();
 }
 
-Task<Result<uint64_t>> MemFile::seek_data(uint64_t off) {
-  std::lock_guard lk(mu_);
-  QCOWFS_CO_TRY(begin_op(OpKind::seek, "seeking data in", off));
-  const uint64_t size = data_.size();
-  if (off >= size) co_return size;
-  for (uint64_t p = off / kPage; p < allocated_.size(); ++p)
-    if (allocated_[p]) co_return std::max(off, p * kPage);
-  co_return size;
-}
+Task<Result<uint64_t>> MemFile::seek_data(uint64_t off) { co_return seek_page(off, true); }
 
-Task<Result<uint64_t>> MemFile::seek_hole(uint64_t off) {
+Task<Result<uint64_t>> MemFile::seek_hole(uint64_t off) { co_return seek_page(off, false); }
+
+Result<uint64_t> MemFile::seek_page(uint64_t off, bool allocated) {
   std::lock_guard lk(mu_);
-  QCOWFS_CO_TRY(begin_op(OpKind::seek, "seeking a hole in", off));
+  QCOWFS_TRY(begin_op(OpKind::seek, allocated ? "seeking data in" : "seeking a hole in", off));
   const uint64_t size = data_.size();
-  if (off >= size) co_return size;
+  if (off >= size) return size;
   for (uint64_t p = off / kPage; p < allocated_.size(); ++p)
-    if (!allocated_[p]) co_return std::max(off, p * kPage);
-  co_return size;
+    if (allocated_[p] == allocated) return std::max(off, p * kPage);
+  return size;
 }
 
 // ---- synchronous core ----

@@ -129,6 +129,8 @@ class MemFile final : public HostFile {
 
   // Counts the op and returns the injected error, if one fires. mu_ held.
   Status begin_op(OpKind kind, const char* what, uint64_t off);
+  // First page at or after off whose allocation is `allocated` (SEEK_DATA / SEEK_HOLE).
+  Result<uint64_t> seek_page(uint64_t off, bool allocated);
   bool is_unaligned(std::span<const iovec> iov, uint64_t off, uint64_t len) const;
   Status check_growth(uint64_t new_end, const char* what) const;  // mu_ held
   void store(uint64_t off, const std::byte* src, size_t len);     // mu_ held

@@ -5,12 +5,12 @@
 #include "fuse/partitions_dir.h"
 #include "image/raw/raw.h"
 #include "io/mem_file.h"
-#include "tools_test_util.h"
+#include "io_test_util.h"
 
 namespace qcowfs::fuse {
 namespace {
 
-using tools_testing::run_now;
+using io::testing::run_now;
 using Bytes = std::vector<std::byte>;
 
 void mbr_entry(io::MemFile& f, int i, uint8_t type, uint32_t lba, uint32_t sectors) {

@@ -8,12 +8,12 @@
 #include "image/raw/raw.h"
 #include "image/window.h"
 #include "io/mem_file.h"
-#include "tools_test_util.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image {
 namespace {
 
-using tools_testing::run_now;
+using io::testing::run_now;
 using Bytes = std::vector<std::byte>;
 
 void put_le32(Bytes& b, size_t off, uint32_t v) {

@@ -4,12 +4,12 @@
 
 #include "image/raw/raw.h"
 #include "io/mem_file.h"
-#include "tools_test_util.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image {
 namespace {
 
-using tools_testing::run_now;
+using io::testing::run_now;
 
 constexpr uint64_t kSize = 1024 * 1024;
 

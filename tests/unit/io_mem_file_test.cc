@@ -18,14 +18,8 @@ namespace {
 
 using testing::pattern;
 
-// MemFile completes synchronously: drive a task without any engine.
-template <typename T>
-T now(Task<T> t) {
-  std::optional<T> out;
-  spawn_then(std::move(t), [&](T v) { out.emplace(std::move(v)); });
-  EXPECT_TRUE(out.has_value()) << "MemFile operation suspended";
-  return std::move(*out);
-}
+// MemFile completes synchronously.
+using testing::run_now;
 
 std::vector<std::byte> bytes(std::initializer_list<int> v) {
   std::vector<std::byte> out;
@@ -47,16 +41,16 @@ TEST(MemFile, WriteReadRoundTripAndEof) {
   MemFile f;
   EXPECT_EQ(f.size(), 0u);
   auto data = pattern(10000, 1);
-  ASSERT_TRUE(now(f.write(data, 5)).is_ok());
+  ASSERT_TRUE(run_now(f.write(data, 5)).is_ok());
   EXPECT_EQ(f.size(), 10005u);
   std::vector<std::byte> buf(20000, std::byte{0xAA});
-  auto n = now(f.read(buf, 0));
+  auto n = run_now(f.read(buf, 0));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 10005u);
   EXPECT_EQ(buf[0], std::byte{0});
   EXPECT_TRUE(std::equal(data.begin(), data.end(), buf.begin() + 5));
   EXPECT_EQ(buf[10005], std::byte{0xAA});
-  auto past = now(f.read(buf, 50000));
+  auto past = run_now(f.read(buf, 50000));
   ASSERT_TRUE(past.is_ok());
   EXPECT_EQ(*past, 0u);
 }
@@ -65,10 +59,10 @@ TEST(MemFile, VectoredIo) {
   MemFile f({}, std::vector<std::byte>(100));
   auto a = bytes({1, 2, 3}), b = bytes({4, 5});
   iovec w[] = {{a.data(), a.size()}, {b.data(), b.size()}};
-  ASSERT_TRUE(now(f.writev(w, 10)).is_ok());
+  ASSERT_TRUE(run_now(f.writev(w, 10)).is_ok());
   std::vector<std::byte> x(1), y(4);
   iovec r[] = {{x.data(), 1}, {y.data(), 4}};
-  auto n = now(f.readv(r, 10));
+  auto n = run_now(f.readv(r, 10));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 5u);
   EXPECT_EQ(x, bytes({1}));
@@ -89,12 +83,12 @@ TEST(MemFile, NthWriteFailsWithInjectedErrnoAndChangesNothing) {
   MemFile f({}, std::vector<std::byte>(64));
   f.fail_nth(OpKind::write, 2, EIO);
   auto one = bytes({1});
-  EXPECT_TRUE(now(f.write(one, 0)).is_ok());
-  Status st = now(f.write(one, 1));
+  EXPECT_TRUE(run_now(f.write(one, 0)).is_ok());
+  Status st = run_now(f.write(one, 1));
   EXPECT_EQ(st.code(), EIO);
   EXPECT_NE(st.message().find("injected"), std::string::npos);
   EXPECT_EQ(f.content()[1], std::byte{0});
-  EXPECT_TRUE(now(f.write(one, 2)).is_ok()) << "a one-shot fault must not fire twice";
+  EXPECT_TRUE(run_now(f.write(one, 2)).is_ok()) << "a one-shot fault must not fire twice";
   EXPECT_EQ(f.counters().writes, 3u);
 }
 
@@ -108,7 +102,7 @@ TEST(MemFile, FaultReachesCallerWithTheRightErrno) {
                  Case{OpKind::any, 3, ENODEV}}) {
     MemFile f({}, std::vector<std::byte>(64));
     f.fail_nth(c.kind, c.nth, c.err);
-    Status st = now(read_then_write(f));
+    Status st = run_now(read_then_write(f));
     EXPECT_EQ(st.code(), c.err) << st.to_string();
   }
 }
@@ -117,10 +111,10 @@ TEST(MemFile, AnyKindCountsEveryOperation) {
   MemFile f({}, std::vector<std::byte>(64));
   f.fail_nth(OpKind::any, 4, EROFS);
   std::vector<std::byte> b(4);
-  EXPECT_TRUE(now(f.read(b, 0)).is_ok());
-  EXPECT_TRUE(now(f.flush()).is_ok());
-  EXPECT_TRUE(now(f.discard(0, 4)).is_ok());
-  EXPECT_EQ(now(f.write_zeroes(0, 4)).code(), EROFS);
+  EXPECT_TRUE(run_now(f.read(b, 0)).is_ok());
+  EXPECT_TRUE(run_now(f.flush()).is_ok());
+  EXPECT_TRUE(run_now(f.discard(0, 4)).is_ok());
+  EXPECT_EQ(run_now(f.write_zeroes(0, 4)).code(), EROFS);
   auto c = f.counters();
   EXPECT_EQ(c.total(), 4u);
   EXPECT_EQ(c.write_zeroes, 1u);
@@ -130,21 +124,21 @@ TEST(MemFile, FailFromIsADeadDiskUntilCleared) {
   MemFile f({}, std::vector<std::byte>(64));
   f.fail_from(OpKind::read, 2, EIO);
   std::vector<std::byte> b(4);
-  EXPECT_TRUE(now(f.read(b, 0)).is_ok());
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(now(f.read(b, 0)).status().code(), EIO);
-  EXPECT_TRUE(now(f.write(b, 0)).is_ok()) << "other kinds keep working";
+  EXPECT_TRUE(run_now(f.read(b, 0)).is_ok());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(run_now(f.read(b, 0)).status().code(), EIO);
+  EXPECT_TRUE(run_now(f.write(b, 0)).is_ok()) << "other kinds keep working";
   f.clear_faults();
-  EXPECT_TRUE(now(f.read(b, 0)).is_ok());
+  EXPECT_TRUE(run_now(f.read(b, 0)).is_ok());
 }
 
 TEST(MemFile, ShortReadOnce) {
   MemFile f({}, pattern(100, 3));
   f.short_once(OpKind::read, 10);
   std::vector<std::byte> b(50);
-  auto n = now(f.read(b, 0));
+  auto n = run_now(f.read(b, 0));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 10u);
-  n = now(f.read(b, 0));
+  n = run_now(f.read(b, 0));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 50u);
 }
@@ -153,26 +147,26 @@ TEST(MemFile, ShortWriteIsTornAndFails) {
   MemFile f({}, std::vector<std::byte>(100));
   f.short_once(OpKind::write, 3, ENOSPC);
   auto data = bytes({1, 2, 3, 4, 5, 6});
-  Status st = now(f.write(data, 10));
+  Status st = run_now(f.write(data, 10));
   EXPECT_EQ(st.code(), ENOSPC);
   auto c = f.content();
   EXPECT_EQ(std::vector<std::byte>(c.begin() + 10, c.begin() + 16), bytes({1, 2, 3, 0, 0, 0}));
-  EXPECT_TRUE(now(f.write(data, 10)).is_ok());
+  EXPECT_TRUE(run_now(f.write(data, 10)).is_ok());
 }
 
 TEST(MemFile, SizeLimitGivesEnospcAndStoresNothing) {
   MemFile f({}, std::vector<std::byte>(100));
   f.set_size_limit(150);
   std::vector<std::byte> d(40, std::byte{1});
-  EXPECT_TRUE(now(f.write(d, 100)).is_ok());  // grows to 140
-  Status st = now(f.write(d, 120));           // would reach 160
+  EXPECT_TRUE(run_now(f.write(d, 100)).is_ok());  // grows to 140
+  Status st = run_now(f.write(d, 120));           // would reach 160
   EXPECT_EQ(st.code(), ENOSPC);
   EXPECT_EQ(f.size(), 140u);
   EXPECT_EQ(f.content()[139], std::byte{1});
-  EXPECT_TRUE(now(f.write(d, 0)).is_ok()) << "overwrites inside the file need no space";
-  EXPECT_EQ(now(f.truncate(151)).code(), ENOSPC);
-  EXPECT_EQ(now(f.write_zeroes(140, 11)).code(), ENOSPC);
-  EXPECT_TRUE(now(f.write_zeroes(140, 10)).is_ok());
+  EXPECT_TRUE(run_now(f.write(d, 0)).is_ok()) << "overwrites inside the file need no space";
+  EXPECT_EQ(run_now(f.truncate(151)).code(), ENOSPC);
+  EXPECT_EQ(run_now(f.write_zeroes(140, 11)).code(), ENOSPC);
+  EXPECT_TRUE(run_now(f.write_zeroes(140, 10)).is_ok());
   EXPECT_EQ(f.size(), 150u);
 }
 
@@ -184,15 +178,15 @@ TEST(MemFile, AlignmentIsReportedCountedAndOptionallyEnforced) {
   EXPECT_EQ(loose.offset_align(), 4096u);
   EXPECT_EQ(loose.mem_align(), 4096u);
   std::vector<std::byte> b(100);
-  EXPECT_TRUE(now(loose.read(b, 1)).is_ok());
+  EXPECT_TRUE(run_now(loose.read(b, 1)).is_ok());
   EXPECT_EQ(loose.counters().unaligned, 1u);
   o.reject_unaligned = true;
   MemFile strict(o, std::vector<std::byte>(16384));
-  EXPECT_EQ(now(strict.read(b, 0)).status().code(), EINVAL);
-  EXPECT_EQ(now(strict.write(b, 4096)).code(), EINVAL);
+  EXPECT_EQ(run_now(strict.read(b, 0)).status().code(), EINVAL);
+  EXPECT_EQ(run_now(strict.write(b, 4096)).code(), EINVAL);
   AlignedBuffer ok(4096, 4096);
-  EXPECT_TRUE(now(strict.write(ok.span(), 4096)).is_ok());
-  auto n = now(strict.read(ok.span(), 8192));
+  EXPECT_TRUE(run_now(strict.write(ok.span(), 4096)).is_ok());
+  auto n = run_now(strict.read(ok.span(), 8192));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 4096u);
 }
@@ -200,43 +194,43 @@ TEST(MemFile, AlignmentIsReportedCountedAndOptionallyEnforced) {
 TEST(MemFile, DiscardMakesHolesVisibleToSeek) {
   MemFile f({}, pattern(64 * 1024, 4));
   EXPECT_EQ(f.allocated_bytes(), 64u * 1024);
-  ASSERT_TRUE(now(f.discard(10000, 20000)).is_ok());  // pages 3..6 become holes (12288..28672)
+  ASSERT_TRUE(run_now(f.discard(10000, 20000)).is_ok());  // pages 3..6 become holes (12288..28672)
   EXPECT_EQ(f.allocated_bytes(), 48u * 1024);
   auto c = f.content();
   EXPECT_TRUE(std::all_of(c.begin() + 10000, c.begin() + 30000, [](std::byte x) { return x == std::byte{0}; }));
   EXPECT_NE(c[9999], std::byte{0});
-  EXPECT_EQ(*now(f.seek_hole(0)), 12288u);
-  EXPECT_EQ(*now(f.seek_data(12288)), 28672u);
-  EXPECT_EQ(*now(f.seek_data(5)), 5u);
-  EXPECT_EQ(*now(f.seek_hole(28672)), 64u * 1024);
-  EXPECT_EQ(*now(f.seek_data(1 << 20)), 64u * 1024);
-  ASSERT_TRUE(now(f.write(bytes({9}), 13000)).is_ok());
-  EXPECT_EQ(*now(f.seek_data(12288)), 12288u);
+  EXPECT_EQ(*run_now(f.seek_hole(0)), 12288u);
+  EXPECT_EQ(*run_now(f.seek_data(12288)), 28672u);
+  EXPECT_EQ(*run_now(f.seek_data(5)), 5u);
+  EXPECT_EQ(*run_now(f.seek_hole(28672)), 64u * 1024);
+  EXPECT_EQ(*run_now(f.seek_data(1 << 20)), 64u * 1024);
+  ASSERT_TRUE(run_now(f.write(bytes({9}), 13000)).is_ok());
+  EXPECT_EQ(*run_now(f.seek_data(12288)), 12288u);
 }
 
 TEST(MemFile, ReadOnlyAndBlockDeviceRules) {
   MemFileOptions o;
   o.writable = false;
   MemFile ro(o, std::vector<std::byte>(10));
-  EXPECT_EQ(now(ro.write(bytes({1}), 0)).code(), EROFS);
-  EXPECT_EQ(now(ro.discard(0, 1)).code(), EROFS);
+  EXPECT_EQ(run_now(ro.write(bytes({1}), 0)).code(), EROFS);
+  EXPECT_EQ(run_now(ro.discard(0, 1)).code(), EROFS);
   MemFileOptions d;
   d.block_device = true;
   MemFile dev(d, std::vector<std::byte>(10));
   EXPECT_TRUE(dev.is_block_device());
-  EXPECT_EQ(now(dev.truncate(5)).code(), EINVAL);
+  EXPECT_EQ(run_now(dev.truncate(5)).code(), EINVAL);
 }
 
 TEST(MemFile, CrashImagesAreDurableStatePlusSubsetsOfUnflushedWrites) {
   MemFileOptions o;
   o.track_unflushed = true;
   MemFile f(o, std::vector<std::byte>(8));
-  ASSERT_TRUE(now(f.write(bytes({1}), 0)).is_ok());
-  ASSERT_TRUE(now(f.flush()).is_ok());
+  ASSERT_TRUE(run_now(f.write(bytes({1}), 0)).is_ok());
+  ASSERT_TRUE(run_now(f.flush()).is_ok());
   EXPECT_EQ(f.unflushed_count(), 0u);
-  ASSERT_TRUE(now(f.write(bytes({2}), 1)).is_ok());
-  ASSERT_TRUE(now(f.write(bytes({3}), 1)).is_ok());  // overlaps the previous write: order matters
-  ASSERT_TRUE(now(f.write(bytes({4}), 9)).is_ok());  // extends the file
+  ASSERT_TRUE(run_now(f.write(bytes({2}), 1)).is_ok());
+  ASSERT_TRUE(run_now(f.write(bytes({3}), 1)).is_ok());  // overlaps the previous write: order matters
+  ASSERT_TRUE(run_now(f.write(bytes({4}), 9)).is_ok());  // extends the file
   EXPECT_EQ(f.unflushed_count(), 3u);
   EXPECT_EQ(f.durable_content(), bytes({1, 0, 0, 0, 0, 0, 0, 0}));
   std::set<std::vector<std::byte>> seen;
@@ -251,7 +245,7 @@ TEST(MemFile, CrashImagesAreDurableStatePlusSubsetsOfUnflushedWrites) {
   }
   // Byte 1 in {0,2,3} x file extended or not: all six outcomes appear.
   EXPECT_EQ(seen.size(), 6u);
-  ASSERT_TRUE(now(f.flush()).is_ok());
+  ASSERT_TRUE(run_now(f.flush()).is_ok());
   EXPECT_EQ(f.crash_image(7), f.content());
 }
 
@@ -262,7 +256,7 @@ TEST(MemFile, ConcurrentWritersFromThreads) {
     ts.emplace_back([&, t] {
       for (int i = 0; i < 1000; ++i) {
         std::vector<std::byte> b(1, static_cast<std::byte>(t + 1));
-        EXPECT_TRUE(now(f.write(b, static_cast<uint64_t>(i * 4 + t))).is_ok());
+        EXPECT_TRUE(run_now(f.write(b, static_cast<uint64_t>(i * 4 + t))).is_ok());
       }
     });
   }

@@ -8,10 +8,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "io/task.h"
 
 namespace qcowfs::io::testing {
 
@@ -83,6 +87,16 @@ inline std::vector<std::byte> pattern(size_t n, uint32_t seed) {
     b = static_cast<std::byte>(x | 1);
   }
   return v;
+}
+
+// Runs t to completion without an engine; for I/O that never suspends
+// (MemFile), so the task must be done at once.
+template <typename T>
+T run_now(Task<T> t) {
+  std::optional<T> out;
+  spawn_then(std::move(t), [&](T v) { out.emplace(std::move(v)); });
+  EXPECT_TRUE(out.has_value()) << "task suspended: it was expected to complete synchronously";
+  return std::move(*out);
 }
 
 }  // namespace qcowfs::io::testing

@@ -8,12 +8,12 @@
 #include "image/qcow2/qcow2_inspect.h"
 #include "image/qcow2/status.h"
 #include "io/mem_file.h"
-#include "tools_test_util.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {
 
-using tools_testing::run_now;
+using io::testing::run_now;
 
 Result<CreateOptions> options(std::string_view list) {
   CreateOptions o;

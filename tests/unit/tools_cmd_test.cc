@@ -9,12 +9,12 @@
 #include "image/raw/raw.h"
 #include "image/window.h"
 #include "io/mem_file.h"
-#include "tools_test_util.h"
+#include "io_test_util.h"
 
 namespace qcowfs::tools {
 namespace {
 
-using tools_testing::run_now;
+using io::testing::run_now;
 
 constexpr uint64_t kKiB = 1024;
 
