@@ -7,8 +7,8 @@ pass or fail.
 
 The package is built in $QCOWFS_BUILD_DIR/deb when set (ctest sets it), and
 build-deb.sh keeps its CMake object directory there, so reruns recompile only
-what changed; else in the test's work directory (a full Release build of the
-qcowfs target).
+what changed; else in a pytest temporary directory (a full Release build).
+Both tests share one build; each installs the package and purges it.
 """
 
 from __future__ import annotations
@@ -50,18 +50,23 @@ def purge() -> None:
     subprocess.run(["apt-get", "purge", "-y", "-q", "qcowfs"], capture_output=True, timeout=300)
 
 
-@pytest.fixture
-def package(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(scope="module")
+def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Builds and lints the package once for this file's tests."""
     assert not installed(), "qcowfs is already installed on this system: refusing to replace it"
+    mp = pytest.MonkeyPatch()
     # Compile without -g and make no -dbgsym package: the .deb's binary is stripped
     # anyway (and -g does not change GCC's code), and debug info is close to half the
     # compile time of a from-scratch build, which CI pays on every run.
-    monkeypatch.setenv("DEB_CXXFLAGS_STRIP", "-g")
-    monkeypatch.setenv("DEB_CFLAGS_STRIP", "-g")
-    monkeypatch.setenv("DEB_BUILD_OPTIONS", "noautodbgsym")
+    mp.setenv("DEB_CXXFLAGS_STRIP", "-g")
+    mp.setenv("DEB_CFLAGS_STRIP", "-g")
+    mp.setenv("DEB_BUILD_OPTIONS", "noautodbgsym")
     build_root = os.environ.get("QCOWFS_BUILD_DIR")
-    out = Path(build_root) / "deb" if build_root else workdir / "deb"
-    proc = helpers.run([REPO / "packaging" / "build-deb.sh", out], timeout=BUILD_TIMEOUT_S)
+    out = Path(build_root) / "deb" if build_root else tmp_path_factory.mktemp("deb")
+    try:
+        proc = helpers.run([REPO / "packaging" / "build-deb.sh", out], timeout=BUILD_TIMEOUT_S)
+    finally:
+        mp.undo()
     deb = Path(proc.stdout.decode().strip().splitlines()[-1])
     assert deb.is_file() and deb.name.startswith("qcowfs_") and deb.suffix == ".deb"
     # build-deb.sh fails on lintian errors itself; check the package independently of it.
@@ -71,6 +76,13 @@ def package(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     assert lint.returncode == 0, f"lintian did not run: {lint.stdout}{lint.stderr}"
     errors = [l for l in lint.stdout.splitlines() if l.startswith("E: ")]
     assert not errors, "lintian errors:\n" + "\n".join(errors)
+    return deb
+
+
+@pytest.fixture
+def package(built_deb: Path) -> Path:
+    assert not installed(), "qcowfs is already installed on this system: refusing to replace it"
+    deb = built_deb
     try:
         proc = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", f"./{deb.name}"],
                               cwd=deb.parent, capture_output=True, timeout=300)
