@@ -1,74 +1,72 @@
 #!/bin/sh
-# Builds a Debian package of qcowfs: the binary, the man page qcowfs(1) and the
-# bash completion, depending on the runtime libraries and fuse3.
+# Builds the Debian package of qcowfs from debian/ with dpkg-buildpackage, then
+# checks it with lintian (any lintian error fails the build).
 #
 #   packaging/build-deb.sh [OUT_DIR]      (default OUT_DIR: build-deb/ in the repo)
 #
-# Environment: BUILD_DIR (default OUT_DIR/build), JOBS (default 2), QCOWFS_BINARY (package
-# this already built binary instead of building a Release one, e.g. in the test suite).
-# Prints the path of the .deb on its last line. Install it with
+# dpkg-buildpackage builds in the source tree and writes into its parent, so this
+# copies the tracked files (git ls-files, as they are in the working tree) to
+# OUT_DIR/qcowfs-VERSION and builds there: the .deb, .buildinfo and .changes land
+# in OUT_DIR and the repo stays clean. The CMake object directory is kept across
+# runs, so a rerun recompiles only what changed.
+#
+# Environment: JOBS (default 2) becomes DEB_BUILD_OPTIONS parallel= unless that
+# already sets one. Prints the path of the .deb on its last line. Install it with
 #   apt-get install ./qcowfs_<version>_<arch>.deb
 set -eu
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT_DIR=$(mkdir -p "${1:-$REPO/build-deb}" && cd "${1:-$REPO/build-deb}" && pwd)
-BUILD_DIR=${BUILD_DIR:-$OUT_DIR/build}
 JOBS=${JOBS:-2}
 
 VERSION=$(sed -n 's/^project(qcowfs VERSION \([0-9.]*\).*/\1/p' "$REPO/CMakeLists.txt")
 [ -n "$VERSION" ] || { echo "build-deb: cannot find the version in CMakeLists.txt" >&2; exit 1; }
+DEB_VERSION=$(dpkg-parsechangelog -l "$REPO/debian/changelog" -S Version)
+[ "$DEB_VERSION" = "$VERSION" ] || {
+    echo "build-deb: debian/changelog is at $DEB_VERSION but CMakeLists.txt at $VERSION" >&2; exit 1; }
 ARCH=$(dpkg --print-architecture)
-DEPENDS="libc6, libstdc++6, libgcc-s1, libfuse3-3, liburing2, zlib1g, libzstd1, libfmt9, fuse3"
+OBJ=obj-$(dpkg-architecture -qDEB_HOST_GNU_TYPE)   # dh's CMake build directory
 
-if [ -n "${QCOWFS_BINARY:-}" ]; then
-    BINARY=$QCOWFS_BINARY
-else
-    cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DQCOWFS_TESTS=OFF >/dev/null
-    cmake --build "$BUILD_DIR" --target qcowfs -j "$JOBS" >/dev/null
-    BINARY=$BUILD_DIR/qcowfs
+SRC=$OUT_DIR/qcowfs-$VERSION
+KEPT=$OUT_DIR/$OBJ.kept
+# A fresh copy of the tracked tree each time (so files deleted or untracked in
+# the repo are gone here too), with the object directory carried over. tar keeps
+# the mtimes, so make rebuilds only sources that really changed.
+if [ -d "$SRC/$OBJ" ]; then rm -rf "$KEPT"; mv "$SRC/$OBJ" "$KEPT"; fi
+rm -rf "$SRC"
+mkdir -p "$SRC"
+git -C "$REPO" ls-files -z >"$OUT_DIR/files"
+# --ignore-failed-read: a tracked file deleted in the working tree is left out.
+tar -C "$REPO" --null -T "$OUT_DIR/files" --ignore-failed-read --warning=no-failed-read -cf - \
+    | tar -C "$SRC" -xf -
+rm -f "$OUT_DIR/files"
+if [ -d "$KEPT" ]; then mv "$KEPT" "$SRC/$OBJ"; fi
+
+case " ${DEB_BUILD_OPTIONS:-} " in
+    *" parallel="*) ;;
+    *) DEB_BUILD_OPTIONS="${DEB_BUILD_OPTIONS:+$DEB_BUILD_OPTIONS }parallel=$JOBS" ;;
+esac
+export DEB_BUILD_OPTIONS
+
+# -nc: the copy is fresh, so the only thing `debian/rules clean` would remove is
+# the object directory this keeps on purpose.
+LOG=$OUT_DIR/dpkg-buildpackage.log
+if ! (cd "$SRC" && dpkg-buildpackage -b -nc -us -uc) >"$LOG" 2>&1; then
+    tail -n 40 "$LOG" >&2
+    echo "build-deb: dpkg-buildpackage failed; the whole log is $LOG" >&2
+    exit 1
 fi
 
-STAGE=$OUT_DIR/stage
-rm -rf "$STAGE"
-install -D -m 0755 "$BINARY" "$STAGE/usr/bin/qcowfs"
-strip --strip-unneeded "$STAGE/usr/bin/qcowfs"
-install -d "$STAGE/usr/share/man/man1"
-gzip -9n -c "$REPO/docs/qcowfs.1" >"$STAGE/usr/share/man/man1/qcowfs.1.gz"
-chmod 0644 "$STAGE/usr/share/man/man1/qcowfs.1.gz"
-install -D -m 0644 "$REPO/packaging/qcowfs.bash-completion" "$STAGE/usr/share/bash-completion/completions/qcowfs"
-install -d "$STAGE/usr/share/doc/qcowfs"
-printf 'qcowfs %s\n\nShows qcow2 and raw disk images as raw files over FUSE; see qcowfs(1).\n' "$VERSION" \
-    >"$STAGE/usr/share/doc/qcowfs/README"
-
-# Every shared library the binary needs must come from a declared dependency.
-for lib in $(ldd "$STAGE/usr/bin/qcowfs" | awk '/=> \//{print $3}'); do
-    pkg=$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null | head -n1 | cut -d: -f1) || pkg=""
-    [ -z "$pkg" ] && pkg=$(dpkg -S "$lib" 2>/dev/null | head -n1 | cut -d: -f1) || true
-    case ", $DEPENDS," in
-        *", $pkg,"*) ;;
-        *) echo "build-deb: $lib comes from '${pkg:-no package}', not a declared dependency" >&2; exit 1 ;;
-    esac
-done
-
-SIZE_KB=$(du -sk "$STAGE" | cut -f1)
-install -d "$STAGE/DEBIAN"
-cat >"$STAGE/DEBIAN/control" <<CONTROL
-Package: qcowfs
-Version: $VERSION
-Architecture: $ARCH
-Maintainer: qcowfs developers <qcowfs@localhost>
-Installed-Size: $SIZE_KB
-Depends: $DEPENDS
-Section: admin
-Priority: optional
-Homepage: https://localhost/qcowfs
-Description: FUSE file system showing qcow2 and raw disk images as raw files
- qcowfs mounts a qcow2 (or raw) virtual disk image as one plain raw file,
- byte for byte what QEMU shows a guest, with its internal snapshots and
- partitions as further files. It also creates, inspects, checks and repairs
- qcow2 images (qcowfs create, info, check, map) without QEMU installed.
-CONTROL
-
+CHANGES=$OUT_DIR/qcowfs_${VERSION}_${ARCH}.changes
 DEB=$OUT_DIR/qcowfs_${VERSION}_${ARCH}.deb
-dpkg-deb --root-owner-group --build "$STAGE" "$DEB" >/dev/null
+[ -f "$DEB" ] && [ -f "$CHANGES" ] || { echo "build-deb: dpkg-buildpackage made no $DEB" >&2; exit 1; }
+
+# The .changes names the .deb and the .buildinfo: lintian checks all three.
+# Its findings go to stderr (and OUT_DIR/lintian.log); errors fail the build.
+if ! lintian --fail-on error --tag-display-limit 0 "$CHANGES" >"$OUT_DIR/lintian.log" 2>&1; then
+    cat "$OUT_DIR/lintian.log" >&2
+    echo "build-deb: lintian found errors in $CHANGES" >&2
+    exit 1
+fi
+cat "$OUT_DIR/lintian.log" >&2
 echo "$DEB"

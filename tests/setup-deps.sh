@@ -12,9 +12,15 @@ build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev
 # qemu-utils: qemu-img/qemu-io (the referee); qemu-system-common: qemu-storage-daemon (bench);
 # util-linux: losetup; fdisk: sfdisk for the demo disk; e2fsprogs/dosfstools: filesystems on
 # mounted images; kmod: modprobe fuse/loop; file: file -s on partitions; clang and
-# libclang-rt-14-dev: the libFuzzer targets (fuzz.short); rsync: test_disk_tools.py.
+# libclang-rt-14-dev: the libFuzzer targets (fuzz.short); rsync: test_disk_tools.py;
+# dpkg-dev (dpkg-buildpackage), build-essential (dpkg-checkbuilddeps requires it),
+# debhelper, bash-completion (its dh_bash-completion addon, Build-Depends:
+# dh-sequence-bash-completion) and lintian: test_package.py builds the package from debian/
+# and lints it (no fakeroot: debian/control says Rules-Requires-Root: no); man-db: it
+# reads the installed man page.
 test_pkgs=(qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
-           e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync)
+           e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync
+           dpkg-dev build-essential debhelper bash-completion lintian man-db)
 
 case "${1:-}" in
   --build) pkgs=("${build_pkgs[@]}" qemu-utils fdisk e2fsprogs) ;;  # run.sh builds a demo disk
