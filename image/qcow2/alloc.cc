@@ -4,23 +4,24 @@
 
 namespace qcowfs::image::qcow2 {
 
-Task<Result<uint64_t>> ClusterAllocator::find_free_run(uint64_t n) {
+Task<Result<HostCluster>> ClusterAllocator::find_free_run(uint64_t n) {
   if (hint_ >= end_ || (failed_n_ != 0 && n >= failed_n_)) co_return end_;
-  uint64_t first_free = end_, run_start = 0, run = 0;
-  for (uint64_t c = hint_; c < end_;) {
-    auto v = rt_.peek(c);
+  HostCluster first_free = end_, run_start = 0;
+  uint64_t run = 0;
+  for (HostCluster hc = hint_; hc < end_;) {
+    auto v = rt_.peek(hc);
     if (!v) {
-      QCOWFS_CO_TRY(co_await rt_.load_block_for(c));
+      QCOWFS_CO_TRY(co_await rt_.load_block_for(hc));
       continue;
     }
     if (*v != 0) {
       run = 0;
-      ++c;
+      ++hc;
       continue;
     }
-    if (run++ == 0) run_start = c;
-    first_free = std::min(first_free, c);
-    ++c;
+    if (run++ == 0) run_start = hc;
+    first_free = std::min(first_free, hc);
+    ++hc;
     if (run == n) {
       hint_ = first_free == run_start ? run_start + n : first_free;
       co_return run_start;
@@ -33,7 +34,7 @@ Task<Result<uint64_t>> ClusterAllocator::find_free_run(uint64_t n) {
   co_return end_;
 }
 
-Task<Result<uint64_t>> ClusterAllocator::allocate(uint64_t n) {
+Task<Result<HostCluster>> ClusterAllocator::allocate(uint64_t n) {
   const uint64_t per = rt_.block_entries();
   for (;;) {
     auto start = co_await find_free_run(n);
@@ -54,7 +55,7 @@ Task<Result<uint64_t>> ClusterAllocator::allocate(uint64_t n) {
     }
     // Put the missing block on the run's first cluster. That cluster is counted
     // by its own block: create that one first if it is the missing one.
-    uint64_t place = *start;
+    HostCluster place = *start;
     rt_.install_block(rt_.has_block(first_index) ? missing : first_index, place);
     QCOWFS_CO_TRY(co_await rt_.add(place, 1, +1));
     end_ = std::max(end_, place + 1);
@@ -64,29 +65,29 @@ Task<Result<uint64_t>> ClusterAllocator::allocate(uint64_t n) {
 
 Task<Status> ClusterAllocator::grow_table() {
   if (grow_to_entries_ <= rt_.table_entries()) co_return Status::ok();
-  uint64_t old_first = rt_.table_offset() / rt_.cluster_size();
+  const HostCluster old_first_hc = rt_.table_offset() / rt_.cluster_size();
   auto next = co_await rt_.grow(grow_to_entries_, end_);
   if (!next) co_return next.status();
   end_ = *next;
-  set_hint(old_first);
+  set_hint(old_first_hc);
   grow_to_entries_ = 0;
   co_return Status::ok();
 }
 
-Task<Status> ClusterAllocator::release(uint64_t first, uint64_t n, std::vector<uint64_t>* freed) {
-  QCOWFS_CO_TRY(co_await rt_.add(first, n, -1));
-  for (uint64_t c = first; c < first + n; ++c) {
-    auto v = rt_.peek(c);
+Task<Status> ClusterAllocator::release(HostCluster first_hc, uint64_t n, std::vector<HostCluster>* freed) {
+  QCOWFS_CO_TRY(co_await rt_.add(first_hc, n, -1));
+  for (HostCluster hc = first_hc; hc < first_hc + n; ++hc) {
+    auto v = rt_.peek(hc);
     if (v && *v == 0) {
-      set_hint(c);
-      if (freed) freed->push_back(c);
+      set_hint(hc);
+      if (freed) freed->push_back(hc);
     }
   }
   co_return Status::ok();
 }
 
-void ClusterAllocator::set_hint(uint64_t cluster) {
-  hint_ = std::min(hint_, cluster);
+void ClusterAllocator::set_hint(HostCluster hc) {
+  hint_ = std::min(hint_, hc);
   failed_n_ = 0;
 }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "image/qcow2/format.h"
 #include "image/qcow2/refcount.h"
 #include "io/status.h"
 #include "io/task.h"
@@ -30,30 +31,29 @@ namespace qcowfs::image::qcow2 {
 
 class ClusterAllocator {
  public:
-  // end_cluster: first cluster past everything in use (file end or refcounts).
-  ClusterAllocator(RefcountTable& refcounts, uint64_t end_cluster)
-      : rt_(refcounts), end_(end_cluster), hint_(end_cluster) {}
+  // end_hc: first host cluster past everything in use (file end or refcounts).
+  ClusterAllocator(RefcountTable& refcounts, HostCluster end_hc) : rt_(refcounts), end_(end_hc), hint_(end_hc) {}
 
-  // Reserves n (> 0) contiguous clusters; returns the first cluster index.
+  // Reserves n (> 0) contiguous clusters; returns the first one.
   // EAGAIN: grow_table() first. Nothing is reserved on failure.
-  Task<Result<uint64_t>> allocate(uint64_t n);
+  Task<Result<HostCluster>> allocate(uint64_t n);
   // Grows the refcount table to cover what the last EAGAIN asked for.
   Task<Status> grow_table();
-  // Drops one reference from each of [first, first + n); appends the clusters
-  // that became free to *freed (may be null).
-  Task<Status> release(uint64_t first, uint64_t n, std::vector<uint64_t>* freed);
-  // Starts the free-run scan at `cluster` (e.g. after an image-wide rebuild).
-  void set_hint(uint64_t cluster);
+  // Drops one reference from each of [first_hc, first_hc + n); appends the
+  // clusters that became free to *freed (may be null).
+  Task<Status> release(HostCluster first_hc, uint64_t n, std::vector<HostCluster>* freed);
+  // Starts the free-run scan at hc (e.g. after an image-wide rebuild).
+  void set_hint(HostCluster hc);
 
-  uint64_t end_cluster() const { return end_; }
-  uint64_t hint() const { return hint_; }
+  HostCluster end_cluster() const { return end_; }
+  HostCluster hint() const { return hint_; }
 
  private:
-  Task<Result<uint64_t>> find_free_run(uint64_t n);
+  Task<Result<HostCluster>> find_free_run(uint64_t n);
 
   RefcountTable& rt_;
-  uint64_t end_;
-  uint64_t hint_;                // no free cluster below it
+  HostCluster end_;
+  HostCluster hint_;             // no free cluster below it
   uint64_t failed_n_ = 0;        // a scan from hint_ found no run this long (0: none failed)
   uint64_t grow_to_entries_ = 0; // reftable entries the last EAGAIN needs
 };

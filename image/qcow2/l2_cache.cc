@@ -11,7 +11,7 @@ uint64_t L2Cache::default_size(uint64_t l2_bytes_for_whole_disk, size_t slice_si
   (void)l2_bytes_for_whole_disk;
   return 2 * uint64_t{slice_size};
 #else
-  return std::max<uint64_t>(std::min(l2_bytes_for_whole_disk, kDefaultMaxBytes), 8 * uint64_t{slice_size});
+  return std::max<uint64_t>(std::min(l2_bytes_for_whole_disk, kDefaultMaxBytes), kDefaultMinSlices * uint64_t{slice_size});
 #endif
 }
 
@@ -50,7 +50,7 @@ void L2Cache::Ref::reset() {
   cache_ = nullptr;
 }
 
-uint64_t L2Cache::Ref::host_offset() const { return entry_->offset; }
+HostOffset L2Cache::Ref::host_offset() const { return entry_->host; }
 std::span<const std::byte> L2Cache::Ref::bytes() const { return entry_->data; }
 std::span<std::byte> L2Cache::Ref::mutable_bytes() { return entry_->data; }
 
@@ -59,27 +59,27 @@ uint64_t L2Cache::Ref::entry(size_t i, size_t entry_size) const {
 }
 
 uint64_t L2Cache::Ref::bitmap(size_t i, size_t entry_size) const {
-  return load_be64(entry_->data.data() + i * entry_size + 8);
+  return load_be64(entry_->data.data() + i * entry_size + sizeof(uint64_t));  // the word after the entry
 }
 
 // ---- cache ----
 
-Task<Result<L2Cache::Ref>> L2Cache::get(uint64_t offset) {
+Task<Result<L2Cache::Ref>> L2Cache::get(HostOffset host) {
   std::shared_ptr<Entry> e;
   bool loader = false;
   {
     std::lock_guard lk(mu_);
-    auto it = map_.find(offset);
+    auto it = map_.find(host);
     if (it != map_.end()) {
       e = it->second;
       lru_.splice(lru_.begin(), lru_, e->lru);
     } else {
       evict_locked();
       e = std::make_shared<Entry>();
-      e->offset = offset;
-      lru_.push_front(offset);
+      e->host = host;
+      lru_.push_front(host);
       e->lru = lru_.begin();
-      map_.emplace(offset, e);
+      map_.emplace(host, e);
       loader = true;
       ++host_reads_;
     }
@@ -102,11 +102,11 @@ Task<Result<L2Cache::Ref>> L2Cache::get(uint64_t offset) {
   co_return Ref(this, std::move(e));
 }
 
-Result<L2Cache::Ref> L2Cache::try_get(uint64_t offset) {
+Result<L2Cache::Ref> L2Cache::try_get(HostOffset host) {
   std::shared_ptr<Entry> e;
   {
     std::lock_guard lk(mu_);
-    auto it = map_.find(offset);
+    auto it = map_.find(host);
     if (it == map_.end()) return Status::error(EAGAIN, "L2 slice not cached");
     e = it->second;
     // A slice still loading (or whose load failed) is left to get().
@@ -125,10 +125,10 @@ Task<Status> L2Cache::load(Entry& e) {
     e.small.resize(slice_size_);
     e.data = e.small;
   }
-  auto n = co_await file_.read(e.data, e.offset);
-  if (!n) co_return n.status().with_context(fmt::format("reading L2 slice at {:#x}", e.offset));
+  auto n = co_await file_.read(e.data, e.host);
+  if (!n) co_return n.status().with_context(fmt::format("reading L2 slice at {:#x}", e.host));
   if (*n != slice_size_)
-    co_return Status::errorf(EIO, "L2 slice at {:#x} is truncated by the end of the image file", e.offset);
+    co_return Status::errorf(EIO, "L2 slice at {:#x} is truncated by the end of the image file", e.host);
   co_return Status::ok();
 }
 
@@ -145,7 +145,7 @@ void L2Cache::evict_locked() {
 }
 
 void L2Cache::forget_locked(const std::shared_ptr<Entry>& e) {
-  auto it = map_.find(e->offset);
+  auto it = map_.find(e->host);
   if (it == map_.end() || it->second != e) return;
   lru_.erase(e->lru);
   map_.erase(it);

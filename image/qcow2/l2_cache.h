@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "image/qcow2/format.h"
 #include "io/buffer.h"
 #include "io/host_file.h"
 #include "io/status.h"
@@ -44,6 +45,7 @@ class L2Cache {
   // (QEMU's default cap), at least 8 slices. QCOWFS_TINY_CACHE builds always
   // use two slices so eviction runs in every test.
   static constexpr uint64_t kDefaultMaxBytes = 32ull << 20;
+  static constexpr uint64_t kDefaultMinSlices = 8;
   static constexpr size_t kDefaultSliceSize = 4096;
   static uint64_t default_size(uint64_t l2_bytes_for_whole_disk, size_t slice_size);
 
@@ -59,7 +61,7 @@ class L2Cache {
     void reset();
     explicit operator bool() const { return entry_ != nullptr; }
 
-    uint64_t host_offset() const;
+    HostOffset host_offset() const;
     std::span<const std::byte> bytes() const;
     std::span<std::byte> mutable_bytes();
     // First and second 64-bit words of L2 entry i of this slice (host order).
@@ -79,12 +81,12 @@ class L2Cache {
   L2Cache(const L2Cache&) = delete;
   L2Cache& operator=(const L2Cache&) = delete;
 
-  // The slice starting at host offset `offset` (aligned to slice_size, inside
+  // The slice starting at host offset `host` (aligned to slice_size, inside
   // the file: the caller validates it).
-  Task<Result<Ref>> get(uint64_t offset);
+  Task<Result<Ref>> get(HostOffset host);
   // The slice if it is cached and loaded (pinned, moved to the LRU front);
   // otherwise an error Status and nothing changes. Never suspends.
-  Result<Ref> try_get(uint64_t offset);
+  Result<Ref> try_get(HostOffset host);
 
   void mark_dirty(Ref& ref);
   void clear_dirty(Ref& ref);
@@ -96,7 +98,7 @@ class L2Cache {
 
  private:
   struct Entry {
-    uint64_t offset = 0;
+    HostOffset host = 0;
     // Slices of at least a page live in an aligned buffer (zero-copy reads);
     // smaller ones (clusters under 4 KiB) in plain memory, so a 512-byte slice
     // costs 512 bytes and the cache's memory stays what its capacity says.
@@ -108,7 +110,7 @@ class L2Cache {
     // Guarded by L2Cache::mu_:
     int pins = 0;
     bool dirty = false;
-    std::list<uint64_t>::iterator lru;
+    std::list<HostOffset>::iterator lru;
   };
 
   Task<Status> load(Entry& e);
@@ -121,8 +123,8 @@ class L2Cache {
   const size_t capacity_;
 
   mutable std::mutex mu_;  // guards map_, lru_, Entry::pins/dirty/lru, host_reads_
-  std::unordered_map<uint64_t, std::shared_ptr<Entry>> map_;
-  std::list<uint64_t> lru_;  // front = most recently used
+  std::unordered_map<HostOffset, std::shared_ptr<Entry>> map_;
+  std::list<HostOffset> lru_;  // front = most recently used
   uint64_t host_reads_ = 0;
 };
 

@@ -3,33 +3,29 @@
 #include <algorithm>
 
 #include "image/endian.h"
-#include "image/qcow2/driver.h"
 #include "io/align.h"
 #include "io/buffer.h"
-#include "io/log.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {
 
-constexpr uint64_t kIncompatOffset = 72;  // offsetof(HeaderLayout, incompatible_features)
-
 Status corrupt(std::string msg) { return Status::error(EIO, std::move(msg)); }
 
-// A table of `bytes` at `off`: aligned, inside the file, not in the header.
-Status check_table(const Header& h, uint64_t file_size, uint64_t off, uint64_t bytes, const std::string& what) {
+// A table of `bytes` at `host`: aligned, inside the file, not in the header.
+Status check_table(const Header& h, uint64_t file_size, HostOffset host, uint64_t bytes, const std::string& what) {
   const uint64_t cs = h.cluster_size();
-  if (!is_aligned(off, cs)) return corrupt(fmt::format("{} at {:#x} is not cluster aligned", what, off));
-  if (off < cs) return corrupt(fmt::format("{} at {:#x} is inside the header cluster", what, off));
-  if (off >= file_size || bytes > file_size - off)
-    return corrupt(fmt::format("{} at {:#x} ({} bytes) lies beyond the end of the file ({})", what, off, bytes,
+  if (!is_aligned(host, cs)) return corrupt(fmt::format("{} at {:#x} is not cluster aligned", what, host));
+  if (host < cs) return corrupt(fmt::format("{} at {:#x} is inside the header cluster", what, host));
+  if (host >= file_size || bytes > file_size - host)
+    return corrupt(fmt::format("{} at {:#x} ({} bytes) lies beyond the end of the file ({})", what, host, bytes,
                                file_size));
   return Status::ok();
 }
 
-Status add_table(MetadataLayout& m, const Header& h, uint64_t file_size, uint64_t off, uint64_t bytes,
+Status add_table(MetadataLayout& m, const Header& h, uint64_t file_size, HostOffset host, uint64_t bytes,
                  std::string what) {
-  QCOWFS_TRY(check_table(h, file_size, off, bytes, what));
-  return m.add(MetadataRange{off, off + align_up(bytes, h.cluster_size()), std::move(what)});
+  QCOWFS_TRY(check_table(h, file_size, host, bytes, what));
+  return m.add(MetadataRange{host, host + align_up(bytes, h.cluster_size()), std::move(what)});
 }
 
 Task<Status> add_refcount_blocks(MetadataLayout& m, io::HostFile& f, const Header& h, uint64_t file_size) {
@@ -38,8 +34,8 @@ Task<Status> add_refcount_blocks(MetadataLayout& m, io::HostFile& f, const Heade
   io::AlignedBuffer table(static_cast<size_t>(bytes), f.mem_align(), true);
   auto n = co_await f.read(table.span(), h.refcount_table_offset);
   if (!n) co_return n.status().with_context("reading the refcount table");
-  for (uint64_t i = 0; i < bytes / 8; ++i) {
-    uint64_t e = load_be64(table.data() + i * 8);
+  for (uint64_t i = 0; i < bytes / sizeof(uint64_t); ++i) {  // reftable entries: big-endian u64
+    uint64_t e = load_be64(table.data() + i * sizeof(uint64_t));
     if (e == 0) continue;
     if (e & ~kReftableOffsetMask) co_return corrupt(fmt::format("refcount table entry {} ({:#x}) has reserved bits set", i, e));
     QCOWFS_CO_TRY(add_table(m, h, file_size, e, cs, fmt::format("refcount block {}", i)));
@@ -60,11 +56,11 @@ Status add_l2_tables(MetadataLayout& m, const Header& h, uint64_t file_size, std
 
 }  // namespace
 
-const MetadataRange* MetadataLayout::overlap(uint64_t off, uint64_t len) const {
-  auto it = std::upper_bound(ranges_.begin(), ranges_.end(), off,
-                             [](uint64_t o, const MetadataRange& r) { return o < r.start; });
-  if (it != ranges_.begin() && std::prev(it)->end > off) return &*std::prev(it);
-  if (it != ranges_.end() && it->start < off + len) return &*it;
+const MetadataRange* MetadataLayout::overlap(HostOffset host, uint64_t len) const {
+  auto it = std::upper_bound(ranges_.begin(), ranges_.end(), host,
+                             [](HostOffset h, const MetadataRange& r) { return h < r.start; });
+  if (it != ranges_.begin() && std::prev(it)->end > host) return &*std::prev(it);
+  if (it != ranges_.end() && it->start < host + len) return &*it;
   return nullptr;
 }
 
@@ -72,7 +68,7 @@ Status MetadataLayout::add(MetadataRange r) {
   if (const MetadataRange* o = overlap(r.start, r.end - r.start))
     return corrupt(fmt::format("{} at {:#x} overlaps {} at {:#x}", r.what, r.start, o->what, o->start));
   auto it = std::upper_bound(ranges_.begin(), ranges_.end(), r.start,
-                             [](uint64_t o, const MetadataRange& x) { return o < x.start; });
+                             [](HostOffset h, const MetadataRange& x) { return h < x.start; });
   ranges_.insert(it, std::move(r));
   return Status::ok();
 }
@@ -83,7 +79,7 @@ Task<Result<MetadataLayout>> build_metadata_layout(io::HostFile& file, const Hea
   const uint64_t size = file.size();
   MetadataLayout m;
   QCOWFS_CO_TRY(m.add(MetadataRange{0, h.cluster_size(), "header"}));
-  if (h.l1_size > 0) QCOWFS_CO_TRY(add_table(m, h, size, h.l1_table_offset, uint64_t{h.l1_size} * 8, "L1 table"));
+  if (h.l1_size > 0) QCOWFS_CO_TRY(add_table(m, h, size, h.l1_table_offset, uint64_t{h.l1_size} * sizeof(uint64_t), "L1 table"));
   QCOWFS_CO_TRY(add_table(m, h, size, h.refcount_table_offset,
                           uint64_t{h.refcount_table_clusters} * h.cluster_size(), "refcount table"));
   QCOWFS_CO_TRY(co_await add_refcount_blocks(m, file, h, size));
@@ -96,24 +92,10 @@ Task<Result<MetadataLayout>> build_metadata_layout(io::HostFile& file, const Hea
     const Snapshot& s = snapshots[i];
     if (s.l1_size == 0) continue;
     // Snapshot L1 tables may be shared with nothing else; a clash with the active metadata is corruption.
-    QCOWFS_CO_TRY(add_table(m, h, size, s.l1_table_offset, uint64_t{s.l1_size} * 8,
+    QCOWFS_CO_TRY(add_table(m, h, size, s.l1_table_offset, uint64_t{s.l1_size} * sizeof(uint64_t),
                             fmt::format("L1 table of snapshot '{}'", s.name)));
   }
   co_return m;
-}
-
-Task<Status> signal_corruption(Qcow2Image& img, std::string what) {
-  Status err = Status::errorf(EIO, "qcow2 metadata corruption: {}; the image is now marked corrupt "
-                                   "(repair it with qemu-img check -r all)", what);
-  if (img.corrupt.exchange(true)) co_return err;
-  log::error("{}: {}", img.path, err.message());
-  img.header.incompatible_features |= kIncompatCorrupt;
-  std::byte bits[8];
-  store_be64(bits, img.header.incompatible_features);
-  Status st = co_await img.file->write(bits, kIncompatOffset);
-  if (st) st = co_await img.file->flush();
-  if (!st) log::error("{}: could not set the corrupt bit: {}", img.path, st.message());
-  co_return err;
 }
 
 }  // namespace qcowfs::image::qcow2

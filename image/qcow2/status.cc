@@ -16,15 +16,15 @@ Task<Result<bool>> detect_metadata_preallocation(io::HostFile& image_file, const
   const uint64_t cs = h.cluster_size();
   const uint64_t real_clusters = image_file.allocated_bytes() / cs;
   const uint64_t threshold = std::max(real_clusters * 10 / 9, real_clusters + 2);
-  const uint64_t end_cluster = (image_file.size() + cs - 1) / cs;
+  const HostCluster end_hc = (image_file.size() + cs - 1) / cs;
   auto rt = co_await RefcountTable::load(image_file, h.cluster_bits, h.refcount_order, h.refcount_table_offset,
                                          h.refcount_table_clusters, kScanCacheBlocks);
   if (!rt) co_return rt.status();
   uint64_t used = 0;
-  for (uint64_t c = 0; c < end_cluster && used < threshold; ++c) {
-    std::optional<uint64_t> known = (*rt)->peek(c);
+  for (HostCluster hc = 0; hc < end_hc && used < threshold; ++hc) {
+    std::optional<uint64_t> known = (*rt)->peek(hc);
     if (!known) {
-      auto r = co_await (*rt)->get(c);
+      auto r = co_await (*rt)->get(hc);
       if (!r) co_return r.status();
       known = *r;
     }
@@ -34,8 +34,8 @@ Task<Result<bool>> detect_metadata_preallocation(io::HostFile& image_file, const
 }
 
 Task<Status> apply_host_holes(io::HostFile& data_file, BlockStatus& st) {
-  const uint64_t host = st.host_offset;
-  const uint64_t end = data_file.size();
+  const HostOffset host = st.host_offset;
+  const HostOffset end = data_file.size();
   if (host >= end) {
     st.zero = true;
     co_return Status::ok();

@@ -1,0 +1,175 @@
+// Opening a qcow2 image: header, L1 table, snapshot table, external data
+// file, backing chain and caches, then the writer for a writable image.
+#include <limits.h>
+#include <stdlib.h>
+
+#include <algorithm>
+
+#include "image/endian.h"
+#include "image/path.h"
+#include "image/qcow2/driver.h"
+#include "image/qcow2/qcow2.h"
+#include "io/buffer.h"
+#include "io/log.h"
+
+namespace qcowfs::image {
+namespace qcow2 {
+namespace {
+
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) return path;
+  return buf;
+}
+
+Task<Result<io::AlignedBuffer>> read_exact(io::HostFile& f, HostOffset host, size_t len, bool zero_past_eof,
+                                           std::string_view what) {
+  io::AlignedBuffer buf(len, f.mem_align(), zero_past_eof);
+  auto n = co_await f.read(buf.span(), host);
+  if (!n) co_return n.status().with_context(fmt::format("reading {}", what));
+  if (*n < len && !zero_past_eof)
+    co_return Status::errorf(EINVAL, "{} at {:#x} ({} bytes) is truncated by the end of the file", what, host, len);
+  co_return buf;
+}
+
+Task<Result<Header>> read_header(io::HostFile& f) {
+  auto probe = co_await read_exact(f, 0, kHeaderProbeBytes, true, "qcow2 header");
+  if (!probe) co_return probe.status();
+  auto cs = header_cluster_size(probe->span().first(std::min<uint64_t>(f.size(), kHeaderProbeBytes)));
+  if (!cs) co_return cs.status();
+  auto cluster0 = co_await read_exact(f, 0, static_cast<size_t>(*cs), true, "qcow2 header cluster");
+  if (!cluster0) co_return cluster0.status();
+  co_return parse_header(cluster0->span(), f.size());
+}
+
+Task<Result<std::vector<Snapshot>>> read_snapshots(io::HostFile& f, const Header& h) {
+  if (h.nb_snapshots == 0) co_return std::vector<Snapshot>{};
+  uint64_t file_size = f.size();
+  uint64_t want = std::min<uint64_t>(64 * 1024, file_size - h.snapshots_offset);
+  for (;;) {
+    auto buf = co_await read_exact(f, h.snapshots_offset, static_cast<size_t>(want), false, "snapshot table");
+    if (!buf) co_return buf.status();
+    auto t = parse_snapshot_table(buf->span(), h, file_size);
+    if (!t) co_return t.status();
+    if (t->needed_bytes == 0) co_return std::move(t->snapshots);
+    // parse_snapshot_table bounds needed_bytes by the file and the table limit.
+    want = std::min(std::max(t->needed_bytes, want * 2), std::min(kMaxSnapshotTableBytes, file_size - h.snapshots_offset));
+  }
+}
+
+Task<Status> open_data_file(Qcow2Image& img, const ImageOptions& opts) {
+  if (!img.header.has_external_data_file()) {
+    img.data_file = img.file.get();
+    co_return Status::ok();
+  }
+  std::string dpath = resolve_relative(img.path, img.header.data_file);
+  auto f = io::open_host_file(dpath, opts.file);
+  if (!f) co_return f.status().with_context(fmt::format("opening external data file of {}", img.path));
+  img.data_file_owned = std::move(*f);
+  img.data_file = img.data_file_owned.get();
+  co_return Status::ok();
+}
+
+Task<Status> open_backing(Qcow2Image& img, const ImageOptions& opts, const std::string& self_real) {
+  if (img.header.backing_file.empty()) co_return Status::ok();
+  std::string bpath = resolve_relative(img.path, img.header.backing_file);
+  ImageOptions b;
+  b.format = img.header.backing_format;
+  b.file = opts.file;
+  b.file.writable = false;
+  b.l2_cache_size = opts.l2_cache_size;
+  b.backing_chain = opts.backing_chain;
+  b.backing_chain.push_back(self_real);
+  b.backing_of = img.path;
+  auto d = co_await open_image(bpath, std::move(b));
+  if (!d) co_return d.status().with_context(fmt::format("opening backing file '{}' of {}", bpath, img.path));
+  img.backing = std::move(*d);
+  co_return Status::ok();
+}
+
+void setup_caches(Qcow2Image& img, const ImageOptions& opts) {
+  const Header& h = img.header;
+  size_t slice = static_cast<size_t>(std::min<uint64_t>(L2Cache::kDefaultSliceSize, h.cluster_size()));
+  uint64_t whole_disk = h.l1_entries_for(h.size) * h.cluster_size();
+  uint64_t bytes = opts.l2_cache_size != 0 ? opts.l2_cache_size : L2Cache::default_size(whole_disk, slice);
+  img.l2_cache = std::make_unique<L2Cache>(*img.file, slice, bytes);
+  img.cluster_cache = std::make_unique<ClusterCache>(ClusterCache::default_capacity(h.cluster_size()));
+}
+
+void log_feature_state(const Header& h, const std::string& path) {
+  if (h.corrupt()) log::warn("{}: image is marked corrupt; opened read-only, data may be wrong", path);
+  if (h.dirty()) log::info("{}: image was not closed cleanly (dirty bit): refcounts are not trusted", path);
+}
+
+// The shared state of the image in `file`: header checked, geometry and caches
+// set up (no tables read yet).
+Task<Result<std::shared_ptr<Qcow2Image>>> load_header(std::unique_ptr<io::HostFile> file, const std::string& path,
+                                                      const ImageOptions& opts, bool writable) {
+  auto img = std::make_shared<Qcow2Image>();
+  img->path = path;
+  img->file = std::move(file);
+  auto h = co_await read_header(*img->file);
+  if (!h) co_return h.status();
+  img->header = std::move(*h);
+  if (Status st = check_features(img->header, writable); !st) {
+    if (writable && img->header.corrupt()) log::error("{}: {}", path, st.message());
+    co_return st;
+  }
+  log_feature_state(img->header, path);
+  // A writable image grows while it is open: file-size range checks on
+  // entries would reject what the writer just allocated.
+  img->geometry = Geometry{img->header.cluster_bits, img->header.extended_l2(),
+                           img->header.has_external_data_file(),
+                           writable ? kMaxHostOffset : img->file->size()};
+  setup_caches(*img, opts);
+  co_return img;
+}
+
+Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFile> file, std::string path,
+                                                     ImageOptions opts) {
+  const bool writable = opts.file.writable && file->writable();
+  if (writable && !opts.snapshot.empty())
+    co_return Status::error(EROFS, "snapshots are read-only: open them without write access");
+  std::string self_real = real_path(path);
+  if (std::find(opts.backing_chain.begin(), opts.backing_chain.end(), self_real) != opts.backing_chain.end())
+    co_return Status::errorf(ELOOP, "backing chain loop: {} is its own backing file", self_real);
+  auto img = co_await load_header(std::move(file), path, opts, writable);
+  if (!img) co_return img.status();
+  auto l1 = co_await read_l1(*(*img)->file, (*img)->header.l1_table_offset, (*img)->header.l1_size);
+  if (!l1) co_return l1.status();
+  auto sn = co_await read_snapshots(*(*img)->file, (*img)->header);
+  if (!sn) co_return sn.status();
+  (*img)->snapshots = std::move(*sn);
+  QCOWFS_CO_TRY(co_await open_data_file(**img, opts));
+  QCOWFS_CO_TRY(co_await open_backing(**img, opts, self_real));
+  const uint64_t size = (*img)->header.size;
+  auto drv = std::make_unique<Qcow2Driver>(std::move(*img), std::move(*l1), size, false);
+  if (writable) QCOWFS_CO_TRY(co_await drv->enable_writes(opts));
+  if (!opts.snapshot.empty()) co_return co_await drv->open_snapshot(opts.snapshot);
+  std::unique_ptr<BlockDriver> out = std::move(drv);
+  co_return out;
+}
+
+}  // namespace
+
+Task<Result<L1Table>> read_l1(io::HostFile& f, HostOffset offset, uint32_t entries) {
+  L1Table l1;
+  l1.host_offset = offset;
+  if (entries == 0) co_return l1;
+  auto buf = co_await read_exact(f, offset, size_t{entries} * L1Table::kEntryBytes, false, "L1 table");
+  if (!buf) co_return buf.status();
+  l1.entries.resize(entries);
+  for (size_t i = 0; i < entries; ++i) l1.entries[i] = load_be64(buf->data() + i * L1Table::kEntryBytes);
+  co_return l1;
+}
+
+}  // namespace qcow2
+
+Task<Result<std::unique_ptr<BlockDriver>>> open_qcow2(std::unique_ptr<io::HostFile> file, std::string path,
+                                                      ImageOptions opts) {
+  auto d = co_await qcow2::open_impl(std::move(file), path, std::move(opts));
+  if (!d) co_return d.status().with_context(path);
+  co_return d;
+}
+
+}  // namespace qcowfs::image
