@@ -13,8 +13,7 @@
 namespace qcowfs::image::qcow2 {
 namespace {
 
-constexpr uint64_t kMinExtendedL2ClusterSize = 16384;
-constexpr uint64_t kSectorSize = 512;
+constexpr uint64_t kMinExtendedL2ClusterSize = uint64_t{1} << kMinExtendedL2ClusterBits;
 constexpr size_t kZeroChunk = 1 << 20;
 
 Status bad_value(std::string_view key, std::string_view value, std::string_view expected) {
