@@ -13,7 +13,7 @@ namespace {
 Status inflate_cluster(std::span<const std::byte> in, std::span<std::byte> out) {
   z_stream s{};
   // Raw deflate (negative window bits: no zlib header), 4 KiB window as QEMU writes it.
-  if (inflateInit2(&s, -12) != Z_OK) return Status::error(ENOMEM, "inflateInit2 failed");
+  if (inflateInit2(&s, -kZlibWindowBits) != Z_OK) return Status::error(ENOMEM, "inflateInit2 failed");
   s.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data()));
   s.avail_in = static_cast<uInt>(in.size());
   s.next_out = reinterpret_cast<Bytef*>(out.data());

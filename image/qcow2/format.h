@@ -38,6 +38,9 @@ inline constexpr uint32_t kMaxRefcountOrder = 6; // 64-bit refcounts
 inline constexpr uint32_t kV2RefcountOrder = 4;  // implied by version 2
 inline constexpr uint32_t kMaxBackingNameLength = 1023;
 inline constexpr uint32_t kMaxFormatNameLength = 15;  // QEMU's backing_format buffer is 16 bytes
+inline constexpr uint32_t kMinExtendedL2ClusterBits = 14;  // 16 KiB: 32 subclusters of 512 B
+// Virtual disk sizes are whole 512-byte sectors (QEMU's BDRV_SECTOR_SIZE).
+inline constexpr uint64_t kSectorSize = 512;
 
 struct HeaderLayout {
   uint32_t magic;
@@ -105,6 +108,13 @@ inline constexpr uint64_t kAutoclearDataFileRaw = 1ull << 1;
 enum class FeatureType : uint8_t { incompatible = 0, compatible = 1, autoclear = 2 };
 inline constexpr size_t kFeatureNameEntrySize = 48;
 inline constexpr size_t kFeatureNameLength = 46;
+struct FeatureNameLayout {
+  uint8_t type;  // FeatureType
+  uint8_t bit;
+  char name[kFeatureNameLength];  // NUL-padded
+};
+static_assert(offsetof(FeatureNameLayout, name) == 2);
+static_assert(sizeof(FeatureNameLayout) == kFeatureNameEntrySize);
 
 // ---- Header extensions ----
 inline constexpr uint32_t kExtEnd = 0x00000000;
@@ -115,6 +125,12 @@ inline constexpr uint32_t kExtCryptoHeader = 0x0537be77;
 inline constexpr uint32_t kExtDataFile = 0x44415441;
 inline constexpr size_t kExtHeaderSize = 8;  // u32 type, u32 length
 inline constexpr size_t kExtAlign = 8;
+struct ExtHeaderLayout {
+  uint32_t type;
+  uint32_t length;  // of the data that follows, before padding to kExtAlign
+};
+static_assert(offsetof(ExtHeaderLayout, length) == 4);
+static_assert(sizeof(ExtHeaderLayout) == kExtHeaderSize);
 
 struct BitmapsExtLayout {
   uint32_t nb_bitmaps;
@@ -149,6 +165,7 @@ inline constexpr uint32_t kBitmapFlagInUse = 1u << 0;
 inline constexpr uint32_t kBitmapFlagAuto = 1u << 1;
 inline constexpr uint64_t kBitmapTableOffsetMask = 0x00fffffffffffe00ull;  // bits 9-55
 inline constexpr size_t kBitmapDirEntryAlign = 8;
+inline constexpr size_t kBitmapTableEntrySize = 8;
 
 // ---- Table limits (QEMU's implementation limits; bound every allocation) ----
 inline constexpr uint64_t kMaxL1Bytes = 32ull << 20;        // QCOW_MAX_L1_SIZE
@@ -158,6 +175,7 @@ inline constexpr uint64_t kMaxSnapshotTableBytes = 64ull << 20;
 inline constexpr uint32_t kMaxSnapshotExtraData = 1024;
 
 // ---- L1 / L2 entries ----
+inline constexpr size_t kL1EntrySize = 8;
 inline constexpr uint64_t kL1OffsetMask = 0x00fffffffffffe00ull;   // bits 9-55
 inline constexpr uint64_t kL1ReservedMask = 0x7f000000000001ffull; // bits 0-8, 56-62
 inline constexpr uint64_t kOflagCopied = 1ull << 63;
@@ -169,6 +187,7 @@ inline constexpr uint64_t kL2OffsetMask = 0x00fffffffffffe00ull;   // bits 9-55
 inline constexpr uint64_t kL2StandardReservedMask = 0x3f000000000001feull;
 inline constexpr size_t kL2EntrySize = 8;
 inline constexpr size_t kExtendedL2EntrySize = 16;
+inline constexpr size_t kExtendedL2BitmapOffset = 8;  // the u64 subcluster bitmap after the entry
 inline constexpr uint32_t kSubclustersPerCluster = 32;
 inline constexpr uint64_t kSubclusterAllocMask = 0x00000000ffffffffull;  // bitmap bits 0-31
 inline constexpr uint32_t kSubclusterZeroShift = 32;                      // bitmap bits 32-63
@@ -183,10 +202,14 @@ constexpr uint64_t compressed_offset_mask(uint32_t cluster_bits) {
 constexpr uint64_t compressed_sectors_mask(uint32_t cluster_bits) {
   return (1ull << (cluster_bits - 8)) - 1;
 }
+// Compressed zlib clusters are raw deflate streams with a 4 KiB window (QEMU
+// passes -12 as inflateInit2's windowBits).
+inline constexpr int kZlibWindowBits = 12;
 // Offsets must lie below 2^56 whatever the cluster size.
 inline constexpr uint64_t kMaxHostOffset = 1ull << 56;
 
 // Reftable entries: bits 9-63 offset, 0-8 reserved.
+inline constexpr size_t kReftableEntrySize = 8;
 inline constexpr uint64_t kReftableOffsetMask = 0xfffffffffffffe00ull;
 
 // ---- Snapshot table ----

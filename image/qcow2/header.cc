@@ -9,8 +9,8 @@ namespace qcowfs::image::qcow2 {
 namespace {
 
 template <typename T>
-T field(std::span<const std::byte> b, size_t off) {
-  return load_be<T>(b.data() + off);
+T field(std::span<const std::byte> b, size_t at) {
+  return load_be<T>(b.data() + at);
 }
 
 #define QCOW2_FIELD(buf, name) \
@@ -22,12 +22,12 @@ std::string bytes_to_string(std::span<const std::byte> b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-Status check_table(std::string_view what, uint64_t off, uint64_t len, const Header& h, uint64_t file_size) {
-  if (!is_aligned(off, h.cluster_size()))
-    return invalid(fmt::format("{} offset {:#x} is not cluster aligned", what, off));
-  if (!range_inside_file(off, len, h.cluster_size(), file_size))
+Status check_table(std::string_view what, HostOffset host, uint64_t len, const Header& h, uint64_t file_size) {
+  if (!is_aligned(host, h.cluster_size()))
+    return invalid(fmt::format("{} offset {:#x} is not cluster aligned", what, host));
+  if (!range_inside_file(host, len, h.cluster_size(), file_size))
     return invalid(fmt::format("{} at {:#x} ({} bytes) is outside the image file (size {}) or in the header",
-                               what, off, len, file_size));
+                               what, host, len, file_size));
   return Status::ok();
 }
 
@@ -83,17 +83,18 @@ Status check_compression(const Header& h) {
 Status check_geometry(const Header& h, uint64_t file_size) {
   if (h.refcount_order > kMaxRefcountOrder)
     return invalid(fmt::format("refcount_order {} (max {})", h.refcount_order, kMaxRefcountOrder));
-  if (h.extended_l2() && h.cluster_bits < 14)
+  if (h.extended_l2() && h.cluster_bits < kMinExtendedL2ClusterBits)
     return invalid(fmt::format("extended L2 entries need clusters of at least 16 KiB (cluster_bits {})",
                                h.cluster_bits));
-  if (uint64_t{h.l1_size} * 8 > kMaxL1Bytes)
+  if (uint64_t{h.l1_size} * kL1EntrySize > kMaxL1Bytes)
     return invalid(fmt::format("L1 table of {} entries is too large", h.l1_size));
   uint64_t needed = h.l1_entries_for(h.size);
-  if (needed > kMaxL1Bytes / 8)
+  if (needed > kMaxL1Bytes / kL1EntrySize)
     return invalid(fmt::format("virtual size {} is too large for cluster size {}", h.size, h.cluster_size()));
   if (h.l1_size < needed)
     return invalid(fmt::format("L1 table of {} entries is too small for virtual size {}", h.l1_size, h.size));
-  if (h.l1_size > 0) QCOWFS_TRY(check_table("L1 table", h.l1_table_offset, uint64_t{h.l1_size} * 8, h, file_size));
+  if (h.l1_size > 0)
+    QCOWFS_TRY(check_table("L1 table", h.l1_table_offset, uint64_t{h.l1_size} * kL1EntrySize, h, file_size));
   if (h.refcount_table_clusters == 0) return invalid("image has no refcount table");
   uint64_t rt_bytes = uint64_t{h.refcount_table_clusters} << h.cluster_bits;
   if (rt_bytes > kMaxRefcountTableBytes)
@@ -111,7 +112,7 @@ bool ranges_overlap(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen) {
 }
 
 Status check_overlaps(const Header& h) {
-  uint64_t l1_bytes = uint64_t{h.l1_size} * 8;
+  uint64_t l1_bytes = uint64_t{h.l1_size} * kL1EntrySize;
   uint64_t rt_bytes = uint64_t{h.refcount_table_clusters} << h.cluster_bits;
   if (ranges_overlap(h.l1_table_offset, l1_bytes, h.refcount_table_offset, rt_bytes))
     return invalid("L1 table overlaps the refcount table");
@@ -125,11 +126,11 @@ Status check_overlaps(const Header& h) {
 }
 
 Status parse_feature_table(std::span<const std::byte> d, Header& h) {
-  for (size_t off = 0; off + kFeatureNameEntrySize <= d.size(); off += kFeatureNameEntrySize) {
+  for (size_t at = 0; at + kFeatureNameEntrySize <= d.size(); at += kFeatureNameEntrySize) {
     FeatureName f;
-    f.type = static_cast<FeatureType>(static_cast<uint8_t>(d[off]));
-    f.bit = static_cast<uint8_t>(d[off + 1]);
-    auto name = d.subspan(off + 2, kFeatureNameLength);
+    f.type = static_cast<FeatureType>(static_cast<uint8_t>(d[at + offsetof(FeatureNameLayout, type)]));
+    f.bit = static_cast<uint8_t>(d[at + offsetof(FeatureNameLayout, bit)]);
+    auto name = d.subspan(at + offsetof(FeatureNameLayout, name), kFeatureNameLength);
     f.name = bytes_to_string(name);
     f.name.resize(strnlen(f.name.c_str(), f.name.size()));
     h.feature_names.push_back(std::move(f));
@@ -191,19 +192,19 @@ Status parse_extension(uint32_t type, std::span<const std::byte> d, Header& h, u
 }
 
 Status parse_extensions(std::span<const std::byte> b, Header& h, uint64_t file_size) {
-  uint64_t off = h.header_length;
+  uint64_t at = h.header_length;
   uint64_t end = h.backing_file_offset != 0 ? std::min<uint64_t>(h.backing_file_offset, h.cluster_size())
                                             : h.cluster_size();
-  while (off < end) {
-    if (end - off < kExtHeaderSize) return invalid(fmt::format("truncated header extension at {:#x}", off));
-    uint32_t type = load_be32(b.data() + off);
-    uint32_t len = load_be32(b.data() + off + 4);
-    off += kExtHeaderSize;
+  while (at < end) {
+    if (end - at < kExtHeaderSize) return invalid(fmt::format("truncated header extension at {:#x}", at));
+    uint32_t type = load_be32(b.data() + at + offsetof(ExtHeaderLayout, type));
+    uint32_t len = load_be32(b.data() + at + offsetof(ExtHeaderLayout, length));
+    at += kExtHeaderSize;
     if (type == kExtEnd) return Status::ok();
-    if (len > end - off)
+    if (len > end - at)
       return invalid(fmt::format("header extension {:#x} of {} bytes runs past the header area", type, len));
-    QCOWFS_TRY(parse_extension(type, b.subspan(off, len), h, file_size));
-    off += align_up(len, kExtAlign);
+    QCOWFS_TRY(parse_extension(type, b.subspan(at, len), h, file_size));
+    at += align_up(len, kExtAlign);
   }
   return Status::ok();
 }
@@ -228,12 +229,12 @@ Status check_cluster_bits(uint32_t bits) {
 }
 
 std::string known_incompatible_name(unsigned bit) {
-  switch (bit) {
-    case 0: return "dirty bit";
-    case 1: return "corrupt bit";
-    case 2: return "external data file";
-    case 3: return "compression type";
-    case 4: return "extended L2 entries";
+  switch (uint64_t{1} << bit) {
+    case kIncompatDirty: return "dirty bit";
+    case kIncompatCorrupt: return "corrupt bit";
+    case kIncompatDataFile: return "external data file";
+    case kIncompatCompression: return "compression type";
+    case kIncompatExtendedL2: return "extended L2 entries";
     default: return fmt::format("unknown feature bit {}", bit);
   }
 }
@@ -243,8 +244,8 @@ std::string known_incompatible_name(unsigned bit) {
 void put_extension(std::vector<std::byte>& out, uint32_t type, std::span<const std::byte> data) {
   size_t at = out.size();
   out.resize(at + kExtHeaderSize + align_up(data.size(), kExtAlign));
-  store_be32(out.data() + at, type);
-  store_be32(out.data() + at + 4, static_cast<uint32_t>(data.size()));
+  store_be32(out.data() + at + offsetof(ExtHeaderLayout, type), type);
+  store_be32(out.data() + at + offsetof(ExtHeaderLayout, length), static_cast<uint32_t>(data.size()));
   if (!data.empty()) std::memcpy(out.data() + at + kExtHeaderSize, data.data(), data.size());
 }
 
@@ -283,9 +284,10 @@ std::vector<std::byte> feature_table_bytes(const Header& h) {
   std::vector<std::byte> d(h.feature_names.size() * kFeatureNameEntrySize);
   for (size_t i = 0; i < h.feature_names.size(); ++i) {
     std::byte* e = d.data() + i * kFeatureNameEntrySize;
-    e[0] = std::byte{static_cast<uint8_t>(h.feature_names[i].type)};
-    e[1] = std::byte{h.feature_names[i].bit};
-    std::memcpy(e + 2, h.feature_names[i].name.data(), std::min(h.feature_names[i].name.size(), kFeatureNameLength));
+    const FeatureName& f = h.feature_names[i];
+    e[offsetof(FeatureNameLayout, type)] = std::byte{static_cast<uint8_t>(f.type)};
+    e[offsetof(FeatureNameLayout, bit)] = std::byte{f.bit};
+    std::memcpy(e + offsetof(FeatureNameLayout, name), f.name.data(), std::min(f.name.size(), kFeatureNameLength));
   }
   return d;
 }
@@ -336,8 +338,8 @@ Result<uint64_t> header_cluster_size(std::span<const std::byte> first) {
   return uint64_t{1} << bits;
 }
 
-bool range_inside_file(uint64_t off, uint64_t len, uint64_t cluster_size, uint64_t file_size) {
-  return off >= cluster_size && off <= file_size && len <= file_size - off;
+bool range_inside_file(HostOffset host, uint64_t len, uint64_t cluster_size, uint64_t file_size) {
+  return host >= cluster_size && host <= file_size && len <= file_size - host;
 }
 
 Result<Header> parse_header(std::span<const std::byte> b, uint64_t file_size) {

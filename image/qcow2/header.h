@@ -106,9 +106,9 @@ Result<Header> parse_header(std::span<const std::byte> cluster0, uint64_t file_s
 // features, a corrupt image opened writable. Messages name the feature.
 Status check_features(const Header& h, bool writable);
 
-// Whether [off, off + len) lies inside a file of file_size bytes and out of
+// Whether [host, host + len) lies inside a file of file_size bytes and out of
 // the header cluster (the bounds every metadata table must keep).
-bool range_inside_file(uint64_t off, uint64_t len, uint64_t cluster_size, uint64_t file_size);
+bool range_inside_file(HostOffset host, uint64_t len, uint64_t cluster_size, uint64_t file_size);
 
 // Serialises h into one header cluster (fixed fields, extensions, backing file
 // name). Fails when the extensions and name do not fit in the cluster.

@@ -1,8 +1,13 @@
-// Decoding of qcow2 L1 and L2 entries into "runs": the pure part of the guest
-// -> host mapping. Given one (extended) L2 entry and a position inside its
-// cluster, decode_cluster_run() says how the following bytes read (host data,
-// zeros, unallocated -> backing file, compressed) and for how long that stays
-// true within the cluster (subclusters can split a cluster into several runs).
+// qcow2 L1 and L2 entries: the pure part of the guest -> host mapping.
+// classify_l2_entry() is the one place that reads the bits of an L2 entry
+// (plus its subcluster bitmap with extended L2): kind, host cluster, COPIED
+// flag, compressed descriptor, per-subcluster state, and the validation of
+// reserved bits and offsets. decode_l2_entry() is the same reading without
+// the validation (for `qcowfs check`, which reports problems as QEMU does
+// instead of failing). decode_cluster_run() turns a classified entry and a
+// position inside its cluster into a "run": how the following bytes read
+// (host data, zeros, unallocated -> backing file, compressed) and for how long
+// that stays true within the cluster (subclusters can split a cluster).
 // Corrupt entries (reserved bits, misaligned or out-of-file offsets, a
 // subcluster both allocated and zero) come back as EIO Statuses whose message
 // names the problem; the caller adds the guest offset and logs it.
@@ -16,6 +21,8 @@
 
 namespace qcowfs::image::qcow2 {
 
+struct Header;  // image/qcow2/header.h
+
 // What the mapping needs to know about an image, fixed at open.
 struct Geometry {
   uint32_t cluster_bits = 16;
@@ -28,6 +35,9 @@ struct Geometry {
   size_t l2_entry_size() const { return extended_l2 ? kExtendedL2EntrySize : kL2EntrySize; }
   uint64_t l2_entries() const { return cluster_size() / l2_entry_size(); }
 };
+
+// The geometry of an image with this header whose file is image_file_size bytes.
+Geometry make_geometry(const Header& h, uint64_t image_file_size);
 
 // Validates an L1 entry and returns its L2 table offset (0: unallocated).
 Result<uint64_t> decode_l1_entry(const Geometry& g, uint64_t l1_entry);
@@ -44,6 +54,60 @@ struct CompressedCluster {
   uint64_t size = 0;         // bytes to read from there
 };
 
+// How an L2 entry maps its guest cluster, as QEMU's qcow2_get_cluster_type()
+// names it.
+enum class L2Kind : uint8_t {
+  unallocated,  // names no host cluster
+  zero,         // standard entry with the zero flag (never with extended L2,
+                // where that bit is reserved and per-subcluster zeros are used)
+  normal,       // names a host cluster (extended L2: see subcluster())
+  compressed,   // a compressed descriptor
+};
+
+// How one subcluster reads (the whole cluster without extended L2), as QEMU's
+// qcow2_get_subcluster_type() names it.
+enum class SubclusterState : uint8_t { data, zero, unallocated };
+
+// One L2 entry, decoded.
+struct L2EntryClass {
+  uint64_t entry = 0;   // the raw entry
+  uint64_t bitmap = 0;  // the raw subcluster bitmap (0 without extended L2)
+  bool extended = false;
+  L2Kind kind = L2Kind::unallocated;
+  // The entry names a host cluster: a non-zero offset, or offset 0 with
+  // COPIED in an external data file (COPIED, refcount 1, is always true
+  // there). Never for a compressed descriptor. Also true for a zero entry
+  // whose offset is set (QEMU's ZERO_ALLOC).
+  bool allocated = false;
+  HostOffset host = 0;  // entry & kL2OffsetMask (0 for compressed)
+  bool copied = false;  // OFLAG_COPIED: the host cluster's refcount is 1
+  CompressedCluster compressed;  // compressed: the whole cluster's stream
+
+  uint32_t alloc_bits() const { return static_cast<uint32_t>(bitmap & kSubclusterAllocMask); }
+  uint32_t zero_bits() const { return static_cast<uint32_t>(bitmap >> kSubclusterZeroShift); }
+  // Reads go to `host` (data, and zero or unallocated (sub)clusters of a
+  // cluster that names a host cluster). As in QEMU, a standard zero entry is
+  // ZERO_ALLOC only with a non-zero offset.
+  bool mapped() const { return allocated && (kind != L2Kind::zero || host != 0); }
+  // Writable in place: a host cluster with refcount 1.
+  bool owned() const { return allocated && copied; }
+  // State of subcluster sc (0..31); without extended L2, of the whole
+  // cluster (sc ignored). Not for compressed entries.
+  SubclusterState subcluster(unsigned sc) const;
+};
+
+// Decodes the bits of an L2 entry without validating them. bitmap is ignored
+// without extended L2.
+L2EntryClass decode_l2_entry(const Geometry& g, uint64_t entry, uint64_t bitmap);
+
+// decode_l2_entry() plus every validity check: reserved bits; a host cluster
+// that is misaligned, in the header cluster or past the end of the image
+// file; a subcluster both allocated and zero, or allocated subclusters
+// without a host cluster; a compressed descriptor with an external data
+// file, with a subcluster bitmap, or outside the image file. Each is an EIO
+// whose message names the problem.
+Result<L2EntryClass> classify_l2_entry(const Geometry& g, uint64_t entry, uint64_t bitmap);
+
 struct ClusterRun {
   RunKind kind = RunKind::unallocated;
   uint64_t length = 0;       // bytes from the queried position, within the cluster
@@ -54,9 +118,12 @@ struct ClusterRun {
   CompressedCluster compressed;  // compressed: the whole cluster's stream
 };
 
-// Decodes the run starting `in_cluster` bytes into the cluster described by
-// (entry, bitmap), at most max_len bytes long (max_len > 0, in_cluster +
-// max_len <= cluster size). bitmap is ignored without extended L2.
+// The run starting `in_cluster` bytes into the cluster a classified entry
+// maps, at most max_len bytes long (max_len > 0, in_cluster + max_len <=
+// cluster size).
+ClusterRun cluster_run(const Geometry& g, const L2EntryClass& c, uint64_t in_cluster, uint64_t max_len);
+
+// classify_l2_entry() then cluster_run(). bitmap is ignored without extended L2.
 Result<ClusterRun> decode_cluster_run(const Geometry& g, uint64_t entry, uint64_t bitmap, uint64_t in_cluster,
                                       uint64_t max_len);
 

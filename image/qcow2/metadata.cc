@@ -1,6 +1,7 @@
 #include "image/qcow2/metadata.h"
 
 #include "image/endian.h"
+#include "image/qcow2/format.h"
 #include "io/when_all.h"
 
 namespace qcowfs::image::qcow2 {
@@ -23,9 +24,9 @@ WritebackBatch MetadataTracker::take(const RefcountTable& rt, const std::vector<
   b.blocks = rt.dirty_blocks();
   b.reftable_entries = rt.dirty_table_entries();
   b.reftable_offset = rt.table_offset();
-  for (const auto& [off, s] : l2_) {
+  for (const auto& [host, s] : l2_) {
     auto bytes = s.ref.bytes();
-    b.l2.push_back(WritebackBatch::Slice{off, {bytes.begin(), bytes.end()}, s.gen});
+    b.l2.push_back(WritebackBatch::Slice{host, {bytes.begin(), bytes.end()}, s.gen});
   }
   for (const auto& [index, gen] : l1_dirty_) b.l1_entries.emplace_back(index, l1[index]);
   b.l1_offset = l1_offset;
@@ -60,14 +61,14 @@ void MetadataTracker::failed(const WritebackBatch& b) {
 
 namespace {
 
-Task<Status> write_u64(io::HostFile& f, uint64_t off, uint64_t v) {
+Task<Status> write_u64(io::HostFile& f, HostOffset host, uint64_t v) {
   std::byte buf[8];
   store_be64(buf, v);
-  co_return co_await f.write(std::span<const std::byte>(buf, sizeof buf), off);
+  co_return co_await f.write(std::span<const std::byte>(buf, sizeof buf), host);
 }
 
-Task<Status> write_bytes(io::HostFile& f, uint64_t off, const std::vector<std::byte>& bytes) {
-  co_return co_await f.write(std::span<const std::byte>(bytes.data(), bytes.size()), off);
+Task<Status> write_bytes(io::HostFile& f, HostOffset host, const std::vector<std::byte>& bytes) {
+  co_return co_await f.write(std::span<const std::byte>(bytes.data(), bytes.size()), host);
 }
 
 Task<Status> flush_all(io::HostFile& file, io::HostFile& data_file) {
@@ -86,7 +87,7 @@ Task<Status> write_batch(io::HostFile& file, io::HostFile& data_file, const Writ
   if (!b.reftable_entries.empty()) {
     writes.clear();
     for (const auto& [index, value] : b.reftable_entries)
-      writes.push_back(write_u64(file, b.reftable_offset + index * 8, value));
+      writes.push_back(write_u64(file, b.reftable_offset + index * kReftableEntrySize, value));
     QCOWFS_CO_TRY(co_await io::when_all(std::move(writes)));
     QCOWFS_CO_TRY(co_await file.flush());
   }
@@ -98,7 +99,8 @@ Task<Status> write_batch(io::HostFile& file, io::HostFile& data_file, const Writ
   if (!b.l1_entries.empty()) {
     QCOWFS_CO_TRY(co_await file.flush());
     writes.clear();
-    for (const auto& [index, value] : b.l1_entries) writes.push_back(write_u64(file, b.l1_offset + index * 8, value));
+    for (const auto& [index, value] : b.l1_entries)
+      writes.push_back(write_u64(file, b.l1_offset + index * kL1EntrySize, value));
     QCOWFS_CO_TRY(co_await io::when_all(std::move(writes)));
   }
   // Stage 3: everything durable before the caller applies the releases.

@@ -7,15 +7,20 @@
 
 #include "image/endian.h"
 #include "image/qcow2/qcow2_inspect.h"
+#include "image/qcow2/refcount.h"
 #include "io/align.h"
 #include "io/buffer.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {
 
-constexpr uint64_t kMinExtendedL2ClusterSize = 16384;
-constexpr uint64_t kSectorSize = 512;
+constexpr uint64_t kMinExtendedL2ClusterSize = uint64_t{1} << kMinExtendedL2ClusterBits;
+constexpr uint32_t kV2RefcountBits = 1u << kV2RefcountOrder;
+constexpr uint32_t kMaxRefcountBits = 1u << kMaxRefcountOrder;
 constexpr size_t kZeroChunk = 1 << 20;
+
+// The bit number of a one-bit feature mask.
+constexpr uint8_t bit_of(uint64_t mask) { return static_cast<uint8_t>(std::countr_zero(mask)); }
 
 Status bad_value(std::string_view key, std::string_view value, std::string_view expected) {
   return Status::errorf(EINVAL, "bad value '{}' for option {} (expected {})", value, key, expected);
@@ -55,19 +60,62 @@ Result<Preallocation> parse_prealloc(std::string_view v) {
   return bad_value("preallocation", v, "off, metadata, falloc or full");
 }
 
+// ---- one create option each ----
+
+Status apply_size_option(CreateOptions& o, std::string_view key, std::string_view v) {
+  auto n = parse_size_value(key, v);
+  if (!n) return n.status();
+  if (key == "size") {
+    o.size = *n;
+    o.size_given = true;
+  } else {
+    o.cluster_size = *n;
+  }
+  return Status::ok();
+}
+
+Status apply_bool_option(CreateOptions& o, std::string_view key, std::string_view v) {
+  auto b = parse_bool(key, v);
+  if (!b) return b.status();
+  (key == "lazy_refcounts" ? o.lazy_refcounts : key == "extended_l2" ? o.extended_l2 : o.data_file_raw) = *b;
+  return Status::ok();
+}
+
+Status apply_compat(CreateOptions& o, std::string_view v) {
+  if (v == "0.10" || v == "v2") o.compat_v2 = true;
+  else if (v == "1.1" || v == "v3") o.compat_v2 = false;
+  else return bad_value("compat", v, "0.10 or 1.1");
+  return Status::ok();
+}
+
+Status apply_refcount_bits(CreateOptions& o, std::string_view v) {
+  uint32_t n = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size()) return bad_value("refcount_bits", v, "1, 2, 4, 8, 16, 32 or 64");
+  o.refcount_bits = n;
+  return Status::ok();
+}
+
+Status apply_compression_type(CreateOptions& o, std::string_view v) {
+  if (v == "zlib") o.compression_type = kCompressionZlib;
+  else if (v == "zstd") o.compression_type = kCompressionZstd;
+  else return bad_value("compression_type", v, "zlib or zstd");
+  return Status::ok();
+}
+
 Status check_numbers(const CreateOptions& o) {
   if (!is_pow2(o.cluster_size) || o.cluster_size < (uint64_t{1} << kMinClusterBits) ||
       o.cluster_size > (uint64_t{1} << kMaxClusterBits))
     return Status::errorf(EINVAL, "cluster size must be a power of two between {} and {} bytes",
                           uint64_t{1} << kMinClusterBits, uint64_t{1} << kMaxClusterBits);
-  if (!is_pow2(o.refcount_bits) || o.refcount_bits > 64)
+  if (!is_pow2(o.refcount_bits) || o.refcount_bits > kMaxRefcountBits)
     return Status::error(EINVAL, "refcount width must be a power of two and may not exceed 64 bits");
   return Status::ok();
 }
 
 Status check_v2_compatible(const CreateOptions& o) {
   if (!o.compat_v2) return Status::ok();
-  if (o.refcount_bits != 16) return Status::error(EINVAL, "different refcount widths than 16 bits require compatibility level 1.1 or above (use compat=1.1 or greater)");
+  if (o.refcount_bits != kV2RefcountBits) return Status::error(EINVAL, "different refcount widths than 16 bits require compatibility level 1.1 or above (use compat=1.1 or greater)");
   if (o.lazy_refcounts) return Status::error(EINVAL, "lazy refcounts only supported with compatibility level 1.1 and above (use compat=1.1 or greater)");
   if (o.extended_l2) return Status::error(EINVAL, "extended L2 entries are only supported with compatibility level 1.1 and above (use compat=1.1 or greater)");
   if (!o.data_file.empty()) return Status::error(EINVAL, "external data files are only supported with compatibility level 1.1 and above");
@@ -96,18 +144,19 @@ Status check_combinations(const CreateOptions& o) {
 // Feature names QEMU writes into every v3 image's feature name table.
 std::vector<FeatureName> feature_name_table() {
   return {
-      {FeatureType::incompatible, 0, "dirty bit"},
-      {FeatureType::incompatible, 1, "corrupt bit"},
-      {FeatureType::incompatible, 2, "external data file"},
-      {FeatureType::incompatible, 3, "compression type"},
-      {FeatureType::incompatible, 4, "extended L2 entries"},
-      {FeatureType::compatible, 0, "lazy refcounts"},
-      {FeatureType::autoclear, 0, "bitmaps"},
-      {FeatureType::autoclear, 1, "raw external data"},
+      {FeatureType::incompatible, bit_of(kIncompatDirty), "dirty bit"},
+      {FeatureType::incompatible, bit_of(kIncompatCorrupt), "corrupt bit"},
+      {FeatureType::incompatible, bit_of(kIncompatDataFile), "external data file"},
+      {FeatureType::incompatible, bit_of(kIncompatCompression), "compression type"},
+      {FeatureType::incompatible, bit_of(kIncompatExtendedL2), "extended L2 entries"},
+      {FeatureType::compatible, bit_of(kCompatLazyRefcounts), "lazy refcounts"},
+      {FeatureType::autoclear, bit_of(kAutoclearBitmaps), "bitmaps"},
+      {FeatureType::autoclear, bit_of(kAutoclearDataFileRaw), "raw external data"},
   };
 }
 
-// Cluster counts of the layout described in the header comment.
+// Cluster counts of the layout described in the header comment (host
+// clusters: the header, the reftable, its blocks, L1, L2 tables, data).
 struct Layout {
   uint64_t reftable_clusters = 0;
   uint64_t refblocks = 0;
@@ -115,26 +164,26 @@ struct Layout {
   uint64_t l2_tables = 0;
   uint64_t data_clusters = 0;  // in the image file
 
-  uint64_t reftable_at() const { return 1; }
-  uint64_t refblocks_at() const { return reftable_at() + reftable_clusters; }
-  uint64_t l1_at() const { return refblocks_at() + refblocks; }
-  uint64_t l2_at() const { return l1_at() + l1_clusters; }
-  uint64_t data_at() const { return l2_at() + l2_tables; }
+  HostCluster reftable_at() const { return 1; }
+  HostCluster refblocks_at() const { return reftable_at() + reftable_clusters; }
+  HostCluster l1_at() const { return refblocks_at() + refblocks; }
+  HostCluster l2_at() const { return l1_at() + l1_clusters; }
+  HostCluster data_at() const { return l2_at() + l2_tables; }
   uint64_t total() const { return data_at() + data_clusters; }
 };
 
 Result<Layout> plan_layout(const Header& h, const CreateOptions& o) {
   uint64_t cs = h.cluster_size();
   Layout l;
-  l.l1_clusters = div_round_up(uint64_t{h.l1_size} * 8, cs);
+  l.l1_clusters = div_round_up(uint64_t{h.l1_size} * kL1EntrySize, cs);
   if (o.preallocation != Preallocation::off) {
     l.l2_tables = h.l1_size;
     if (o.data_file.empty()) l.data_clusters = div_round_up(h.size, cs);
   }
-  uint64_t per_block = (cs * 8) >> h.refcount_order;
+  const RefcountMap map(h.cluster_bits, h.refcount_order);
   for (;;) {
-    uint64_t blocks = div_round_up(l.total(), per_block);
-    uint64_t table = std::max<uint64_t>(1, div_round_up(blocks * 8, cs));
+    uint64_t blocks = map.blocks_for(l.total());
+    uint64_t table = std::max<uint64_t>(1, map.table_clusters_for(blocks));
     if (blocks == l.refblocks && table == l.reftable_clusters) break;
     l.refblocks = blocks;
     l.reftable_clusters = table;
@@ -144,26 +193,29 @@ Result<Layout> plan_layout(const Header& h, const CreateOptions& o) {
   return l;
 }
 
+// Every cluster of the layout has refcount 1.
 Task<Status> write_refcounts(io::HostFile& f, const Header& h, const Layout& l) {
-  uint64_t cs = h.cluster_size();
-  uint64_t per_block = (cs * 8) >> h.refcount_order;
-  io::AlignedBuffer table(static_cast<size_t>(l.reftable_clusters * cs), f.mem_align());
+  const uint64_t cs = h.cluster_size();
+  const RefcountMap map(h.cluster_bits, h.refcount_order);
+  std::vector<uint64_t> table;
   for (uint64_t b = 0; b < l.refblocks; ++b) {
     io::AlignedBuffer block(static_cast<size_t>(cs), f.mem_align());
-    uint64_t first = b * per_block;
-    uint64_t n = std::min(per_block, l.total() - first);
-    for (uint64_t i = 0; i < n; ++i) set_refcount_entry(block.span(), i, h.refcount_order, 1);
-    uint64_t offset = (l.refblocks_at() + b) * cs;
-    QCOWFS_CO_TRY(co_await f.write(block.span(), offset));
-    store_be64(table.data() + b * 8, offset);
+    const HostCluster first_hc = b * map.block_entries();
+    const HostCluster end_hc = std::min(first_hc + map.block_entries(), l.total());
+    for (HostCluster hc = first_hc; hc < end_hc; ++hc) map.set(block.span(), hc, 1);
+    HostOffset host = (l.refblocks_at() + b) * cs;
+    QCOWFS_CO_TRY(co_await f.write(block.span(), host));
+    table.push_back(host);
   }
-  co_return co_await f.write(table.span(), l.reftable_at() * cs);
+  io::AlignedBuffer bytes = serialize_reftable(table, static_cast<size_t>(l.reftable_clusters * cs), f.mem_align());
+  co_return co_await f.write(bytes.span(), l.reftable_at() * cs);
 }
 
 // L2 entry of a preallocated cluster at host offset `host` (flags as QEMU sets them).
 void put_prealloc_entry(const Header& h, std::byte* p, uint64_t host) {
   store_be64(p, host | kOflagCopied);
-  if (h.extended_l2()) store_be64(p + 8, 0);  // subclusters unallocated: zeros or the backing file show
+  // Subclusters unallocated: zeros or the backing file show.
+  if (h.extended_l2()) store_be64(p + kExtendedL2BitmapOffset, 0);
 }
 
 Task<Status> write_l1_and_l2(io::HostFile& f, const Header& h, const Layout& l, bool external_data) {
@@ -173,27 +225,27 @@ Task<Status> write_l1_and_l2(io::HostFile& f, const Header& h, const Layout& l, 
   for (uint64_t t = 0; t < l.l2_tables; ++t) {
     io::AlignedBuffer l2(static_cast<size_t>(cs), f.mem_align());
     for (uint64_t i = 0; i < h.l2_entries(); ++i) {
-      uint64_t guest_cluster = t * h.l2_entries() + i;
-      if (guest_cluster >= clusters) break;
-      uint64_t host = external_data ? guest_cluster * cs : (l.data_at() + guest_cluster) * cs;
+      GuestCluster gc = t * h.l2_entries() + i;
+      if (gc >= clusters) break;
+      HostOffset host = external_data ? gc * cs : (l.data_at() + gc) * cs;
       put_prealloc_entry(h, l2.data() + i * h.l2_entry_size(), host);
     }
-    uint64_t offset = (l.l2_at() + t) * cs;
-    QCOWFS_CO_TRY(co_await f.write(l2.span(), offset));
-    store_be64(l1.data() + t * 8, offset | kOflagCopied);
+    HostOffset l2_host = (l.l2_at() + t) * cs;
+    QCOWFS_CO_TRY(co_await f.write(l2.span(), l2_host));
+    store_be64(l1.data() + t * kL1EntrySize, l2_host | kOflagCopied);
   }
   if (l.l1_clusters == 0) co_return Status::ok();
   co_return co_await f.write(l1.span(), l.l1_at() * cs);
 }
 
-// Gives [off, off+len) of a file its final allocation per the preallocation mode.
-Task<Status> preallocate_range(io::HostFile& f, uint64_t off, uint64_t len, Preallocation p) {
-  if (p == Preallocation::falloc) co_return co_await f.write_zeroes(off, len);
+// Gives [host, host+len) of a file its final allocation per the preallocation mode.
+Task<Status> preallocate_range(io::HostFile& f, HostOffset host, uint64_t len, Preallocation p) {
+  if (p == Preallocation::falloc) co_return co_await f.write_zeroes(host, len);
   if (p == Preallocation::full) {
     io::AlignedBuffer zeros(kZeroChunk, f.mem_align());
     for (uint64_t done = 0; done < len;) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(kZeroChunk, len - done));
-      QCOWFS_CO_TRY(co_await f.write(zeros.span().first(n), off + done));
+      QCOWFS_CO_TRY(co_await f.write(zeros.span().first(n), host + done));
       done += n;
     }
   }
@@ -229,46 +281,22 @@ std::string_view to_string(Preallocation p) {
 }
 
 Status apply_create_option(CreateOptions& o, std::string_view key, std::string_view v) {
-  if (key == "size") {
-    auto n = parse_size_value(key, v);
-    if (!n) return n.status();
-    o.size = *n;
-    o.size_given = true;
-  } else if (key == "cluster_size") {
-    auto n = parse_size_value(key, v);
-    if (!n) return n.status();
-    o.cluster_size = *n;
-  } else if (key == "compat") {
-    if (v == "0.10" || v == "v2") o.compat_v2 = true;
-    else if (v == "1.1" || v == "v3") o.compat_v2 = false;
-    else return bad_value(key, v, "0.10 or 1.1");
-  } else if (key == "refcount_bits") {
-    uint32_t n = 0;
-    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (ec != std::errc() || end != v.data() + v.size()) return bad_value(key, v, "1, 2, 4, 8, 16, 32 or 64");
-    o.refcount_bits = n;
-  } else if (key == "lazy_refcounts" || key == "extended_l2" || key == "data_file_raw") {
-    auto b = parse_bool(key, v);
-    if (!b) return b.status();
-    (key == "lazy_refcounts" ? o.lazy_refcounts : key == "extended_l2" ? o.extended_l2 : o.data_file_raw) = *b;
-  } else if (key == "compression_type") {
-    if (v == "zlib") o.compression_type = kCompressionZlib;
-    else if (v == "zstd") o.compression_type = kCompressionZstd;
-    else return bad_value(key, v, "zlib or zstd");
-  } else if (key == "preallocation") {
+  if (key == "size" || key == "cluster_size") return apply_size_option(o, key, v);
+  if (key == "lazy_refcounts" || key == "extended_l2" || key == "data_file_raw") return apply_bool_option(o, key, v);
+  if (key == "data_file" || key == "backing_file" || key == "backing_fmt") {
+    (key == "data_file" ? o.data_file : key == "backing_file" ? o.backing_file : o.backing_format) = std::string(v);
+    return Status::ok();
+  }
+  if (key == "compat") return apply_compat(o, v);
+  if (key == "refcount_bits") return apply_refcount_bits(o, v);
+  if (key == "compression_type") return apply_compression_type(o, v);
+  if (key == "preallocation") {
     auto p = parse_prealloc(v);
     if (!p) return p.status();
     o.preallocation = *p;
-  } else if (key == "data_file") {
-    o.data_file = std::string(v);
-  } else if (key == "backing_file") {
-    o.backing_file = std::string(v);
-  } else if (key == "backing_fmt") {
-    o.backing_format = std::string(v);
-  } else {
-    return Status::errorf(EINVAL, "unknown create option '{}'", key);
+    return Status::ok();
   }
-  return Status::ok();
+  return Status::errorf(EINVAL, "unknown create option '{}'", key);
 }
 
 Status apply_create_options(CreateOptions& o, std::string_view list) {
@@ -293,7 +321,7 @@ Result<CreateOptions> validate_create_options(CreateOptions o) {
   // every cluster maps onto it.
   if (o.data_file_raw && o.preallocation == Preallocation::off) o.preallocation = Preallocation::metadata;
   Header h = create_header(o);
-  if (h.l1_entries_for(o.size) * 8 > kMaxL1Bytes) return Status::error(EFBIG, "image size is too large for this cluster size");
+  if (h.l1_entries_for(o.size) * kL1EntrySize > kMaxL1Bytes) return Status::error(EFBIG, "image size is too large for this cluster size");
   return o;
 }
 

@@ -7,12 +7,18 @@
 #include "io/align.h"
 
 namespace qcowfs::image::qcow2 {
+namespace {
 
-Task<Result<io::AlignedBuffer>> read_padded(io::HostFile& f, uint64_t off, size_t len) {
+// Bytes of the snapshot table read first; the parser says when it needs more.
+constexpr uint64_t kSnapshotTableFirstRead = 64 * 1024;
+
+}  // namespace
+
+Task<Result<io::AlignedBuffer>> read_padded(io::HostFile& f, HostOffset host, size_t len) {
   io::AlignedBuffer buf(len, f.mem_align());
-  if (len == 0 || off >= f.size()) co_return buf;
-  auto n = co_await f.read(buf.span(), off);
-  if (!n) co_return n.status().with_context(fmt::format("reading {} bytes at {:#x} of {}", len, off, f.path()));
+  if (len == 0 || host >= f.size()) co_return buf;
+  auto n = co_await f.read(buf.span(), host);
+  if (!n) co_return n.status().with_context(fmt::format("reading {} bytes at {:#x} of {}", len, host, f.path()));
   co_return buf;
 }
 
@@ -29,7 +35,7 @@ Task<Result<Header>> read_qcow2_header(io::HostFile& f) {
 Task<Result<SnapshotTable>> read_qcow2_snapshots(io::HostFile& f, const Header& h) {
   if (h.nb_snapshots == 0) co_return SnapshotTable{};
   uint64_t room = f.size() - std::min(f.size(), h.snapshots_offset);
-  uint64_t want = std::min<uint64_t>(64 * 1024, room);
+  uint64_t want = std::min<uint64_t>(kSnapshotTableFirstRead, room);
   for (;;) {
     auto buf = co_await read_padded(f, h.snapshots_offset, static_cast<size_t>(want));
     if (!buf) co_return buf.status();

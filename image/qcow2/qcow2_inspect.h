@@ -30,8 +30,8 @@ struct Bitmap {
   uint64_t granularity() const { return uint64_t{1} << granularity_bits; }
 };
 
-// Reads len bytes at off; bytes past the end of the file read as zeros.
-Task<Result<io::AlignedBuffer>> read_padded(io::HostFile& f, uint64_t off, size_t len);
+// Reads len bytes at host; bytes past the end of the file read as zeros.
+Task<Result<io::AlignedBuffer>> read_padded(io::HostFile& f, HostOffset host, size_t len);
 
 // Reads and validates the header (image/qcow2/header.h rules).
 Task<Result<Header>> read_qcow2_header(io::HostFile& f);

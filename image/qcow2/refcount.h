@@ -5,9 +5,9 @@
 // copies dirty blocks and new reftable entries out in the order the
 // crash-consistency rules need.
 //
-// Entries are refcount_bits = 1 << refcount_order wide (1..64); widths below a
-// byte put entry 0 in the least significant bits. Going above the maximum or
-// below zero is an EIO (corrupt image or a bug), never a wrap.
+// Entries are refcount_bits = 1 << refcount_order wide (1..64), located and
+// accessed through RefcountMap (image/qcow2/refcount_entry.h). Going above the
+// maximum or below zero is an EIO (corrupt image or a bug), never a wrap.
 //
 // Growing the reftable writes a new, larger table elsewhere (with any new
 // refcount blocks it needs, which cover themselves), flushes, switches the two
@@ -41,6 +41,13 @@
 
 namespace qcowfs::image::qcow2 {
 
+// Points the header at a refcount table: refcount_table_offset and
+// refcount_table_clusters are adjacent, so this is one write (no flush).
+Task<Status> write_reftable_location(io::HostFile& file, HostOffset table, uint32_t table_clusters);
+
+// Big-endian bytes of reftable entries, zero-padded to `bytes`.
+io::AlignedBuffer serialize_reftable(std::span<const uint64_t> table, size_t bytes, size_t mem_align);
+
 class RefcountTable {
  public:
   struct Block {
@@ -66,9 +73,10 @@ class RefcountTable {
                                                            uint32_t refcount_order, uint64_t table_offset,
                                                            uint32_t table_clusters, size_t cache_blocks);
 
-  uint64_t cluster_size() const { return uint64_t{1} << cluster_bits_; }
-  uint32_t refcount_order() const { return order_; }
-  uint64_t block_entries() const { return (cluster_size() * 8) >> order_; }
+  const RefcountMap& map() const { return map_; }
+  uint64_t cluster_size() const { return map_.cluster_size(); }
+  uint32_t refcount_order() const { return map_.order(); }
+  uint64_t block_entries() const { return map_.block_entries(); }
   uint64_t table_offset() const { return table_offset_.load(std::memory_order_acquire); }
   uint64_t table_entries() const { return table_.size(); }
   uint32_t table_clusters() const;
@@ -76,26 +84,27 @@ class RefcountTable {
   // Clusters covered by the current reftable.
   uint64_t covered_clusters() const { return table_.size() * block_entries(); }
 
-  // Refcount of a cluster (0 where no block exists).
-  Task<Result<uint64_t>> get(uint64_t cluster);
+  // Refcount of host cluster hc (0 where no block exists).
+  Task<Result<uint64_t>> get(HostCluster hc);
   // Without I/O: the refcount when it is known (block cached or absent).
-  std::optional<uint64_t> peek(uint64_t cluster) const;
-  // Loads the block holding `cluster` into the cache (no-op when absent or cached).
-  Task<Status> load_block_for(uint64_t cluster);
-  // Adds delta to the refcounts of [first, first + n). The blocks must exist.
-  // EIO on overflow, underflow or a missing block; nothing changes then.
-  Task<Status> add(uint64_t first, uint64_t n, int64_t delta);
+  std::optional<uint64_t> peek(HostCluster hc) const;
+  // Loads the block holding hc's refcount into the cache (no-op when absent or cached).
+  Task<Status> load_block_for(HostCluster hc);
+  // Adds delta to the refcounts of host clusters [first_hc, first_hc + n). The
+  // blocks must exist. EIO on overflow, underflow or a missing block; nothing
+  // changes then.
+  Task<Status> add(HostCluster first_hc, uint64_t n, int64_t delta);
   // Whether reftable entry `index` names a block.
   bool has_block(uint64_t index) const { return table_entry(index) != 0; }
-  // Creates an all-zero block for reftable `index` at host cluster `host_cluster`
-  // (the caller has made sure that cluster is free and will count it).
-  void install_block(uint64_t index, uint64_t host_cluster);
+  // Creates an all-zero block for reftable `index` at host cluster hc (the
+  // caller has made sure that cluster is free and will count it).
+  void install_block(uint64_t index, HostCluster hc);
 
   // Grows the reftable to at least min_entries, placing the new table and the
-  // blocks it needs at `at_cluster` and after (all free). Performs the
+  // blocks it needs at host cluster at_hc and after (all free). Performs the
   // write/flush/header switch sequence, then drops the old table's refcounts.
-  // Returns the first cluster after what it used.
-  Task<Result<uint64_t>> grow(uint64_t min_entries, uint64_t at_cluster);
+  // Returns the first host cluster after what it used.
+  Task<Result<HostCluster>> grow(uint64_t min_entries, HostCluster at_hc);
 
   // Writeback support.
   std::vector<DirtyBlock> dirty_blocks() const;
@@ -109,8 +118,8 @@ class RefcountTable {
   // the image's metadata is inconsistent.
   bool corruption_found() const { return corruption_found_; }
 
-  // Highest cluster index with a non-zero refcount, plus one (0 if none). Loads the last blocks.
-  Task<Result<uint64_t>> end_of_used();
+  // Highest host cluster with a non-zero refcount, plus one (0 if none). Loads the last blocks.
+  Task<Result<HostCluster>> end_of_used();
 
  private:
   using BlockPtr = std::shared_ptr<Block>;
@@ -118,10 +127,20 @@ class RefcountTable {
   BlockPtr cached(uint64_t index) const;
   void evict();
   Task<Status> write_blocks_now();
+  // A grown reftable placed at at_hc: its size, and the reftable indices
+  // of the blocks it needs that do not exist yet (placed right after it).
+  struct Growth {
+    uint64_t table_clusters = 0;
+    std::vector<uint64_t> missing;
+  };
+  Growth plan_growth(uint64_t min_entries, HostCluster at_hc) const;
+  std::vector<uint64_t> missing_blocks(HostCluster at_hc, uint64_t table_clusters) const;
+  // Writes the grown table's blocks and the table, flushes, switches the
+  // header to it and flushes again.
+  Task<Status> write_grown(HostCluster at_hc, uint64_t table_clusters);
 
   io::HostFile& file_;
-  const uint32_t cluster_bits_;
-  const uint32_t order_;
+  const RefcountMap map_;
   std::atomic<uint64_t> table_offset_;  // the only field read without the metadata lock
   std::vector<uint64_t> table_;
   std::set<uint64_t> dirty_table_;  // reftable indices changed in memory

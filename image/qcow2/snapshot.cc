@@ -11,16 +11,16 @@ Status invalid(uint32_t index, std::string msg) {
 }
 
 template <typename T>
-T sn_field(const std::byte* p, size_t off) {
-  return load_be<T>(p + off);
+T sn_field(const std::byte* p, size_t at) {
+  return load_be<T>(p + at);
 }
 #define SN_FIELD(p, name) \
   sn_field<decltype(SnapshotHeaderLayout::name)>(p, offsetof(SnapshotHeaderLayout, name))
 
 Status check_snapshot_l1(uint32_t index, const Snapshot& s, const Header& h, uint64_t file_size) {
-  if (uint64_t{s.l1_size} * 8 > kMaxL1Bytes) return invalid(index, fmt::format("L1 table of {} entries is too large", s.l1_size));
+  uint64_t bytes = uint64_t{s.l1_size} * kL1EntrySize;
+  if (bytes > kMaxL1Bytes) return invalid(index, fmt::format("L1 table of {} entries is too large", s.l1_size));
   if (s.l1_size == 0) return Status::ok();
-  uint64_t bytes = uint64_t{s.l1_size} * 8;
   if (!is_aligned(s.l1_table_offset, h.cluster_size()) ||
       !range_inside_file(s.l1_table_offset, bytes, h.cluster_size(), file_size))
     return invalid(index, fmt::format("L1 table at {:#x} ({} entries) is misaligned or outside the file",
@@ -33,6 +33,22 @@ void parse_extra(Snapshot& s, const std::byte* extra, uint32_t size, const Heade
   if (size >= offsetof(SnapshotExtraLayout, disk_size)) s.vm_state_size = load_be64(extra);
   s.disk_size = size >= offsetof(SnapshotExtraLayout, icount) ? load_be64(extra + offsetof(SnapshotExtraLayout, disk_size))
                                                               : h.size;
+}
+
+// The fields of the entry at p; var: its variable part (extra data, id, name).
+Snapshot read_snapshot_entry(const std::byte* p, uint32_t extra, uint16_t id_len, uint16_t name_len, const Header& h) {
+  Snapshot s;
+  s.l1_table_offset = SN_FIELD(p, l1_table_offset);
+  s.l1_size = SN_FIELD(p, l1_size);
+  s.date_sec = SN_FIELD(p, date_sec);
+  s.date_nsec = SN_FIELD(p, date_nsec);
+  s.vm_clock_nsec = SN_FIELD(p, vm_clock_nsec);
+  s.vm_state_size = SN_FIELD(p, vm_state_size);
+  const std::byte* var = p + sizeof(SnapshotHeaderLayout);
+  parse_extra(s, var, extra, h);
+  s.id.assign(reinterpret_cast<const char*>(var + extra), id_len);
+  s.name.assign(reinterpret_cast<const char*>(var + extra + id_len), name_len);
+  return s;
 }
 
 }  // namespace
@@ -59,17 +75,7 @@ Result<SnapshotTable> parse_snapshot_table(std::span<const std::byte> table, con
       out.needed_bytes = pos + entry;
       return out;
     }
-    Snapshot s;
-    s.l1_table_offset = SN_FIELD(p, l1_table_offset);
-    s.l1_size = SN_FIELD(p, l1_size);
-    s.date_sec = SN_FIELD(p, date_sec);
-    s.date_nsec = SN_FIELD(p, date_nsec);
-    s.vm_clock_nsec = SN_FIELD(p, vm_clock_nsec);
-    s.vm_state_size = SN_FIELD(p, vm_state_size);
-    const std::byte* var = p + sizeof(SnapshotHeaderLayout);
-    parse_extra(s, var, extra, h);
-    s.id.assign(reinterpret_cast<const char*>(var + extra), id_len);
-    s.name.assign(reinterpret_cast<const char*>(var + extra + id_len), name_len);
+    Snapshot s = read_snapshot_entry(p, extra, id_len, name_len, h);
     QCOWFS_TRY(check_snapshot_l1(i, s, h, file_size));
     out.snapshots.push_back(std::move(s));
     pos += entry;

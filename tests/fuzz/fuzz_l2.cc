@@ -1,4 +1,4 @@
-// libFuzzer target: L1/L2 entry decoding (standard, extended, compressed) and
+// libFuzzer target: L1/L2 entry classification and decoding (standard, extended, compressed) and
 // cluster decompression (zlib and zstd) over arbitrary bytes, checking that
 // every decoded run stays inside its cluster and inside the image file.
 // Input: 1 byte cluster_bits, 1 byte flags, 8 bytes file size, then records of
@@ -74,6 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t max_len = 1 + len % (cs - in_cluster);
     auto r = q::decode_cluster_run(g, entry, bitmap, in_cluster, max_len);
     if (r) check_run(g, *r, in_cluster, max_len);
+    auto c = q::classify_l2_entry(g, entry, bitmap);
+    check(c.is_ok() == r.is_ok(), "classify_l2_entry and decode_cluster_run disagree");
+    if (c) check(!c->owned() || c->allocated, "owned without a host cluster");
   }
   if (in.left > 0) {
     std::vector<std::byte> out(static_cast<size_t>(cs));

@@ -1,5 +1,7 @@
-// L2 entry decoding: every cluster and subcluster type, compressed
-// descriptors, and one test per corrupt-entry failure mode.
+// L2 entry decoding: the classifier (kind, host cluster, COPIED, subcluster
+// states; what the reader, the writer and check rely on), every cluster and
+// subcluster run type, compressed descriptors, and one test per corrupt-entry
+// failure mode.
 #include <gtest/gtest.h>
 
 #include "image/qcow2/l2.h"
@@ -197,6 +199,158 @@ TEST(Qcow2L2, SubclusterBothAllocatedAndZeroIsCorrupt) {
 
 TEST(Qcow2L2, AllocatedSubclusterWithoutHostClusterIsCorrupt) {
   expect_corrupt(decode_cluster_run(extended(), 0, 1, 0, kCs), "unallocated cluster has allocated subclusters");
+}
+
+// ---- classify_l2_entry / decode_l2_entry ----
+
+L2EntryClass classify_ok(const Geometry& g, uint64_t entry, uint64_t bitmap = 0) {
+  auto c = classify_l2_entry(g, entry, bitmap);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  return c.is_ok() ? *c : L2EntryClass{};
+}
+
+void expect_class_corrupt(const Result<L2EntryClass>& r, std::string_view needle) {
+  ASSERT_FALSE(r.is_ok()) << "expected EIO mentioning '" << needle << "'";
+  EXPECT_EQ(r.status().code(), EIO);
+  EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+}
+
+TEST(Qcow2L2Classify, NormalCopiedClusterIsOwned) {
+  L2EntryClass c = classify_ok(standard(), kOflagCopied | 5 * kCs);
+  EXPECT_EQ(c.kind, L2Kind::normal);
+  EXPECT_TRUE(c.allocated);
+  EXPECT_TRUE(c.copied);
+  EXPECT_TRUE(c.owned());
+  EXPECT_TRUE(c.mapped());
+  EXPECT_EQ(c.host, 5 * kCs);
+  EXPECT_EQ(c.subcluster(0), SubclusterState::data);
+}
+
+TEST(Qcow2L2Classify, SharedClusterIsNotOwned) {
+  L2EntryClass c = classify_ok(standard(), 5 * kCs);  // refcount > 1 (a snapshot shares it)
+  EXPECT_EQ(c.kind, L2Kind::normal);
+  EXPECT_TRUE(c.allocated);
+  EXPECT_FALSE(c.owned());
+}
+
+TEST(Qcow2L2Classify, UnallocatedEntry) {
+  L2EntryClass c = classify_ok(standard(), 0);
+  EXPECT_EQ(c.kind, L2Kind::unallocated);
+  EXPECT_FALSE(c.allocated);
+  EXPECT_FALSE(c.mapped());
+  EXPECT_EQ(c.subcluster(0), SubclusterState::unallocated);
+}
+
+TEST(Qcow2L2Classify, ZeroPlainHasNoHostCluster) {
+  L2EntryClass c = classify_ok(standard(), kOflagZero);
+  EXPECT_EQ(c.kind, L2Kind::zero);
+  EXPECT_FALSE(c.allocated);
+  EXPECT_FALSE(c.mapped());
+  EXPECT_EQ(c.subcluster(0), SubclusterState::zero);
+}
+
+TEST(Qcow2L2Classify, ZeroAllocKeepsItsHostCluster) {
+  L2EntryClass c = classify_ok(standard(), kOflagZero | kOflagCopied | 7 * kCs);
+  EXPECT_EQ(c.kind, L2Kind::zero);
+  EXPECT_TRUE(c.allocated);
+  EXPECT_TRUE(c.owned());
+  EXPECT_TRUE(c.mapped());
+  EXPECT_EQ(c.host, 7 * kCs);
+}
+
+TEST(Qcow2L2Classify, ExternalDataOffsetZeroWithCopiedIsAllocated) {
+  Geometry g = standard();
+  g.external_data = true;
+  L2EntryClass data = classify_ok(g, kOflagCopied);
+  EXPECT_EQ(data.kind, L2Kind::normal);
+  EXPECT_TRUE(data.allocated);
+  EXPECT_TRUE(data.mapped());
+  EXPECT_EQ(data.host, 0u);
+  // Without COPIED, offset 0 is unallocated even in a data file.
+  EXPECT_EQ(classify_ok(g, 0).kind, L2Kind::unallocated);
+  // A zero entry at offset 0 names the data file's cluster 0 for the writer,
+  // but reads do not map it (QEMU: only a non-zero offset is ZERO_ALLOC).
+  L2EntryClass zero = classify_ok(g, kOflagZero | kOflagCopied);
+  EXPECT_EQ(zero.kind, L2Kind::zero);
+  EXPECT_TRUE(zero.allocated);
+  EXPECT_FALSE(zero.mapped());
+}
+
+TEST(Qcow2L2Classify, CompressedDescriptorIsNeverAllocated) {
+  uint64_t entry = kOflagCompressed | (uint64_t{3} << 54) | 0x50123;
+  L2EntryClass c = classify_ok(standard(), entry);
+  EXPECT_EQ(c.kind, L2Kind::compressed);
+  EXPECT_FALSE(c.allocated);
+  EXPECT_FALSE(c.owned());
+  EXPECT_FALSE(c.mapped());
+  EXPECT_EQ(c.host, 0u);
+  EXPECT_EQ(c.compressed.host_offset, 0x50123u);
+  EXPECT_EQ(c.compressed.size, 4 * 512u - 0x123u);
+}
+
+TEST(Qcow2L2Classify, ExtendedSubclusterStates) {
+  // Subcluster 0 allocated, 1 zero, 2 unallocated, 31 allocated.
+  uint64_t bitmap = 1 | (uint64_t{1} << 31) | (uint64_t{0b10} << kSubclusterZeroShift);
+  L2EntryClass c = classify_ok(extended(), kOflagCopied | 5 * kCs, bitmap);
+  EXPECT_EQ(c.kind, L2Kind::normal);
+  EXPECT_EQ(c.alloc_bits(), 0x80000001u);
+  EXPECT_EQ(c.zero_bits(), 0b10u);
+  EXPECT_EQ(c.subcluster(0), SubclusterState::data);
+  EXPECT_EQ(c.subcluster(1), SubclusterState::zero);
+  EXPECT_EQ(c.subcluster(2), SubclusterState::unallocated);
+  EXPECT_EQ(c.subcluster(31), SubclusterState::data);
+}
+
+TEST(Qcow2L2Classify, ExtendedUnallocatedClusterWithZeroSubclusters) {
+  L2EntryClass c = classify_ok(extended(), 0, uint64_t{1} << (kSubclusterZeroShift + 4));
+  EXPECT_EQ(c.kind, L2Kind::unallocated);
+  EXPECT_EQ(c.subcluster(4), SubclusterState::zero);
+  EXPECT_EQ(c.subcluster(5), SubclusterState::unallocated);
+}
+
+TEST(Qcow2L2Classify, BitmapIgnoredWithoutExtendedL2) {
+  L2EntryClass c = classify_ok(standard(), kOflagCopied | 5 * kCs, ~uint64_t{0});
+  EXPECT_EQ(c.bitmap, 0u);
+  EXPECT_EQ(c.subcluster(3), SubclusterState::data);
+}
+
+TEST(Qcow2L2Classify, CorruptEntriesNameTheProblem) {
+  expect_class_corrupt(classify_l2_entry(standard(), 5 * kCs | 2, 0), "reserved bits");
+  expect_class_corrupt(classify_l2_entry(extended(), kOflagZero | 5 * kCs, 1), "reserved bits");
+  expect_class_corrupt(classify_l2_entry(standard(), 5 * kCs + 512, 0), "not cluster aligned");
+  expect_class_corrupt(classify_l2_entry(standard(), 100 * kCs, 0), "beyond the end");
+  expect_class_corrupt(classify_l2_entry(standard(), kOflagZero | 100 * kCs, 0), "beyond the end");
+  expect_class_corrupt(classify_l2_entry(extended(), 5 * kCs, 0b1 | (uint64_t{0b1} << 32)), "both allocated and zero");
+  expect_class_corrupt(classify_l2_entry(extended(), 0, 0b1), "allocated subclusters");
+  expect_class_corrupt(classify_l2_entry(extended(), kOflagCompressed | 5 * kCs, 1), "subcluster bitmap");
+}
+
+TEST(Qcow2L2Classify, CopiedOffsetZeroOutsideADataFileIsUnallocated) {
+  L2EntryClass c = classify_ok(standard(), kOflagCopied);
+  EXPECT_EQ(c.kind, L2Kind::unallocated);
+  EXPECT_FALSE(c.allocated);
+  EXPECT_FALSE(c.owned());
+}
+
+TEST(Qcow2L2Classify, DecodeWithoutValidationStillDecodes) {
+  // check reports these itself: the decoded fields must still be right.
+  L2EntryClass misaligned = decode_l2_entry(standard(), kOflagCopied | (5 * kCs + 512), 0);
+  EXPECT_EQ(misaligned.kind, L2Kind::normal);
+  EXPECT_EQ(misaligned.host, 5 * kCs + 512);
+  L2EntryClass both = decode_l2_entry(extended(), 5 * kCs, 1 | (uint64_t{1} << 32));
+  EXPECT_EQ(both.alloc_bits() & both.zero_bits(), 1u);
+  // With extended L2 the zero flag is reserved and does not make a zero cluster.
+  EXPECT_EQ(decode_l2_entry(extended(), kOflagZero, 0).kind, L2Kind::unallocated);
+  EXPECT_EQ(decode_l2_entry(extended(), kOflagZero | 5 * kCs, 0).kind, L2Kind::normal);
+}
+
+TEST(Qcow2L2Classify, ClusterRunFollowsTheClass) {
+  L2EntryClass c = classify_ok(standard(), kOflagZero | kOflagCopied | 7 * kCs);
+  ClusterRun r = cluster_run(standard(), c, 100, 50);
+  EXPECT_EQ(r.kind, RunKind::zero);
+  EXPECT_TRUE(r.mapped);
+  EXPECT_EQ(r.host_offset, 7 * kCs + 100);
+  EXPECT_EQ(r.length, 50u);
 }
 
 }  // namespace

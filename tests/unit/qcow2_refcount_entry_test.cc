@@ -1,6 +1,6 @@
 // Refcount entries at every width (1..64 bits): round trips that leave the
 // neighbours alone, the bit and byte layout qemu-img writes, and the largest
-// value each width holds.
+// value each width holds; RefcountMap's location of a host cluster's refcount.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,6 +77,47 @@ TEST(Qcow2RefcountEntry, WholeByteWidthsAreBigEndian) {
   set_refcount_entry(b, 1, 6, 0x0102030405060708);
   EXPECT_EQ(b[8], std::byte{0x01});
   EXPECT_EQ(b[15], std::byte{0x08});
+}
+
+// ---- RefcountMap ----
+
+TEST(Qcow2RefcountMap, LocatesAHostClustersRefcount) {
+  const RefcountMap map(16, 4);  // 64 KiB clusters, 16-bit refcounts: 32768 per block
+  EXPECT_EQ(map.block_entries(), 32768u);
+  EXPECT_EQ(map.table_index(32767), 0u);
+  EXPECT_EQ(map.table_index(32768), 1u);
+  EXPECT_EQ(map.entry_index(32768 + 5), 5u);
+  EXPECT_EQ(RefcountMap(9, 0).block_entries(), 4096u);  // 512 B clusters, 1-bit refcounts
+  EXPECT_EQ(RefcountMap(9, 6).block_entries(), 64u);    // 64-bit refcounts
+}
+
+TEST(Qcow2RefcountMap, BlockOffsetMasksAndStopsAtTheTableEnd) {
+  const RefcountMap map(16, 4);
+  const std::vector<uint64_t> table = {0x30000 | 0x1ff, 0};
+  EXPECT_EQ(map.block_offset(table, 3), 0x30000u);  // reserved low bits dropped
+  EXPECT_EQ(map.block_offset(table, 32768), 0u);    // empty entry
+  EXPECT_EQ(map.block_offset(table, 2 * 32768), 0u);  // past the table
+}
+
+TEST(Qcow2RefcountMap, GetAndSetUseTheEntryInsideTheBlock) {
+  const RefcountMap map(9, 2);  // 4-bit refcounts, 1024 per block
+  std::vector<std::byte> block(512);
+  map.set(block, 1024 + 3, 0xa);  // host cluster 1027 is entry 3 of block 1
+  EXPECT_EQ(get_refcount_entry(block, 3, 2), 0xau);
+  EXPECT_EQ(map.get(block, 3), 0xau);  // the same entry of block 0
+  EXPECT_EQ(map.get(block, 2), 0u);
+  EXPECT_EQ(map.max(), 15u);
+}
+
+TEST(Qcow2RefcountMap, StructureSizes) {
+  const RefcountMap map(16, 4);
+  EXPECT_EQ(map.blocks_for(0), 0u);
+  EXPECT_EQ(map.blocks_for(1), 1u);
+  EXPECT_EQ(map.blocks_for(32768), 1u);
+  EXPECT_EQ(map.blocks_for(32769), 2u);
+  EXPECT_EQ(map.table_clusters_for(0), 0u);
+  EXPECT_EQ(map.table_clusters_for(8192), 1u);  // 8192 entries of 8 bytes: one 64 KiB cluster
+  EXPECT_EQ(map.table_clusters_for(8193), 2u);
 }
 
 }  // namespace
