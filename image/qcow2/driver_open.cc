@@ -118,9 +118,7 @@ Task<Result<std::shared_ptr<Qcow2Image>>> load_header(std::unique_ptr<io::HostFi
   log_feature_state(img->header, path);
   // A writable image grows while it is open: file-size range checks on
   // entries would reject what the writer just allocated.
-  img->geometry = Geometry{img->header.cluster_bits, img->header.extended_l2(),
-                           img->header.has_external_data_file(),
-                           writable ? kMaxHostOffset : img->file->size()};
+  img->geometry = make_geometry(img->header, writable ? kMaxHostOffset : img->file->size());
   setup_caches(*img, opts);
   co_return img;
 }

@@ -1,8 +1,8 @@
 #include "image/qcow2/qcow2_check.h"
 
 #include "image/endian.h"
-#include "image/qcow2/qcow2_check_repair.h"
-#include "image/qcow2/qcow2_check_walk.h"
+#include "image/qcow2/check_repair.h"
+#include "image/qcow2/check_walk.h"
 #include "image/qcow2/qcow2_inspect.h"
 #include "io/align.h"
 

@@ -17,7 +17,7 @@
 // fresh refcount blocks after the last used cluster and switches the header
 // to them in one write (rebuild_refcounts()).
 //
-// Implementation: qcow2_check_walk.h counts the references, qcow2_check_repair.h
+// Implementation: check_walk.h counts the references, check_repair.h
 // compares and repairs, qcow2_check.cc runs the passes and builds the report.
 //
 // Thread-safety: a check owns the HostFile it is given for its duration; no

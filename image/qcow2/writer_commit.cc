@@ -25,8 +25,9 @@ Task<Status> Qcow2Writer::set_l2(L2Cache::Ref& slice, size_t index, uint64_t ent
 // Drops (once the new entry is on disk) the host clusters an old L2 entry held.
 void Qcow2Writer::release_old(uint64_t entry) {
   const Geometry& g = img_.geometry;
-  if (entry & kOflagCompressed) {
-    const CompressedCluster c = decode_compressed(g.cluster_bits, entry);
+  const L2EntryClass old = decode_l2_entry(g, entry, 0);  // the bitmap plays no part here
+  if (old.kind == L2Kind::compressed) {
+    const CompressedCluster& c = old.compressed;
     const HostOffset start = align_down(c.host_offset, kCompressedSectorSize);
     const HostOffset end = c.host_offset + c.size;  // sector aligned
     const HostCluster first_hc = start >> g.cluster_bits, last_hc = (end - 1) >> g.cluster_bits;
@@ -34,8 +35,7 @@ void Qcow2Writer::release_old(uint64_t entry) {
     img_.cluster_cache->erase(c.host_offset);
     return;
   }
-  const HostOffset host = entry & kL2OffsetMask;
-  if (host != 0 && !g.external_data) tracker_.release_later(host >> g.cluster_bits, 1);
+  if (old.host != 0 && !g.external_data) tracker_.release_later(old.host >> g.cluster_bits, 1);
 }
 
 Task<Status> Qcow2Writer::commit(Plan& plan) {

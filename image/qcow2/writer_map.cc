@@ -87,19 +87,15 @@ Task<Status> Qcow2Writer::map_exclusive(GuestOffset guest, uint64_t len, Plan& p
 // Sets s.kind and the bytes written and mapped from its old L2 entry.
 Status Qcow2Writer::classify(Slot& s) const {
   const Geometry& g = img_.geometry;
-  const uint64_t entry = s.old_entry;
-  auto check = decode_cluster_run(g, entry, s.old_bitmap, 0, g.cluster_size());
-  if (!check) {
+  auto c = classify_l2_entry(g, s.old_entry, s.old_bitmap);
+  if (!c) {
     return corruption(fmt::format("L2 entry for guest offset {:#x}: {}", s.gc << g.cluster_bits,
-                                  check.status().message()));
+                                  c.status().message()));
   }
-  const bool compressed = (entry & kOflagCompressed) != 0;
-  const HostOffset host = compressed ? 0 : entry & kL2OffsetMask;
-  const bool allocated = !compressed && (host != 0 || (g.external_data && (entry & kOflagCopied)));
-  if (allocated && (entry & kOflagCopied))
-    classify_owned(s, host);
+  if (c->owned())
+    classify_owned(s, c->host);
   else
-    classify_allocate(s, allocated, compressed);
+    classify_allocate(s, c->allocated, c->kind == L2Kind::compressed);
   s.map_start = s.wr_start;
   s.map_end = s.wr_end;
   return Status::ok();
@@ -187,9 +183,10 @@ Status Qcow2Writer::check_fresh(HostCluster first_hc, uint64_t n) const {
 // zeros before this write (so a host cluster that reads as zeros needs no COW).
 bool Qcow2Writer::old_reads_zero(const Slot& s) const {
   const Geometry& g = img_.geometry;
-  if ((s.old_entry & kOflagCompressed) || (s.old_entry & kL2OffsetMask) != 0) return false;
+  const L2EntryClass c = decode_l2_entry(g, s.old_entry, s.old_bitmap);
+  if (c.kind == L2Kind::compressed || c.host != 0) return false;
   if (!has_backing()) return true;  // unallocated and zero clusters alike
-  if (!g.extended_l2) return (s.old_entry & kOflagZero) != 0;
+  if (!g.extended_l2) return c.kind == L2Kind::zero;
   const uint64_t scs = g.subcluster_size();
   const uint64_t zero_bits = subcluster_mask(s.map_start / scs, (s.map_end - 1) / scs) << kSubclusterZeroShift;
   return (s.old_bitmap & zero_bits) == zero_bits;

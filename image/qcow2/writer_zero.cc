@@ -127,16 +127,17 @@ Task<Status> Qcow2Writer::zero_cluster(GuestCluster gc, ZeroMode mode, std::vect
 // file, zero flag(s) with one.
 Qcow2Writer::ZeroTarget Qcow2Writer::zero_target(const Slot& s, ZeroMode mode) const {
   const Geometry& g = img_.geometry;
-  const uint64_t entry = s.old_entry;
-  const bool owned = s.kind != Kind::allocate && !(entry & kOflagCompressed);  // allocated and COPIED
+  const L2EntryClass old = decode_l2_entry(g, s.old_entry, s.old_bitmap);
+  const bool compressed = old.kind == L2Kind::compressed;
+  const bool owned = s.kind != Kind::allocate && !compressed;  // allocated and COPIED
   ZeroTarget t;
-  t.release = (entry & (kOflagCompressed | kL2OffsetMask)) != 0;
+  t.release = compressed || old.host != 0;
   if (mode == ZeroMode::zero_keep && owned) {
     if (img_.header.version < 3) {
       t.need_data = true;
       return t;
     }
-    t.entry = (entry & kL2OffsetMask) | kOflagCopied | (g.extended_l2 ? 0 : kOflagZero);
+    t.entry = old.host | kOflagCopied | (g.extended_l2 ? 0 : kOflagZero);
     t.bitmap = kAllSubclustersZero;
     t.release = false;
   } else if (!has_backing()) {

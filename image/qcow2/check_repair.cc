@@ -1,4 +1,4 @@
-#include "image/qcow2/qcow2_check_repair.h"
+#include "image/qcow2/check_repair.h"
 
 #include <algorithm>
 

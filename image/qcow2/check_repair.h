@@ -1,6 +1,6 @@
 // The comparing and repairing half of `qcowfs check` (image/qcow2/qcow2_check.h):
 // the refcounts as stored (StoredRefcounts), their comparison with the counts
-// of the walk (image/qcow2/qcow2_check_walk.h) with leak repair in place, the
+// of the walk (image/qcow2/check_walk.h) with leak repair in place, the
 // OFLAG_COPIED check and repair, and the writing of a rebuilt refcount
 // structure. Every problem is a line in the CheckReport and a counter.
 // Thread-safety: as qcow2_check.h: one coroutine owns the HostFile meanwhile;

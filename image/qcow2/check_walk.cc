@@ -1,4 +1,4 @@
-#include "image/qcow2/qcow2_check_walk.h"
+#include "image/qcow2/check_walk.h"
 
 #include "image/endian.h"
 #include "image/qcow2/l2.h"
