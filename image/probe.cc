@@ -97,13 +97,13 @@ const FormatInfo& detect_format(Bytes head, Bytes tail) {
 
 Task<Result<const FormatInfo*>> probe_format_info(io::HostFile& file) {
   std::vector<std::byte> head(kProbeHeadBytes), tail;
-  auto n = co_await file.read(head, 0);
+  auto n = co_await file.read(0, head);
   if (!n) co_return n.status().with_context("probing format");
   head.resize(*n);
   uint64_t size = file.size();
   if (size >= kProbeTailBytes) {
     tail.resize(kProbeTailBytes);
-    auto t = co_await file.read(tail, size - kProbeTailBytes);
+    auto t = co_await file.read(size - kProbeTailBytes, tail);
     if (!t) co_return t.status().with_context("probing format (file tail)");
     tail.resize(*t);
   }

@@ -59,12 +59,12 @@ class HostFile {
 
   // Reads up to buf.size() bytes at off. Returns the bytes read: fewer only at
   // end of file (the rest of buf is left untouched).
-  virtual Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) = 0;
+  virtual Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) = 0;
   // Scatter read; same contract as read().
-  virtual Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) = 0;
+  virtual Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) = 0;
   // Writes all of buf at off (extending the file if needed) or fails.
-  virtual Task<Status> write(std::span<const std::byte> buf, uint64_t off) = 0;
-  virtual Task<Status> writev(std::span<const iovec> iov, uint64_t off) = 0;
+  virtual Task<Status> write(uint64_t off, std::span<const std::byte> buf) = 0;
+  virtual Task<Status> writev(uint64_t off, std::span<const iovec> iov) = 0;
   // Makes completed writes durable according to the cache mode (no-op for unsafe).
   virtual Task<Status> flush() = 0;
   // Deallocates [off, off+len): PUNCH_HOLE on files, BLKDISCARD on devices.

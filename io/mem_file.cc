@@ -35,19 +35,19 @@ MemFile::MemFile(MemFileOptions opts, std::vector<std::byte> content)
 
 // ---- coroutine interface: every operation completes at once ----
 
-Task<Result<size_t>> MemFile::read(std::span<std::byte> buf, uint64_t off) {
+Task<Result<size_t>> MemFile::read(uint64_t off, std::span<std::byte> buf) {
   iovec one{buf.data(), buf.size()};
   co_return read_now({&one, 1}, off);
 }
 
-Task<Result<size_t>> MemFile::readv(std::span<const iovec> iov, uint64_t off) { co_return read_now(iov, off); }
+Task<Result<size_t>> MemFile::readv(uint64_t off, std::span<const iovec> iov) { co_return read_now(iov, off); }
 
-Task<Status> MemFile::write(std::span<const std::byte> buf, uint64_t off) {
+Task<Status> MemFile::write(uint64_t off, std::span<const std::byte> buf) {
   iovec one{const_cast<std::byte*>(buf.data()), buf.size()};
   co_return write_now({&one, 1}, off);
 }
 
-Task<Status> MemFile::writev(std::span<const iovec> iov, uint64_t off) { co_return write_now(iov, off); }
+Task<Status> MemFile::writev(uint64_t off, std::span<const iovec> iov) { co_return write_now(iov, off); }
 
 Task<Status> MemFile::flush() {
   std::lock_guard lk(mu_);

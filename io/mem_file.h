@@ -65,10 +65,10 @@ class MemFile final : public HostFile {
  public:
   explicit MemFile(MemFileOptions opts = {}, std::vector<std::byte> content = {});
 
-  Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) override;
-  Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) override;
-  Task<Status> write(std::span<const std::byte> buf, uint64_t off) override;
-  Task<Status> writev(std::span<const iovec> iov, uint64_t off) override;
+  Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override;
+  Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override;
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
+  Task<Status> writev(uint64_t off, std::span<const iovec> iov) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t off, uint64_t len) override;
   Task<Status> write_zeroes(uint64_t off, uint64_t len) override;

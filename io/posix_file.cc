@@ -226,12 +226,12 @@ bool PosixFile::host_can_take(std::span<const iovec> iov, uint64_t off, uint64_t
 
 // ---- reads ----
 
-Task<Result<size_t>> PosixFile::read(std::span<std::byte> buf, uint64_t off) {
+Task<Result<size_t>> PosixFile::read(uint64_t off, std::span<std::byte> buf) {
   iovec one{buf.data(), buf.size()};
   co_return co_await read_iov({&one, 1}, off);
 }
 
-Task<Result<size_t>> PosixFile::readv(std::span<const iovec> iov, uint64_t off) {
+Task<Result<size_t>> PosixFile::readv(uint64_t off, std::span<const iovec> iov) {
   co_return co_await read_iov(iov, off);
 }
 
@@ -278,12 +278,12 @@ Task<Result<size_t>> PosixFile::bounce_read(std::span<const iovec> iov, uint64_t
 
 // ---- writes ----
 
-Task<Status> PosixFile::write(std::span<const std::byte> buf, uint64_t off) {
+Task<Status> PosixFile::write(uint64_t off, std::span<const std::byte> buf) {
   iovec one{const_cast<std::byte*>(buf.data()), buf.size()};
   co_return co_await write_iov({&one, 1}, off);
 }
 
-Task<Status> PosixFile::writev(std::span<const iovec> iov, uint64_t off) { co_return co_await write_iov(iov, off); }
+Task<Status> PosixFile::writev(uint64_t off, std::span<const iovec> iov) { co_return co_await write_iov(iov, off); }
 
 Task<Status> PosixFile::write_iov(std::span<const iovec> iov, uint64_t off) {
   QCOWFS_CO_TRY(check_engine());

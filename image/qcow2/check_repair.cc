@@ -31,7 +31,7 @@ Task<Result<bool>> StoredRefcounts::set(HostCluster hc, uint64_t value) {
 Task<Status> StoredRefcounts::write_back() {
   for (auto& [host, block] : blocks_) {
     if (!block.dirty) continue;
-    QCOWFS_CO_TRY(co_await file_.write(block.buf.span(), host));
+    QCOWFS_CO_TRY(co_await file_.write(host, block.buf.span()));
     block.dirty = false;
   }
   co_return co_await file_.flush();
@@ -144,14 +144,14 @@ class CopiedChecker {
       dirty = true;
       ++r_.corruptions_fixed;
     }
-    if (dirty) QCOWFS_CO_TRY(co_await f_.write(buf->span(), l2));
+    if (dirty) QCOWFS_CO_TRY(co_await f_.write(l2, buf->span()));
     co_return Status::ok();
   }
 
   Task<Status> write_l1(const std::vector<uint64_t>& l1) {
     std::vector<std::byte> bytes(l1.size() * kL1EntrySize);
     for (size_t i = 0; i < l1.size(); ++i) store_be64(bytes.data() + i * kL1EntrySize, l1[i]);
-    QCOWFS_CO_TRY(co_await f_.write(bytes, h_.l1_table_offset));
+    QCOWFS_CO_TRY(co_await f_.write(h_.l1_table_offset, bytes));
     co_return co_await f_.flush();
   }
 
@@ -196,7 +196,7 @@ Task<Result<std::vector<uint64_t>>> write_rebuilt_blocks(io::HostFile& f, const 
       map.set(block.span(), hc, counted[hc]);
     }
     HostOffset host = (l.first_hc + b) * cs;
-    QCOWFS_CO_TRY(co_await f.write(block.span(), host));
+    QCOWFS_CO_TRY(co_await f.write(host, block.span()));
     table.push_back(host);
   }
   co_return table;
@@ -222,7 +222,7 @@ Task<Status> write_refcount_structure(io::HostFile& f, Header& h, std::vector<ui
   auto table = co_await write_rebuilt_blocks(f, map, l, counted);
   if (!table) co_return table.status();
   io::AlignedBuffer bytes = serialize_reftable(*table, static_cast<size_t>(l.table_clusters * cs), f.mem_align());
-  QCOWFS_CO_TRY(co_await f.write(bytes.span(), table_hc * cs));
+  QCOWFS_CO_TRY(co_await f.write(table_hc * cs, bytes.span()));
   QCOWFS_CO_TRY(co_await f.flush());
   // One header write switches to the new structure.
   QCOWFS_CO_TRY(co_await write_reftable_location(f, table_hc * cs, static_cast<uint32_t>(l.table_clusters)));

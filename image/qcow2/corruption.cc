@@ -26,7 +26,7 @@ Task<bool> Corruption::mark(io::HostFile& file, Header& header, const std::strin
   header.incompatible_features |= kIncompatCorrupt;
   std::byte bits[sizeof(uint64_t)];
   store_be64(bits, header.incompatible_features);
-  Status st = co_await file.write(bits, offsetof(HeaderLayout, incompatible_features));
+  Status st = co_await file.write(offsetof(HeaderLayout, incompatible_features), bits);
   if (st) st = co_await file.flush();
   if (!st) log::error("{}: could not set the corrupt bit: {}", path, st.message());
   co_return true;

@@ -25,7 +25,7 @@ std::string real_path(const std::string& path) {
 Task<Result<io::AlignedBuffer>> read_exact(io::HostFile& f, HostOffset host, size_t len, bool zero_past_eof,
                                            std::string_view what) {
   io::AlignedBuffer buf(len, f.mem_align(), zero_past_eof);
-  auto n = co_await f.read(buf.span(), host);
+  auto n = co_await f.read(host, buf.span());
   if (!n) co_return n.status().with_context(fmt::format("reading {}", what));
   if (*n < len && !zero_past_eof)
     co_return Status::errorf(EINVAL, "{} at {:#x} ({} bytes) is truncated by the end of the file", what, host, len);

@@ -125,7 +125,7 @@ Task<Status> L2Cache::load(Entry& e) {
     e.small.resize(slice_size_);
     e.data = e.small;
   }
-  auto n = co_await file_.read(e.data, e.host);
+  auto n = co_await file_.read(e.host, e.data);
   if (!n) co_return n.status().with_context(fmt::format("reading L2 slice at {:#x}", e.host));
   if (*n != slice_size_)
     co_return Status::errorf(EIO, "L2 slice at {:#x} is truncated by the end of the image file", e.host);

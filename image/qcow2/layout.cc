@@ -32,7 +32,7 @@ Task<Status> add_refcount_blocks(MetadataLayout& m, io::HostFile& f, const Heade
   const uint64_t cs = h.cluster_size();
   const uint64_t bytes = uint64_t{h.refcount_table_clusters} * cs;
   io::AlignedBuffer table(static_cast<size_t>(bytes), f.mem_align(), true);
-  auto n = co_await f.read(table.span(), h.refcount_table_offset);
+  auto n = co_await f.read(h.refcount_table_offset, table.span());
   if (!n) co_return n.status().with_context("reading the refcount table");
   for (uint64_t i = 0; i < bytes / sizeof(uint64_t); ++i) {  // reftable entries: big-endian u64
     uint64_t e = load_be64(table.data() + i * sizeof(uint64_t));

@@ -64,11 +64,11 @@ namespace {
 Task<Status> write_u64(io::HostFile& f, HostOffset host, uint64_t v) {
   std::byte buf[8];
   store_be64(buf, v);
-  co_return co_await f.write(std::span<const std::byte>(buf, sizeof buf), host);
+  co_return co_await f.write(host, std::span<const std::byte>(buf, sizeof buf));
 }
 
 Task<Status> write_bytes(io::HostFile& f, HostOffset host, const std::vector<std::byte>& bytes) {
-  co_return co_await f.write(std::span<const std::byte>(bytes.data(), bytes.size()), host);
+  co_return co_await f.write(host, std::span<const std::byte>(bytes.data(), bytes.size()));
 }
 
 Task<Status> flush_all(io::HostFile& file, io::HostFile& data_file) {

@@ -16,7 +16,7 @@ Task<Status> mark_clean(io::HostFile& f, Header& h) {
   h.incompatible_features &= ~bits;
   std::byte field[8];
   store_be64(field, h.incompatible_features);
-  QCOWFS_CO_TRY(co_await f.write(field, offsetof(HeaderLayout, incompatible_features)));
+  QCOWFS_CO_TRY(co_await f.write(offsetof(HeaderLayout, incompatible_features), field));
   co_return co_await f.flush();
 }
 

@@ -204,11 +204,11 @@ Task<Status> write_refcounts(io::HostFile& f, const Header& h, const Layout& l) 
     const HostCluster end_hc = std::min(first_hc + map.block_entries(), l.total());
     for (HostCluster hc = first_hc; hc < end_hc; ++hc) map.set(block.span(), hc, 1);
     HostOffset host = (l.refblocks_at() + b) * cs;
-    QCOWFS_CO_TRY(co_await f.write(block.span(), host));
+    QCOWFS_CO_TRY(co_await f.write(host, block.span()));
     table.push_back(host);
   }
   io::AlignedBuffer bytes = serialize_reftable(table, static_cast<size_t>(l.reftable_clusters * cs), f.mem_align());
-  co_return co_await f.write(bytes.span(), l.reftable_at() * cs);
+  co_return co_await f.write(l.reftable_at() * cs, bytes.span());
 }
 
 // L2 entry of a preallocated cluster at host offset `host` (flags as QEMU sets them).
@@ -231,11 +231,11 @@ Task<Status> write_l1_and_l2(io::HostFile& f, const Header& h, const Layout& l, 
       put_prealloc_entry(h, l2.data() + i * h.l2_entry_size(), host);
     }
     HostOffset l2_host = (l.l2_at() + t) * cs;
-    QCOWFS_CO_TRY(co_await f.write(l2.span(), l2_host));
+    QCOWFS_CO_TRY(co_await f.write(l2_host, l2.span()));
     store_be64(l1.data() + t * kL1EntrySize, l2_host | kOflagCopied);
   }
   if (l.l1_clusters == 0) co_return Status::ok();
-  co_return co_await f.write(l1.span(), l.l1_at() * cs);
+  co_return co_await f.write(l.l1_at() * cs, l1.span());
 }
 
 // Gives [host, host+len) of a file its final allocation per the preallocation mode.
@@ -245,7 +245,7 @@ Task<Status> preallocate_range(io::HostFile& f, HostOffset host, uint64_t len, P
     io::AlignedBuffer zeros(kZeroChunk, f.mem_align());
     for (uint64_t done = 0; done < len;) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(kZeroChunk, len - done));
-      QCOWFS_CO_TRY(co_await f.write(zeros.span().first(n), host + done));
+      QCOWFS_CO_TRY(co_await f.write(host + done, zeros.span().first(n)));
       done += n;
     }
   }
@@ -365,7 +365,7 @@ Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const 
   // The header goes last: until it is written the file is not a qcow2 image.
   io::AlignedBuffer hbuf(header->size(), file.mem_align());
   std::copy(header->begin(), header->end(), hbuf.data());
-  QCOWFS_CO_TRY(co_await file.write(hbuf.span(), 0));
+  QCOWFS_CO_TRY(co_await file.write(0, hbuf.span()));
   co_return co_await file.flush();
 }
 

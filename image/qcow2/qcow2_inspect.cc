@@ -17,7 +17,7 @@ constexpr uint64_t kSnapshotTableFirstRead = 64 * 1024;
 Task<Result<io::AlignedBuffer>> read_padded(io::HostFile& f, HostOffset host, size_t len) {
   io::AlignedBuffer buf(len, f.mem_align());
   if (len == 0 || host >= f.size()) co_return buf;
-  auto n = co_await f.read(buf.span(), host);
+  auto n = co_await f.read(host, buf.span());
   if (!n) co_return n.status().with_context(fmt::format("reading {} bytes at {:#x} of {}", len, host, f.path()));
   co_return buf;
 }

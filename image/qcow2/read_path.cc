@@ -166,7 +166,7 @@ Task<Status> ReadPath::run_sub_read(SubRead r) {
 }
 
 Task<Status> ReadPath::read_host(io::HostFile& f, HostOffset host, std::span<std::byte> dst) {
-  auto n = co_await f.read(dst, host);
+  auto n = co_await f.read(host, dst);
   if (!n) co_return n.status();
   // Past the end of the host file a cluster reads as zeros (as in QEMU).
   if (*n < dst.size()) std::memset(dst.data() + *n, 0, dst.size() - *n);
@@ -193,7 +193,7 @@ Task<Result<ClusterCache::Cluster>> ReadPath::load_compressed(CompressedCluster 
   if (auto hit = img_.cluster_cache->find(c.host_offset)) co_return hit;
   io::HostFile& f = *img_.file;
   io::AlignedBuffer in(static_cast<size_t>(c.size), f.mem_align(), false);
-  auto n = co_await f.read(in.span(), c.host_offset);
+  auto n = co_await f.read(c.host_offset, in.span());
   if (!n) co_return n.status();
   // The last sector of the stream may reach past the end of the file.
   if (*n < in.size()) std::memset(in.data() + *n, 0, in.size() - *n);

@@ -15,8 +15,7 @@ Task<Status> write_reftable_location(io::HostFile& file, HostOffset table, uint3
   std::byte fields[sizeof(uint64_t) + sizeof(uint32_t)];
   store_be64(fields, table);
   store_be32(fields + sizeof(uint64_t), table_clusters);
-  co_return co_await file.write(std::span<const std::byte>(fields, sizeof fields),
-                                offsetof(HeaderLayout, refcount_table_offset));
+  co_return co_await file.write(offsetof(HeaderLayout, refcount_table_offset), std::span<const std::byte>(fields, sizeof fields));
 }
 
 io::AlignedBuffer serialize_reftable(std::span<const uint64_t> table, size_t bytes, size_t mem_align) {
@@ -38,7 +37,7 @@ Task<Result<std::unique_ptr<RefcountTable>>> RefcountTable::load(io::HostFile& f
                                                                  uint32_t table_clusters, size_t cache_blocks) {
   size_t bytes = size_t{table_clusters} << cluster_bits;
   io::AlignedBuffer buf(bytes, file.mem_align(), true);
-  auto n = co_await file.read(buf.span(), table_offset);
+  auto n = co_await file.read(table_offset, buf.span());
   if (!n) co_return n.status().with_context("reading the refcount table");
   if (*n != bytes) co_return Status::errorf(EIO, "refcount table at {:#x} is truncated by the end of the file", table_offset);
   std::vector<uint64_t> table(bytes / kReftableEntrySize);
@@ -73,7 +72,7 @@ Task<Result<RefcountTable::BlockPtr>> RefcountTable::block(uint64_t index) {
   auto b = std::make_shared<Block>();
   b->host_offset = table_[index];
   b->data = io::AlignedBuffer(static_cast<size_t>(cluster_size()), file_.mem_align(), false);
-  auto n = co_await file_.read(b->data.span(), b->host_offset);
+  auto n = co_await file_.read(b->host_offset, b->data.span());
   if (!n) co_return n.status().with_context(fmt::format("reading refcount block at {:#x}", b->host_offset));
   if (*n != b->data.size())
     co_return Status::errorf(EIO, "refcount block at {:#x} is truncated by the end of the file", b->host_offset);
@@ -155,7 +154,7 @@ void RefcountTable::install_block(uint64_t index, HostCluster hc) {
 Task<Status> RefcountTable::write_blocks_now() {
   for (auto& [index, b] : blocks_) {
     if (!b->dirty()) continue;
-    QCOWFS_CO_TRY(co_await file_.write(b->data.span(), b->host_offset));
+    QCOWFS_CO_TRY(co_await file_.write(b->host_offset, b->data.span()));
     b->written_gen = b->gen;
   }
   co_return Status::ok();
@@ -193,7 +192,7 @@ Task<Status> RefcountTable::write_grown(HostCluster at_hc, uint64_t table_cluste
   const uint64_t cs = cluster_size();
   QCOWFS_CO_TRY(co_await write_blocks_now());
   io::AlignedBuffer buf = serialize_reftable(table_, static_cast<size_t>(table_clusters * cs), file_.mem_align());
-  QCOWFS_CO_TRY(co_await file_.write(buf.span(), at_hc * cs));
+  QCOWFS_CO_TRY(co_await file_.write(at_hc * cs, buf.span()));
   QCOWFS_CO_TRY(co_await file_.flush());
   QCOWFS_CO_TRY(co_await write_reftable_location(file_, at_hc * cs, static_cast<uint32_t>(table_clusters)));
   co_return co_await file_.flush();

@@ -109,7 +109,7 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, GuestOffset guest, std::span<co
     const Slot& s = plan.slots[0];
     const HostOffset host = s.host + s.wr_start;
     if (const MetadataRange* m = data_overlap(host, s.rq_end - s.rq_start)) co_return co_await data_overlap_error(guest, host, *m);
-    co_return co_await img_.data_file->write(buf, host);
+    co_return co_await img_.data_file->write(host, buf);
   }
   std::vector<HostRun> runs = host_runs(plan, guest, buf);
   io::HostFile& f = *img_.data_file;
@@ -119,9 +119,9 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, GuestOffset guest, std::span<co
   writes.reserve(runs.size());
   for (HostRun& r : runs) {
     if (r.iov.size() == 1)
-      writes.push_back(f.write(std::span<const std::byte>(static_cast<const std::byte*>(r.iov[0].iov_base), r.len), r.host));
+      writes.push_back(f.write(r.host, std::span<const std::byte>(static_cast<const std::byte*>(r.iov[0].iov_base), r.len)));
     else
-      writes.push_back(f.writev(r.iov, r.host));
+      writes.push_back(f.writev(r.host, r.iov));
   }
   co_return co_await io::when_all(std::move(writes));
 }

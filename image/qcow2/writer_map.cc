@@ -263,11 +263,11 @@ Task<Status> Qcow2Writer::copy_l2_table(HostOffset old_table, HostOffset new_tab
   const uint64_t cs = img_.geometry.cluster_size();
   io::AlignedBuffer table(static_cast<size_t>(cs), img_.file->mem_align(), true);
   if (old_table != 0) {  // shared with a snapshot: copy it
-    auto n = co_await img_.file->read(table.span(), old_table);
+    auto n = co_await img_.file->read(old_table, table.span());
     if (!n) co_return n.status();
     if (*n != cs) co_return Status::errorf(EIO, "L2 table at {:#x} is truncated", old_table);
   }
-  co_return co_await img_.file->write(table.span(), new_table);
+  co_return co_await img_.file->write(new_table, table.span());
 }
 
 }  // namespace qcowfs::image::qcow2

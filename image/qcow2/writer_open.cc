@@ -53,7 +53,7 @@ bool Qcow2Writer::has_backing() const { return img_.backing != nullptr; }
 // ---- header ----
 
 Task<Status> Qcow2Writer::write_header_bytes(uint64_t header_offset, std::span<const std::byte> bytes) {
-  QCOWFS_CO_TRY(co_await img_.file->write(bytes, header_offset));
+  QCOWFS_CO_TRY(co_await img_.file->write(header_offset, bytes));
   co_return co_await img_.file->flush();
 }
 

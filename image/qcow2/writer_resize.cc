@@ -116,7 +116,7 @@ Task<Status> Qcow2Writer::write_l1(HostCluster first_hc, uint64_t clusters, uint
   const uint64_t cs = img_.geometry.cluster_size();
   io::AlignedBuffer table(static_cast<size_t>(clusters * cs), img_.file->mem_align(), true);
   for (size_t i = 0; i < l1_.entries.size(); ++i) store_be64(table.data() + i * L1Table::kEntryBytes, l1_.entries[i]);
-  QCOWFS_CO_TRY(co_await img_.file->write(table.span(), first_hc * cs));
+  QCOWFS_CO_TRY(co_await img_.file->write(first_hc * cs, table.span()));
   QCOWFS_CO_TRY(co_await img_.file->flush());
   std::byte hdr[kL1SwitchBytes];
   store_be64(hdr + in_l1_switch(offsetof(HeaderLayout, size)), new_size);

@@ -27,7 +27,7 @@ io::HostFile* RawDriver::identity_file() {
 }
 
 Task<Status> RawDriver::read(uint64_t off, std::span<std::byte> buf) {
-  auto n = co_await file_->read(buf, offset_ + off);
+  auto n = co_await file_->read(offset_ + off, buf);
   if (!n) co_return n.status();
   // A window may reach past the end of a shorter host file: that part reads as zeros.
   if (*n < buf.size()) std::memset(buf.data() + *n, 0, buf.size() - *n);
@@ -36,7 +36,7 @@ Task<Status> RawDriver::read(uint64_t off, std::span<std::byte> buf) {
 
 Task<Status> RawDriver::write(uint64_t off, std::span<const std::byte> buf) {
   if (read_only()) co_return Status::error(EROFS, "image is read-only");
-  co_return co_await file_->write(buf, offset_ + off);
+  co_return co_await file_->write(offset_ + off, buf);
 }
 
 Task<Status> RawDriver::flush() { co_return co_await file_->flush(); }

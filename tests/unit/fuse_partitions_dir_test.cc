@@ -15,7 +15,7 @@ using Bytes = std::vector<std::byte>;
 
 void mbr_entry(io::MemFile& f, int i, uint8_t type, uint32_t lba, uint32_t sectors) {
   Bytes s(512);
-  auto n = run_now(f.read(s, 0));
+  auto n = run_now(f.read(0, s));
   ASSERT_TRUE(n.is_ok());
   size_t e = 446 + static_cast<size_t>(i) * 16;
   s[e + 4] = std::byte{type};
@@ -25,7 +25,7 @@ void mbr_entry(io::MemFile& f, int i, uint8_t type, uint32_t lba, uint32_t secto
   }
   s[510] = std::byte{0x55};
   s[511] = std::byte{0xaa};
-  ASSERT_TRUE(run_now(f.write(s, 0)).is_ok());
+  ASSERT_TRUE(run_now(f.write(0, s)).is_ok());
 }
 
 struct Fixture {

@@ -35,9 +35,9 @@ bool deny_io_uring_setup() {
 
 Task<bool> write_and_read_back(HostFile& f) {
   auto data = testing::pattern(10000, 5);
-  if (!(co_await f.write(data, 123))) co_return false;
+  if (!(co_await f.write(123, data))) co_return false;
   std::vector<std::byte> back(data.size());
-  auto n = co_await f.read(back, 123);
+  auto n = co_await f.read(123, back);
   co_return n && *n == data.size() && back == data;
 }
 

@@ -30,10 +30,10 @@ std::vector<std::byte> bytes(std::initializer_list<int> v) {
 // A caller in the style of image code: read a header, then write a record.
 Task<Status> read_then_write(HostFile& f) {
   std::vector<std::byte> header(16);
-  auto n = co_await f.read(header, 0);
+  auto n = co_await f.read(0, header);
   if (!n) co_return n.status().with_context("reading header");
   std::vector<std::byte> rec(8, std::byte{7});
-  QCOWFS_CO_TRY(co_await f.write(rec, 100));
+  QCOWFS_CO_TRY(co_await f.write(100, rec));
   co_return co_await f.flush();
 }
 
@@ -41,16 +41,16 @@ TEST(MemFile, WriteReadRoundTripAndEof) {
   MemFile f;
   EXPECT_EQ(f.size(), 0u);
   auto data = pattern(10000, 1);
-  ASSERT_TRUE(run_now(f.write(data, 5)).is_ok());
+  ASSERT_TRUE(run_now(f.write(5, data)).is_ok());
   EXPECT_EQ(f.size(), 10005u);
   std::vector<std::byte> buf(20000, std::byte{0xAA});
-  auto n = run_now(f.read(buf, 0));
+  auto n = run_now(f.read(0, buf));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 10005u);
   EXPECT_EQ(buf[0], std::byte{0});
   EXPECT_TRUE(std::equal(data.begin(), data.end(), buf.begin() + 5));
   EXPECT_EQ(buf[10005], std::byte{0xAA});
-  auto past = run_now(f.read(buf, 50000));
+  auto past = run_now(f.read(50000, buf));
   ASSERT_TRUE(past.is_ok());
   EXPECT_EQ(*past, 0u);
 }
@@ -59,10 +59,10 @@ TEST(MemFile, VectoredIo) {
   MemFile f({}, std::vector<std::byte>(100));
   auto a = bytes({1, 2, 3}), b = bytes({4, 5});
   iovec w[] = {{a.data(), a.size()}, {b.data(), b.size()}};
-  ASSERT_TRUE(run_now(f.writev(w, 10)).is_ok());
+  ASSERT_TRUE(run_now(f.writev(10, w)).is_ok());
   std::vector<std::byte> x(1), y(4);
   iovec r[] = {{x.data(), 1}, {y.data(), 4}};
-  auto n = run_now(f.readv(r, 10));
+  auto n = run_now(f.readv(10, r));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 5u);
   EXPECT_EQ(x, bytes({1}));
@@ -83,12 +83,12 @@ TEST(MemFile, NthWriteFailsWithInjectedErrnoAndChangesNothing) {
   MemFile f({}, std::vector<std::byte>(64));
   f.fail_nth(OpKind::write, 2, EIO);
   auto one = bytes({1});
-  EXPECT_TRUE(run_now(f.write(one, 0)).is_ok());
-  Status st = run_now(f.write(one, 1));
+  EXPECT_TRUE(run_now(f.write(0, one)).is_ok());
+  Status st = run_now(f.write(1, one));
   EXPECT_EQ(st.code(), EIO);
   EXPECT_NE(st.message().find("injected"), std::string::npos);
   EXPECT_EQ(f.content()[1], std::byte{0});
-  EXPECT_TRUE(run_now(f.write(one, 2)).is_ok()) << "a one-shot fault must not fire twice";
+  EXPECT_TRUE(run_now(f.write(2, one)).is_ok()) << "a one-shot fault must not fire twice";
   EXPECT_EQ(f.counters().writes, 3u);
 }
 
@@ -111,7 +111,7 @@ TEST(MemFile, AnyKindCountsEveryOperation) {
   MemFile f({}, std::vector<std::byte>(64));
   f.fail_nth(OpKind::any, 4, EROFS);
   std::vector<std::byte> b(4);
-  EXPECT_TRUE(run_now(f.read(b, 0)).is_ok());
+  EXPECT_TRUE(run_now(f.read(0, b)).is_ok());
   EXPECT_TRUE(run_now(f.flush()).is_ok());
   EXPECT_TRUE(run_now(f.discard(0, 4)).is_ok());
   EXPECT_EQ(run_now(f.write_zeroes(0, 4)).code(), EROFS);
@@ -124,21 +124,21 @@ TEST(MemFile, FailFromIsADeadDiskUntilCleared) {
   MemFile f({}, std::vector<std::byte>(64));
   f.fail_from(OpKind::read, 2, EIO);
   std::vector<std::byte> b(4);
-  EXPECT_TRUE(run_now(f.read(b, 0)).is_ok());
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(run_now(f.read(b, 0)).status().code(), EIO);
-  EXPECT_TRUE(run_now(f.write(b, 0)).is_ok()) << "other kinds keep working";
+  EXPECT_TRUE(run_now(f.read(0, b)).is_ok());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(run_now(f.read(0, b)).status().code(), EIO);
+  EXPECT_TRUE(run_now(f.write(0, b)).is_ok()) << "other kinds keep working";
   f.clear_faults();
-  EXPECT_TRUE(run_now(f.read(b, 0)).is_ok());
+  EXPECT_TRUE(run_now(f.read(0, b)).is_ok());
 }
 
 TEST(MemFile, ShortReadOnce) {
   MemFile f({}, pattern(100, 3));
   f.short_once(OpKind::read, 10);
   std::vector<std::byte> b(50);
-  auto n = run_now(f.read(b, 0));
+  auto n = run_now(f.read(0, b));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 10u);
-  n = run_now(f.read(b, 0));
+  n = run_now(f.read(0, b));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 50u);
 }
@@ -147,23 +147,23 @@ TEST(MemFile, ShortWriteIsTornAndFails) {
   MemFile f({}, std::vector<std::byte>(100));
   f.short_once(OpKind::write, 3, ENOSPC);
   auto data = bytes({1, 2, 3, 4, 5, 6});
-  Status st = run_now(f.write(data, 10));
+  Status st = run_now(f.write(10, data));
   EXPECT_EQ(st.code(), ENOSPC);
   auto c = f.content();
   EXPECT_EQ(std::vector<std::byte>(c.begin() + 10, c.begin() + 16), bytes({1, 2, 3, 0, 0, 0}));
-  EXPECT_TRUE(run_now(f.write(data, 10)).is_ok());
+  EXPECT_TRUE(run_now(f.write(10, data)).is_ok());
 }
 
 TEST(MemFile, SizeLimitGivesEnospcAndStoresNothing) {
   MemFile f({}, std::vector<std::byte>(100));
   f.set_size_limit(150);
   std::vector<std::byte> d(40, std::byte{1});
-  EXPECT_TRUE(run_now(f.write(d, 100)).is_ok());  // grows to 140
-  Status st = run_now(f.write(d, 120));           // would reach 160
+  EXPECT_TRUE(run_now(f.write(100, d)).is_ok());  // grows to 140
+  Status st = run_now(f.write(120, d));           // would reach 160
   EXPECT_EQ(st.code(), ENOSPC);
   EXPECT_EQ(f.size(), 140u);
   EXPECT_EQ(f.content()[139], std::byte{1});
-  EXPECT_TRUE(run_now(f.write(d, 0)).is_ok()) << "overwrites inside the file need no space";
+  EXPECT_TRUE(run_now(f.write(0, d)).is_ok()) << "overwrites inside the file need no space";
   EXPECT_EQ(run_now(f.truncate(151)).code(), ENOSPC);
   EXPECT_EQ(run_now(f.write_zeroes(140, 11)).code(), ENOSPC);
   EXPECT_TRUE(run_now(f.write_zeroes(140, 10)).is_ok());
@@ -178,15 +178,15 @@ TEST(MemFile, AlignmentIsReportedCountedAndOptionallyEnforced) {
   EXPECT_EQ(loose.offset_align(), 4096u);
   EXPECT_EQ(loose.mem_align(), 4096u);
   std::vector<std::byte> b(100);
-  EXPECT_TRUE(run_now(loose.read(b, 1)).is_ok());
+  EXPECT_TRUE(run_now(loose.read(1, b)).is_ok());
   EXPECT_EQ(loose.counters().unaligned, 1u);
   o.reject_unaligned = true;
   MemFile strict(o, std::vector<std::byte>(16384));
-  EXPECT_EQ(run_now(strict.read(b, 0)).status().code(), EINVAL);
-  EXPECT_EQ(run_now(strict.write(b, 4096)).code(), EINVAL);
+  EXPECT_EQ(run_now(strict.read(0, b)).status().code(), EINVAL);
+  EXPECT_EQ(run_now(strict.write(4096, b)).code(), EINVAL);
   AlignedBuffer ok(4096, 4096);
-  EXPECT_TRUE(run_now(strict.write(ok.span(), 4096)).is_ok());
-  auto n = run_now(strict.read(ok.span(), 8192));
+  EXPECT_TRUE(run_now(strict.write(4096, ok.span())).is_ok());
+  auto n = run_now(strict.read(8192, ok.span()));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 4096u);
 }
@@ -204,7 +204,7 @@ TEST(MemFile, DiscardMakesHolesVisibleToSeek) {
   EXPECT_EQ(*run_now(f.seek_data(5)), 5u);
   EXPECT_EQ(*run_now(f.seek_hole(28672)), 64u * 1024);
   EXPECT_EQ(*run_now(f.seek_data(1 << 20)), 64u * 1024);
-  ASSERT_TRUE(run_now(f.write(bytes({9}), 13000)).is_ok());
+  ASSERT_TRUE(run_now(f.write(13000, bytes({9}))).is_ok());
   EXPECT_EQ(*run_now(f.seek_data(12288)), 12288u);
 }
 
@@ -212,7 +212,7 @@ TEST(MemFile, ReadOnlyAndBlockDeviceRules) {
   MemFileOptions o;
   o.writable = false;
   MemFile ro(o, std::vector<std::byte>(10));
-  EXPECT_EQ(run_now(ro.write(bytes({1}), 0)).code(), EROFS);
+  EXPECT_EQ(run_now(ro.write(0, bytes({1}))).code(), EROFS);
   EXPECT_EQ(run_now(ro.discard(0, 1)).code(), EROFS);
   MemFileOptions d;
   d.block_device = true;
@@ -225,12 +225,12 @@ TEST(MemFile, CrashImagesAreDurableStatePlusSubsetsOfUnflushedWrites) {
   MemFileOptions o;
   o.track_unflushed = true;
   MemFile f(o, std::vector<std::byte>(8));
-  ASSERT_TRUE(run_now(f.write(bytes({1}), 0)).is_ok());
+  ASSERT_TRUE(run_now(f.write(0, bytes({1}))).is_ok());
   ASSERT_TRUE(run_now(f.flush()).is_ok());
   EXPECT_EQ(f.unflushed_count(), 0u);
-  ASSERT_TRUE(run_now(f.write(bytes({2}), 1)).is_ok());
-  ASSERT_TRUE(run_now(f.write(bytes({3}), 1)).is_ok());  // overlaps the previous write: order matters
-  ASSERT_TRUE(run_now(f.write(bytes({4}), 9)).is_ok());  // extends the file
+  ASSERT_TRUE(run_now(f.write(1, bytes({2}))).is_ok());
+  ASSERT_TRUE(run_now(f.write(1, bytes({3}))).is_ok());  // overlaps the previous write: order matters
+  ASSERT_TRUE(run_now(f.write(9, bytes({4}))).is_ok());  // extends the file
   EXPECT_EQ(f.unflushed_count(), 3u);
   EXPECT_EQ(f.durable_content(), bytes({1, 0, 0, 0, 0, 0, 0, 0}));
   std::set<std::vector<std::byte>> seen;
@@ -256,7 +256,7 @@ TEST(MemFile, ConcurrentWritersFromThreads) {
     ts.emplace_back([&, t] {
       for (int i = 0; i < 1000; ++i) {
         std::vector<std::byte> b(1, static_cast<std::byte>(t + 1));
-        EXPECT_TRUE(run_now(f.write(b, static_cast<uint64_t>(i * 4 + t))).is_ok());
+        EXPECT_TRUE(run_now(f.write(static_cast<uint64_t>(i * 4 + t), b)).is_ok());
       }
     });
   }

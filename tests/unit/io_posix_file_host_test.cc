@@ -69,7 +69,7 @@ int direct_refused(const std::string& path) {
   if (!relaxed || (*relaxed)->cache_mode() != CacheMode::writeback || (*relaxed)->offset_align() != 1) return 5;
   auto engine = threads_engine();
   auto data = testing::pattern(100, 1);
-  if (!engine || !run_sync(*engine, (*relaxed)->write(data, 3)).is_ok()) return 6;
+  if (!engine || !run_sync(*engine, (*relaxed)->write(3, data)).is_ok()) return 6;
   return 0;
 }
 
@@ -81,13 +81,13 @@ TEST(PosixFileHost, ODirectRefusedFailsCacheNoneWhileTheDefaultOpens) {
 
 Task<int> zero_and_discard(HostFile& f) {
   auto data = testing::pattern(4 << 20, 2);
-  if (!(co_await f.write(data, 0))) co_return 10;
+  if (!(co_await f.write(0, data))) co_return 10;
   // 3 MiB from an odd offset, ending past EOF: several zero chunks, extends the file.
   if (!(co_await f.write_zeroes(1001, 3u << 20))) co_return 11;
   if (!(co_await f.write_zeroes((4u << 20) - 10, 30))) co_return 12;
   if (f.size() != (4u << 20) + 20) co_return 13;
   std::vector<std::byte> back(f.size());
-  auto n = co_await f.read(back, 0);
+  auto n = co_await f.read(0, back);
   if (!n || *n != back.size()) co_return 14;
   if (!std::equal(back.begin(), back.begin() + 1001, data.begin())) co_return 15;
   if (!std::all_of(back.begin() + 1001, back.begin() + 1001 + (3 << 20), [](std::byte b) { return b == std::byte{0}; }))
@@ -96,7 +96,7 @@ Task<int> zero_and_discard(HostFile& f) {
   if (!std::all_of(back.end() - 30, back.end(), [](std::byte b) { return b == std::byte{0}; })) co_return 18;
   // Punching is refused: discard still reports success (it is a hint) and changes nothing.
   if (!(co_await f.discard(0, 4096))) co_return 19;
-  auto m = co_await f.read(back, 0);
+  auto m = co_await f.read(0, back);
   if (!m || !std::equal(back.begin(), back.begin() + 1001, data.begin())) co_return 20;
   co_return 0;
 }

@@ -190,7 +190,7 @@ TEST(PosixFileOpen, NoEngineIsAClearError) {
   ASSERT_EQ(Engine::current(), nullptr);
   std::vector<std::byte> buf(10);
   std::optional<Result<size_t>> got;
-  spawn_then(f->read(buf, 0), [&](Result<size_t> r) { got.emplace(std::move(r)); });
+  spawn_then(f->read(0, buf), [&](Result<size_t> r) { got.emplace(std::move(r)); });
   ASSERT_TRUE(got.has_value());  // completes at once, without suspending
   ASSERT_FALSE(got->is_ok());
   EXPECT_EQ(got->status().code(), EINVAL);
@@ -214,7 +214,7 @@ TEST_P(PosixFileIo, ReadOnlyFileRefusesWrites) {
   auto f = open_file(tf.path(), CacheMode::writeback, false);
   ASSERT_TRUE(f);
   std::vector<std::byte> buf(10);
-  Status st = run(f->write(buf, 0));
+  Status st = run(f->write(0, buf));
   EXPECT_EQ(st.code(), EROFS);
   EXPECT_EQ(run(f->truncate(0)).code(), EROFS);
   EXPECT_EQ(run(f->discard(0, 4096)).code(), EROFS);
@@ -226,16 +226,16 @@ TEST_P(PosixFileIo, ReadStopsAtEof) {
     auto f = open_file(tf.path(), m);
     ASSERT_TRUE(f);
     auto data = pattern(10000, 7);
-    ASSERT_TRUE(run(f->write(data, 0)).is_ok());
+    ASSERT_TRUE(run(f->write(0, data)).is_ok());
     EXPECT_EQ(f->size(), 10000u);
     EXPECT_EQ(host_size(tf.path()), 10000u) << "cache " << to_string(m);
     std::vector<std::byte> buf(8192, std::byte{0xEE});
-    auto n = run(f->read(buf, 5000));
+    auto n = run(f->read(5000, buf));
     ASSERT_TRUE(n.is_ok()) << n.status().to_string();
     EXPECT_EQ(*n, 5000u);
     EXPECT_TRUE(std::equal(buf.begin(), buf.begin() + 5000, data.begin() + 5000));
     EXPECT_EQ(buf[5000], std::byte{0xEE}) << "bytes past EOF must be left untouched";
-    auto past = run(f->read(buf, 20000));
+    auto past = run(f->read(20000, buf));
     ASSERT_TRUE(past.is_ok());
     EXPECT_EQ(*past, 0u);
     ASSERT_TRUE(run(f->truncate(0)).is_ok());
@@ -247,11 +247,11 @@ TEST_P(PosixFileIo, UnalignedWritePastEofSetsExactSize) {
   auto f = open_file(tf.path(), CacheMode::none);
   ASSERT_TRUE(f);
   auto a = pattern(100, 1);
-  ASSERT_TRUE(run(f->write(a, 3)).is_ok());
+  ASSERT_TRUE(run(f->write(3, a)).is_ok());
   EXPECT_EQ(f->size(), 103u);
   EXPECT_EQ(host_size(tf.path()), 103u);
   auto b = pattern(10, 2);
-  ASSERT_TRUE(run(f->write(b, 70000)).is_ok());  // far past EOF: a hole in between
+  ASSERT_TRUE(run(f->write(70000, b)).is_ok());  // far past EOF: a hole in between
   EXPECT_EQ(f->size(), 70010u);
   EXPECT_EQ(host_size(tf.path()), 70010u);
   auto content = host_content(tf.path());
@@ -270,13 +270,13 @@ void sweep_misalignment(HostFile& f, const std::string& path, Engine& engine) {
   shadow.resize(f.size());
   auto check_read = [&](uint64_t off, size_t len) -> Task<bool> {
     std::vector<std::byte> buf(len);
-    auto n = co_await f.read(buf, off);
+    auto n = co_await f.read(off, buf);
     if (!n || *n != len) co_return false;
     co_return std::equal(buf.begin(), buf.end(), shadow.begin() + static_cast<std::ptrdiff_t>(off));
   };
   auto do_write = [&](uint64_t off, size_t len, uint32_t seed) -> Task<bool> {
     auto data = pattern(len, seed);
-    Status st = co_await f.write(data, off);
+    Status st = co_await f.write(off, data);
     if (!st) co_return false;
     std::copy(data.begin(), data.end(), shadow.begin() + static_cast<std::ptrdiff_t>(off));
     co_return true;
@@ -346,7 +346,7 @@ TEST_P(PosixFileIo, BounceBufferOn4096SectorLoopDevice) {
   EXPECT_NE(host[14000], std::byte{0});
   ASSERT_TRUE(run(f->discard(0, 8192)).is_ok());
   std::vector<std::byte> big(kFileSize + 4096);
-  auto n = run(f->read(big, 0));
+  auto n = run(f->read(0, big));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, kFileSize);
 }
@@ -366,7 +366,7 @@ TEST_P(PosixFileIo, ConcurrentUnalignedWritesSharingBlocksLoseNothing) {
     // Parameters, not captures: the coroutine outlives this loop iteration.
     auto one = [](HostFile* file, int i, std::atomic<int>* fails, int* finished) -> Task<void> {
       auto data = pattern(100, static_cast<uint32_t>(i));
-      if (!(co_await file->write(data, static_cast<uint64_t>(i) * 100))) ++*fails;
+      if (!(co_await file->write(static_cast<uint64_t>(i) * 100, data))) ++*fails;
       ++*finished;
     };
     for (int i = parity; i < kWrites; i += 2) spawn(one(f.get(), i, failures, &done));
@@ -404,7 +404,7 @@ TEST_P(PosixFileIo, UnalignedWritesRacingAlignedWritesOfTheSameBlock) {
   const std::vector<std::byte> seven(7, std::byte{0x5A});
   auto write_one = [](HostFile* file, std::span<const std::byte> data, uint64_t off, int* fails,
                       int* finished) -> Task<void> {
-    if (!(co_await file->write(data, off))) ++*fails;
+    if (!(co_await file->write(off, data))) ++*fails;
     ++*finished;
   };
   for (int b = 0; b < kBlocks; ++b) {
@@ -442,8 +442,8 @@ TEST_P(PosixFileIo, VectoredIoWithMisalignedSegmentsAndManySegments) {
       wiov.push_back(iovec{src.data() + i * 4096, 4096});
       riov.push_back(iovec{dst.data() + (kSegs - 1 - i) * 4096, 4096});  // reversed order
     }
-    ASSERT_TRUE(run(f->writev(wiov, 4096)).is_ok());
-    auto n = run(f->readv(riov, 4096));
+    ASSERT_TRUE(run(f->writev(4096, wiov)).is_ok());
+    auto n = run(f->readv(4096, riov));
     ASSERT_TRUE(n.is_ok());
     EXPECT_EQ(*n, kSegs * 4096);
     for (size_t i = 0; i < kSegs; ++i)
@@ -451,11 +451,11 @@ TEST_P(PosixFileIo, VectoredIoWithMisalignedSegmentsAndManySegments) {
     // Odd-sized segments at odd addresses and an odd offset: bounced on O_DIRECT.
     std::vector<std::byte> a1 = pattern(3, 5), a2 = pattern(5000, 6), a3 = pattern(77, 7);
     std::vector<iovec> odd{{a1.data(), a1.size()}, {a2.data() + 1, a2.size() - 1}, {a3.data(), a3.size()}};
-    ASSERT_TRUE(run(f->writev(odd, 12345)).is_ok());
+    ASSERT_TRUE(run(f->writev(12345, odd)).is_ok());
     std::vector<std::byte> back(3 + 4999 + 77);
     std::vector<std::byte> r1(3), r2(4999), r3(77);
     std::vector<iovec> rodd{{r1.data(), 3}, {r2.data(), 4999}, {r3.data(), 77}};
-    auto m2 = run(f->readv(rodd, 12345));
+    auto m2 = run(f->readv(12345, rodd));
     ASSERT_TRUE(m2.is_ok());
     EXPECT_EQ(*m2, back.size());
     EXPECT_EQ(r1, a1);
@@ -470,14 +470,14 @@ TEST_P(PosixFileIo, DiscardMakesHoleReadingZeros) {
     auto f = open_file(tf.path(), m);
     ASSERT_TRUE(f);
     auto data = pattern(1 << 20, 11);
-    ASSERT_TRUE(run(f->write(data, 0)).is_ok());
+    ASSERT_TRUE(run(f->write(0, data)).is_ok());
     ASSERT_TRUE(run(f->flush()).is_ok());
     uint64_t before = f->allocated_bytes();
     ASSERT_TRUE(run(f->discard(256 * 1024, 512 * 1024)).is_ok());
     EXPECT_LT(f->allocated_bytes(), before);
     EXPECT_EQ(f->size(), 1u << 20);
     std::vector<std::byte> buf(512 * 1024 + 2);
-    auto n = run(f->read(buf, 256 * 1024 - 1));
+    auto n = run(f->read(256 * 1024 - 1, buf));
     ASSERT_TRUE(n.is_ok());
     EXPECT_EQ(buf.front(), data[256 * 1024 - 1]);
     EXPECT_TRUE(std::all_of(buf.begin() + 1, buf.end() - 1, [](std::byte x) { return x == std::byte{0}; }));
@@ -504,7 +504,7 @@ TEST_P(PosixFileIo, WriteZeroesUnalignedAndPastEof) {
   auto f = open_file(tf.path(), CacheMode::none);
   ASSERT_TRUE(f);
   auto data = pattern(100000, 12);
-  ASSERT_TRUE(run(f->write(data, 0)).is_ok());
+  ASSERT_TRUE(run(f->write(0, data)).is_ok());
   ASSERT_TRUE(run(f->write_zeroes(1001, 50000)).is_ok());
   ASSERT_TRUE(run(f->write_zeroes(99000, 3001)).is_ok());  // extends to 102001
   EXPECT_EQ(f->size(), 102001u);
@@ -521,14 +521,14 @@ TEST_P(PosixFileIo, TruncateShrinksAndGrows) {
   auto f = open_file(tf.path(), CacheMode::none);
   ASSERT_TRUE(f);
   auto data = pattern(20000, 13);
-  ASSERT_TRUE(run(f->write(data, 0)).is_ok());
+  ASSERT_TRUE(run(f->write(0, data)).is_ok());
   ASSERT_TRUE(run(f->truncate(5000)).is_ok());
   EXPECT_EQ(f->size(), 5000u);
   EXPECT_EQ(host_size(tf.path()), 5000u);
   ASSERT_TRUE(run(f->truncate(9000)).is_ok());
   EXPECT_EQ(f->size(), 9000u);
   std::vector<std::byte> buf(9000);
-  auto n = run(f->read(buf, 0));
+  auto n = run(f->read(0, buf));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(*n, 9000u);
   EXPECT_TRUE(std::equal(data.begin(), data.begin() + 5000, buf.begin()));
@@ -541,7 +541,7 @@ TEST_P(PosixFileIo, FlushInEveryCacheMode) {
     auto f = open_file(tf.path(), m);
     ASSERT_TRUE(f);
     auto data = pattern(4096, static_cast<uint32_t>(m) + 20);
-    ASSERT_TRUE(run(f->write(data, 0)).is_ok());
+    ASSERT_TRUE(run(f->write(0, data)).is_ok());
     EXPECT_TRUE(run(f->flush()).is_ok()) << to_string(m);
     EXPECT_EQ(host_content(tf.path()), data);
   }
@@ -554,7 +554,7 @@ TEST_P(PosixFileIo, ReadErrorCarriesErrnoAndPath) {
   auto f = open_file(tf.path(), CacheMode::writeback);
   ASSERT_TRUE(f);
   std::vector<std::byte> buf(16);
-  auto huge = run(f->read(buf, UINT64_MAX - 8));
+  auto huge = run(f->read(UINT64_MAX - 8, buf));
   EXPECT_FALSE(huge.is_ok());
   EXPECT_EQ(huge.status().code(), EINVAL);
   EXPECT_NE(huge.status().message().find(tf.path()), std::string::npos) << huge.status().message();

@@ -24,7 +24,7 @@ class Qcow2Alloc : public ::testing::Test {
     file_ = testing::open_rw(img_->path());
     ASSERT_TRUE(file_);
     std::byte hdr[104];
-    ASSERT_TRUE(run(file_->read(std::span<std::byte>(hdr, sizeof hdr), 0)));
+    ASSERT_TRUE(run(file_->read(0, std::span<std::byte>(hdr, sizeof hdr))));
     bits_ = load_be32(hdr + 20);
     auto rt = run(RefcountTable::load(*file_, bits_, load_be32(hdr + 96), load_be64(hdr + 48), load_be32(hdr + 56), 8));
     ASSERT_TRUE(rt) << rt.status().to_string();

@@ -133,8 +133,8 @@ TEST(Create, MetadataPreallocationIsDetectedLikeQemu) {
   // Write the whole file back as it reads: now the host holds every cluster
   // the refcounts count.
   std::vector<std::byte> all(pre->size());
-  ASSERT_TRUE(run_now(pre->read(all, 0)).is_ok());
-  ASSERT_TRUE(run_now(pre->write(all, 0)).is_ok());
+  ASSERT_TRUE(run_now(pre->read(0, all)).is_ok());
+  ASSERT_TRUE(run_now(pre->write(0, all)).is_ok());
   guess = run_now(detect_metadata_preallocation(*pre, *h));
   ASSERT_TRUE(guess.is_ok());
   EXPECT_FALSE(*guess);

@@ -19,18 +19,18 @@ class GatedFile final : public io::HostFile {
   void open() { gate_->set(); }
   // Closes the gate again; only while no read waits on it.
   void close() { gate_ = std::make_unique<io::AsyncEvent>(); }
-  Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) override {
+  Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override {
     ++in_flight_;
     max_in_flight_ = std::max(max_in_flight_, in_flight_);
     co_await gate_->wait();
     --in_flight_;
-    co_return co_await f_.read(buf, off);
+    co_return co_await f_.read(off, buf);
   }
   int in_flight() const { return in_flight_; }
   int max_in_flight() const { return max_in_flight_; }
-  Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) override { return f_.readv(iov, off); }
-  Task<Status> write(std::span<const std::byte> b, uint64_t off) override { return f_.write(b, off); }
-  Task<Status> writev(std::span<const iovec> iov, uint64_t off) override { return f_.writev(iov, off); }
+  Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override { return f_.readv(off, iov); }
+  Task<Status> write(uint64_t off, std::span<const std::byte> b) override { return f_.write(off, b); }
+  Task<Status> writev(uint64_t off, std::span<const iovec> iov) override { return f_.writev(off, iov); }
   Task<Status> flush() override { return f_.flush(); }
   Task<Status> discard(uint64_t off, uint64_t len) override { return f_.discard(off, len); }
   Task<Status> write_zeroes(uint64_t off, uint64_t len) override { return f_.write_zeroes(off, len); }

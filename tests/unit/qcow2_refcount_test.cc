@@ -28,7 +28,7 @@ Task<Result<Loaded>> load(std::string path) {
   l.file = testing::open_rw(path);
   if (!l.file) co_return Status::error(EIO, "open failed");
   std::byte hdr[104];
-  auto n = co_await l.file->read(std::span<std::byte>(hdr, sizeof hdr), 0);
+  auto n = co_await l.file->read(0, std::span<std::byte>(hdr, sizeof hdr));
   if (!n) co_return n.status();
   uint32_t bits = load_be32(hdr + 20);
   uint32_t order = load_be32(hdr + 4) >= 3 ? load_be32(hdr + 96) : 4;
@@ -82,7 +82,7 @@ TEST_P(Qcow2RefcountWidth, ArithmeticOverflowAndWriteBackAsQemuSeesIt) {
   for (uint64_t c = *first; c < *first + 5; ++c) EXPECT_EQ(*run(rt.get(c)), 1u);
   // Give the clusters bytes in the file (qemu-img only checks clusters inside it).
   std::vector<std::byte> zeros(5 * 4096);
-  ASSERT_TRUE(run(l->file->write(zeros, *first * 4096)));
+  ASSERT_TRUE(run(l->file->write(*first * 4096, zeros)));
   // Raise one cluster to the maximum, then one more must fail and change nothing.
   auto shift = [&](int64_t sign) {
     for (uint64_t left = maxv - 1; left > 0;) {
@@ -141,7 +141,7 @@ TEST_F(Qcow2RefcountTable, GrowsWhenAllocationsPassWhatItCovers) {
   EXPECT_NE(l->rt->table_offset(), old_offset);
   // The header names the new table.
   std::byte hdr[12];
-  ASSERT_TRUE(run(l->file->read(std::span<std::byte>(hdr, sizeof hdr), 48)));
+  ASSERT_TRUE(run(l->file->read(48, std::span<std::byte>(hdr, sizeof hdr))));
   EXPECT_EQ(load_be64(hdr), l->rt->table_offset());
   EXPECT_EQ(load_be32(hdr + 8), l->rt->table_clusters());
   // Runs never overlap each other or the refcount structures.

@@ -103,17 +103,17 @@ class RecordingFile final : public io::HostFile {
     events_.clear();
   }
 
-  Task<Result<size_t>> read(std::span<std::byte> buf, uint64_t off) override { return inner_->read(buf, off); }
-  Task<Result<size_t>> readv(std::span<const iovec> iov, uint64_t off) override { return inner_->readv(iov, off); }
-  Task<Status> write(std::span<const std::byte> buf, uint64_t off) override {
-    Status st = co_await inner_->write(buf, off);
+  Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override { return inner_->read(off, buf); }
+  Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override { return inner_->readv(off, iov); }
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override {
+    Status st = co_await inner_->write(off, buf);
     if (st) record(Op::write, off, buf.size());
     co_return st;
   }
-  Task<Status> writev(std::span<const iovec> iov, uint64_t off) override {
+  Task<Status> writev(uint64_t off, std::span<const iovec> iov) override {
     uint64_t n = 0;
     for (const iovec& v : iov) n += v.iov_len;
-    Status st = co_await inner_->writev(iov, off);
+    Status st = co_await inner_->writev(off, iov);
     if (st) record(Op::write, off, n);
     co_return st;
   }

@@ -23,7 +23,7 @@ std::unique_ptr<io::MemFile> sparse_file() {
   auto f = std::make_unique<io::MemFile>();
   EXPECT_TRUE(run_now(f->truncate(64 * kKiB)).is_ok());
   std::vector<std::byte> data(8 * kKiB, std::byte{0x5a});
-  EXPECT_TRUE(run_now(f->write(data, 16 * kKiB)).is_ok());
+  EXPECT_TRUE(run_now(f->write(16 * kKiB, data)).is_ok());
   return f;
 }
 
