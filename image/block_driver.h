@@ -15,11 +15,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "image/json.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/task.h"
@@ -43,6 +45,17 @@ struct BlockStatus {
   // the driver (or a driver below it) and lives as long as that driver.
   const io::HostFile* file = nullptr;
   uint64_t host_offset = 0;
+};
+
+// What `qemu-img info` shows of an image beyond its name, format and sizes
+// (tools/info.cc prints it, with qemu-img's field names).
+struct ImageDetails {
+  uint64_t cluster_size = 0;   // "cluster-size"; 0: qemu-img shows none for the format
+  std::string backing_file;    // as the image records it; "" for none
+  std::string backing_format;  // as the image records it; "" for none
+  std::optional<bool> dirty;   // "dirty-flag"; nullopt where qemu-img shows none
+  // "format-specific": {"type": format, "data": specific}; an empty object: none.
+  Json specific = Json::object();
 };
 
 struct SnapshotInfo {
@@ -92,6 +105,9 @@ class BlockDriver {
   // may read it without us (FUSE passthrough); nullptr for every other driver.
   virtual io::HostFile* identity_file() { return nullptr; }
 
+  // What info shows of the image. Default: nothing beyond the size.
+  virtual ImageDetails details() const { return {}; }
+
   // Internal snapshots (qcow2). open_snapshot() gives a read-only view of one
   // snapshot, found by id or name; it borrows this driver's files and must be
   // destroyed before this driver.
@@ -100,7 +116,7 @@ class BlockDriver {
 };
 
 struct ImageOptions {
-  std::string format;         // "", "raw" or "qcow2" ("" probes; other known formats are refused)
+  std::string format;         // a registry name (image/format.h); "" probes
   io::OpenOptions file;       // access mode and cache mode for the image file
   bool discard_unmap = false; // discard=unmap: free host space on discard
   std::string snapshot;       // open this internal snapshot (read-only)
@@ -112,6 +128,9 @@ struct ImageOptions {
   // The overlay's path when this image is opened as its backing file (for
   // messages); "" for the image the user named.
   std::string backing_of;
+  // Open the image alone, without its backing file (qemu-img info does:
+  // unallocated ranges then read as zeros).
+  bool no_backing = false;
 };
 
 // Opens path with the format given or probed. Backing files are opened
@@ -119,7 +138,7 @@ struct ImageOptions {
 Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts);
 
 // The driver for file at path: `named` if given (format= or backing_fmt=),
-// else probed (image/probe.h). Returns "raw" or "qcow2"; a format qcowfs only
+// else probed (image/probe.h). Returns a registry name; a format qcowfs only
 // recognises is refused with a message naming it (EMEDIUMTYPE), an unknown
 // name with EINVAL. backing_of names the overlay when file is its backing file.
 Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& path, std::string_view named,

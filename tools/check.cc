@@ -7,7 +7,7 @@
 
 #include "image/qcow2/qcow2_check.h"
 #include "tools/cmd.h"
-#include "tools/json.h"
+#include "image/json.h"
 
 namespace qcowfs::tools {
 namespace {

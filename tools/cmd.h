@@ -12,12 +12,16 @@
 #include <string>
 #include <string_view>
 
+#include "image/json.h"
 #include "io/engine.h"
 #include "io/host_file.h"
 #include "io/run_sync.h"
 #include "io/status.h"
 
 namespace qcowfs::tools {
+
+using image::Json;
+using image::json_quote;
 
 // True when `name` (argv[1]) is a subcommand.
 bool is_subcommand(std::string_view name);

@@ -8,7 +8,7 @@
 #include "image/path.h"
 #include "image/qcow2/qcow2_inspect.h"
 #include "tools/cmd.h"
-#include "tools/json.h"
+#include "image/json.h"
 
 namespace qcowfs::tools {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "image/block_driver.h"
 #include "tools/cmd.h"
-#include "tools/json.h"
+#include "image/json.h"
 
 namespace qcowfs::tools {
 namespace {

@@ -1,10 +1,8 @@
 // Opening a qcow2 image: header, L1 table, snapshot table, external data
 // file, backing chain and caches, then the writer for a writable image.
-#include <limits.h>
-#include <stdlib.h>
-
 #include <algorithm>
 
+#include "image/backing.h"
 #include "image/endian.h"
 #include "image/path.h"
 #include "image/qcow2/driver.h"
@@ -15,12 +13,6 @@
 namespace qcowfs::image {
 namespace qcow2 {
 namespace {
-
-std::string real_path(const std::string& path) {
-  char buf[PATH_MAX];
-  if (::realpath(path.c_str(), buf) == nullptr) return path;
-  return buf;
-}
 
 Task<Result<io::AlignedBuffer>> read_exact(io::HostFile& f, HostOffset host, size_t len, bool zero_past_eof,
                                            std::string_view what) {
@@ -70,29 +62,20 @@ Task<Status> open_data_file(Qcow2Image& img, const ImageOptions& opts) {
   co_return Status::ok();
 }
 
-Task<Status> open_backing(Qcow2Image& img, const ImageOptions& opts, const std::string& self_real) {
-  if (img.header.backing_file.empty()) co_return Status::ok();
-  std::string bpath = resolve_relative(img.path, img.header.backing_file);
-  ImageOptions b;
-  b.format = img.header.backing_format;
-  b.file = opts.file;
-  b.file.writable = false;
-  b.l2_cache_size = opts.l2_cache_size;
-  b.backing_chain = opts.backing_chain;
-  b.backing_chain.push_back(self_real);
-  b.backing_of = img.path;
-  auto d = co_await open_image(bpath, std::move(b));
-  if (!d) co_return d.status().with_context(fmt::format("opening backing file '{}' of {}", bpath, img.path));
+Task<Status> open_backing(Qcow2Image& img, const ImageOptions& opts) {
+  if (img.header.backing_file.empty() || opts.no_backing) co_return Status::ok();
+  auto d = co_await open_backing_file(img.path, img.header.backing_file, img.header.backing_format, opts);
+  if (!d) co_return d.status();
   img.backing = std::move(*d);
   co_return Status::ok();
 }
 
 void setup_caches(Qcow2Image& img, const ImageOptions& opts) {
   const Header& h = img.header;
-  size_t slice = static_cast<size_t>(std::min<uint64_t>(L2Cache::kDefaultSliceSize, h.cluster_size()));
+  size_t slice = static_cast<size_t>(std::min<uint64_t>(TableCache::kDefaultSliceSize, h.cluster_size()));
   uint64_t whole_disk = h.l1_entries_for(h.size) * h.cluster_size();
-  uint64_t bytes = opts.l2_cache_size != 0 ? opts.l2_cache_size : L2Cache::default_size(whole_disk, slice);
-  img.l2_cache = std::make_unique<L2Cache>(*img.file, slice, bytes);
+  uint64_t bytes = opts.l2_cache_size != 0 ? opts.l2_cache_size : TableCache::default_size(whole_disk, slice);
+  img.l2_cache = std::make_unique<TableCache>(*img.file, slice, bytes);
   img.cluster_cache = std::make_unique<ClusterCache>(ClusterCache::default_capacity(h.cluster_size()));
 }
 
@@ -128,9 +111,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFil
   const bool writable = opts.file.writable && file->writable();
   if (writable && !opts.snapshot.empty())
     co_return Status::error(EROFS, "snapshots are read-only: open them without write access");
-  std::string self_real = real_path(path);
-  if (std::find(opts.backing_chain.begin(), opts.backing_chain.end(), self_real) != opts.backing_chain.end())
-    co_return Status::errorf(ELOOP, "backing chain loop: {} is its own backing file", self_real);
+  if (auto chain = enter_backing_chain(path, opts); !chain) co_return chain.status();
   auto img = co_await load_header(std::move(file), path, opts, writable);
   if (!img) co_return img.status();
   auto l1 = co_await read_l1(*(*img)->file, (*img)->header.l1_table_offset, (*img)->header.l1_size);
@@ -139,7 +120,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFil
   if (!sn) co_return sn.status();
   (*img)->snapshots = std::move(*sn);
   QCOWFS_CO_TRY(co_await open_data_file(**img, opts));
-  QCOWFS_CO_TRY(co_await open_backing(**img, opts, self_real));
+  QCOWFS_CO_TRY(co_await open_backing(**img, opts));
   const uint64_t size = (*img)->header.size;
   auto drv = std::make_unique<Qcow2Driver>(std::move(*img), std::move(*l1), size, false);
   if (writable) QCOWFS_CO_TRY(co_await drv->enable_writes(opts));

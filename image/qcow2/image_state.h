@@ -16,13 +16,14 @@
 #include <vector>
 
 #include "image/block_driver.h"
+#include "image/cluster_cache.h"
 #include "image/qcow2/compress.h"
 #include "image/qcow2/corruption.h"
 #include "image/qcow2/header.h"
 #include "image/qcow2/l2.h"
-#include "image/qcow2/l2_cache.h"
 #include "image/qcow2/layout.h"
 #include "image/qcow2/snapshot.h"
+#include "image/table_cache.h"
 
 namespace qcowfs::image::qcow2 {
 
@@ -56,7 +57,7 @@ struct Qcow2Image {
   io::HostFile* data_file = nullptr;               // where data clusters live
   std::unique_ptr<BlockDriver> backing;
   std::vector<Snapshot> snapshots;
-  std::unique_ptr<L2Cache> l2_cache;
+  std::unique_ptr<TableCache> l2_cache;
   std::unique_ptr<ClusterCache> cluster_cache;
   // Writable images: metadata at open (image/qcow2/layout.h), and whether
   // corruption was found since (then writes fail with EIO).

@@ -13,7 +13,7 @@ bool MetadataTracker::touch_l2(uint64_t offset) {
   return true;
 }
 
-void MetadataTracker::add_l2(L2Cache::Ref ref, L2Cache& cache) {
+void MetadataTracker::add_l2(TableCache::Ref ref, TableCache& cache) {
   cache.mark_dirty(ref);
   uint64_t offset = ref.host_offset();
   l2_.insert_or_assign(offset, DirtySlice{std::move(ref), ++l2_gen_});
@@ -38,7 +38,7 @@ WritebackBatch MetadataTracker::take(const RefcountTable& rt, const std::vector<
   return b;
 }
 
-void MetadataTracker::written(const WritebackBatch& b, RefcountTable& rt, L2Cache& cache) {
+void MetadataTracker::written(const WritebackBatch& b, RefcountTable& rt, TableCache& cache) {
   for (const auto& blk : b.blocks) rt.mark_block_written(blk.index, blk.gen);
   for (const auto& [index, value] : b.reftable_entries) rt.mark_table_entry_written(index, value);
   for (const auto& s : b.l2) {

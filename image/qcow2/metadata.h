@@ -28,7 +28,7 @@
 #include <map>
 #include <vector>
 
-#include "image/qcow2/l2_cache.h"
+#include "image/table_cache.h"
 #include "image/qcow2/refcount.h"
 #include "io/host_file.h"
 #include "io/status.h"
@@ -68,7 +68,7 @@ class MetadataTracker {
   // tracked yet, and the caller hands over a pinned Ref with add_l2().
   bool touch_l2(uint64_t offset);
   // Starts tracking a changed slice; keeps it pinned (and dirty) until written.
-  void add_l2(L2Cache::Ref ref, L2Cache& cache);
+  void add_l2(TableCache::Ref ref, TableCache& cache);
   void l1_changed(uint64_t index) { l1_dirty_.insert_or_assign(index, ++l1_gen_); }
   // Drops a reference to [first, first + n) after the next completed writeback.
   void release_later(uint64_t first_cluster, uint64_t n) { releases_.push_back({first_cluster, n}); }
@@ -80,13 +80,13 @@ class MetadataTracker {
   // Copies everything dirty (caller holds the metadata lock).
   WritebackBatch take(const RefcountTable& rt, const std::vector<uint64_t>& l1, uint64_t l1_offset);
   // After write_batch succeeded: clears what the batch wrote (unless changed since).
-  void written(const WritebackBatch& b, RefcountTable& rt, L2Cache& cache);
+  void written(const WritebackBatch& b, RefcountTable& rt, TableCache& cache);
   // After write_batch failed: keeps the batch's releases and data flag for the next try.
   void failed(const WritebackBatch& b);
 
  private:
   struct DirtySlice {
-    L2Cache::Ref ref;
+    TableCache::Ref ref;
     uint64_t gen = 0;
   };
   std::map<uint64_t, DirtySlice> l2_;     // by slice host offset

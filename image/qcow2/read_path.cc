@@ -77,8 +77,8 @@ Task<Status> ReadPath::walk_slice(Walk& w, HostOffset l2_table, RunVisitor& visi
   if (!ref) ref = co_await img_.l2_cache->get(slice_host);
   if (!ref) co_return ref.status().with_context(fmt::format("guest offset {:#x}", w.guest));
   for (uint64_t i = l2_index % slice_entries; i < slice_entries && w.guest < w.end; ++i) {
-    const uint64_t entry = ref->entry(i, esz);
-    const uint64_t bitmap = g.extended_l2 ? ref->bitmap(i, esz) : 0;
+    const uint64_t entry = ref->be64(i * esz);
+    const uint64_t bitmap = g.extended_l2 ? ref->be64(i * esz + kExtendedL2BitmapOffset) : 0;
     uint64_t in_cluster = w.guest & (cs - 1);
     const uint64_t stop_at = in_cluster + std::min(w.end - w.guest, cs - in_cluster);
     while (in_cluster < stop_at) {

@@ -165,7 +165,7 @@ class Qcow2Writer {
   Task<Status> trim_preallocation();
   Task<Result<HostOffset>> ensure_l2(uint64_t l1_index);
   Task<Status> copy_l2_table(HostOffset old_table, HostOffset new_table);
-  Task<Result<L2Cache::Ref>> slice_for(HostOffset l2_table, uint64_t l2_index, size_t* index_in_slice);
+  Task<Result<TableCache::Ref>> slice_for(HostOffset l2_table, uint64_t l2_index, size_t* index_in_slice);
   // A fresh run must not overlap metadata we know about (refcount 0 there
   // means the refcounts are wrong).
   Status check_fresh(HostCluster first_hc, uint64_t n) const;
@@ -184,7 +184,7 @@ class Qcow2Writer {
   // ---- commit of L2 / refcount changes (writer_commit.cc; metadata lock held) ----
   Task<Status> commit(Plan& plan);
   Task<Status> undo(Plan& plan);
-  Task<Status> set_l2(L2Cache::Ref& slice, size_t index, uint64_t entry, uint64_t bitmap);
+  Task<Status> set_l2(TableCache::Ref& slice, size_t index, uint64_t entry, uint64_t bitmap);
   void release_old(uint64_t entry);
 
   // ---- zero and discard (writer_zero.cc) ----

@@ -9,7 +9,7 @@
 namespace qcowfs::image::qcow2 {
 
 // Sets L2 entry `index` of `slice` and marks the slice dirty.
-Task<Status> Qcow2Writer::set_l2(L2Cache::Ref& slice, size_t index, uint64_t entry, uint64_t bitmap) {
+Task<Status> Qcow2Writer::set_l2(TableCache::Ref& slice, size_t index, uint64_t entry, uint64_t bitmap) {
   const size_t esz = img_.geometry.l2_entry_size();
   std::byte* p = slice.mutable_bytes().data() + index * esz;
   store_be64(p, entry);

@@ -41,8 +41,8 @@ Task<Status> Qcow2Writer::load_entry(Plan& plan, Slot& s, HostOffset l2_table) {
   const size_t esz = g.l2_entry_size();
   s.slice = plan.slices.size() - 1;
   s.index = static_cast<size_t>(l2_index % per);
-  s.old_entry = plan.slices.back().entry(s.index, esz);
-  s.old_bitmap = g.extended_l2 ? plan.slices.back().bitmap(s.index, esz) : 0;
+  s.old_entry = plan.slices.back().be64(s.index * esz);
+  s.old_bitmap = g.extended_l2 ? plan.slices.back().be64(s.index * esz + kExtendedL2BitmapOffset) : 0;
   co_return classify(s);
 }
 
@@ -230,7 +230,7 @@ Task<Status> Qcow2Writer::trim_preallocation() {
 
 // ---- L2 tables ----
 
-Task<Result<L2Cache::Ref>> Qcow2Writer::slice_for(HostOffset l2_table, uint64_t l2_index, size_t* index_in_slice) {
+Task<Result<TableCache::Ref>> Qcow2Writer::slice_for(HostOffset l2_table, uint64_t l2_index, size_t* index_in_slice) {
   const size_t per = img_.l2_slice_entries();
   *index_in_slice = static_cast<size_t>(l2_index % per);
   co_return co_await img_.l2_cache->get(l2_table + (l2_index / per) * img_.l2_cache->slice_size());

@@ -46,7 +46,7 @@ struct Qcow2Writer::Slot {
 
 struct Qcow2Writer::Plan {
   std::vector<Slot> slots;
-  std::vector<L2Cache::Ref> slices;
+  std::vector<TableCache::Ref> slices;
   HostCluster first_hc = 0;  // host clusters allocated for this request
   uint64_t run_clusters = 0;
 };

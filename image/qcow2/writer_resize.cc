@@ -55,8 +55,8 @@ Task<Status> Qcow2Writer::check_tail_unallocated(uint64_t new_size) {
     size_t index = 0;
     auto slice = co_await slice_for(l2, gc % g.l2_entries(), &index);
     if (!slice) co_return slice.status();
-    const uint64_t entry = slice->entry(index, esz) & ~kOflagZero;
-    const uint64_t bitmap = g.extended_l2 ? slice->bitmap(index, esz) & kSubclusterAllocMask : 0;
+    const uint64_t entry = slice->be64(index * esz) & ~kOflagZero;
+    const uint64_t bitmap = g.extended_l2 ? slice->be64(index * esz + kExtendedL2BitmapOffset) & kSubclusterAllocMask : 0;
     if (entry != 0 || bitmap != 0)
       co_return Status::errorf(EINVAL, "cannot shrink to {} bytes: guest offset {:#x} is allocated", new_size, gc * cs);
   }

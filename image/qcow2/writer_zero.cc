@@ -106,8 +106,8 @@ Task<Status> Qcow2Writer::zero_cluster(GuestCluster gc, ZeroMode mode, std::vect
   const size_t esz = g.l2_entry_size();
   Slot probe;
   probe.gc = gc;
-  probe.old_entry = slice->entry(index, esz);
-  probe.old_bitmap = g.extended_l2 ? slice->bitmap(index, esz) : 0;
+  probe.old_entry = slice->be64(index * esz);
+  probe.old_bitmap = g.extended_l2 ? slice->be64(index * esz + kExtendedL2BitmapOffset) : 0;
   probe.rq_start = 0;
   probe.rq_end = g.cluster_size();
   QCOWFS_CO_TRY(classify(probe));

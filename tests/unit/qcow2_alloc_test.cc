@@ -48,7 +48,7 @@ class Qcow2Alloc : public ::testing::Test {
     MetadataTracker t;
     WritebackBatch b = t.take(*rt_, {}, 0);
     Status st = run(write_batch(*file_, *file_, b));
-    L2Cache unused(*file_, 4096, 8192);
+    TableCache unused(*file_, 4096, 8192);
     t.written(b, *rt_, unused);
     return st;
   }

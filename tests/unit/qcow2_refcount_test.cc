@@ -46,7 +46,7 @@ Task<Status> write_back(Loaded& l) {
   MetadataTracker t;
   WritebackBatch b = t.take(*l.rt, {}, 0);
   QCOWFS_CO_TRY(co_await write_batch(*l.file, *l.file, b));
-  L2Cache unused(*l.file, 4096, 8192);
+  TableCache unused(*l.file, 4096, 8192);
   t.written(b, *l.rt, unused);
   co_return Status::ok();
 }

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tools/cmd.h"
-#include "tools/json.h"
+#include "image/json.h"
 #include "image/qcow2/status.h"
 #include "image/raw/raw.h"
 #include "image/window.h"

@@ -1,22 +1,22 @@
-// L2Cache over MemFile: one host read per slice, shared concurrent loads,
+// TableCache over MemFile: one host read per slice, shared concurrent loads,
 // LRU eviction that spares pinned and dirty slices, failed loads retried.
 #include <gtest/gtest.h>
 
 #include "image/endian.h"
-#include "image/qcow2/l2_cache.h"
+#include "image/table_cache.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"
 #include "io/sync.h"
 #include "qcow2_gated_file.h"
 
-namespace qcowfs::image::qcow2 {
+namespace qcowfs::image {
 namespace {
 
 constexpr size_t kSlice = 4096;
-using testing::GatedFile;
+using qcow2::testing::GatedFile;
 
-class Qcow2L2Cache : public ::testing::Test {
+class TableCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto e = io::make_engine(io::EngineKind::automatic);
@@ -27,46 +27,46 @@ class Qcow2L2Cache : public ::testing::Test {
     for (size_t i = 0; i < 16; ++i) store_be64(content.data() + i * kSlice, i + 1000);
     file_ = std::make_unique<io::MemFile>(io::MemFileOptions{}, std::move(content));
   }
-  Result<L2Cache::Ref> get(L2Cache& c, uint64_t off) { return io::run_sync(*engine_, c.get(off)); }
+  Result<TableCache::Ref> get(TableCache& c, uint64_t off) { return io::run_sync(*engine_, c.get(off)); }
   uint64_t reads() const { return file_->counters().reads; }
 
   std::unique_ptr<io::Engine> engine_;
   std::unique_ptr<io::MemFile> file_;
 };
 
-TEST_F(Qcow2L2Cache, LoadsEachSliceOnce) {
-  L2Cache c(*file_, kSlice, 8 * kSlice);
+TEST_F(TableCacheTest, LoadsEachSliceOnce) {
+  TableCache c(*file_, kSlice, 8 * kSlice);
   auto a = get(c, 3 * kSlice);
   ASSERT_TRUE(a.is_ok());
-  EXPECT_EQ(a->entry(0, 8), 1003u);
+  EXPECT_EQ(a->be64(0), 1003u);
   a->reset();
   auto again = get(c, 3 * kSlice);
   ASSERT_TRUE(again.is_ok());
-  EXPECT_EQ(again->entry(0, 8), 1003u);
+  EXPECT_EQ(again->be64(0), 1003u);
   EXPECT_EQ(reads(), 1u);
   EXPECT_EQ(c.host_reads(), 1u);
 }
 
-TEST_F(Qcow2L2Cache, TryGetHitsOnlyLoadedSlices) {
-  L2Cache c(*file_, kSlice, 8 * kSlice);
+TEST_F(TableCacheTest, TryGetHitsOnlyLoadedSlices) {
+  TableCache c(*file_, kSlice, 8 * kSlice);
   EXPECT_FALSE(c.try_get(2 * kSlice).is_ok());
   EXPECT_EQ(reads(), 0u);  // a miss never reads
   ASSERT_TRUE(get(c, 2 * kSlice).is_ok());
   auto hit = c.try_get(2 * kSlice);
   ASSERT_TRUE(hit.is_ok());
-  EXPECT_EQ(hit->entry(0, 8), 1002u);
+  EXPECT_EQ(hit->be64(0), 1002u);
   EXPECT_EQ(reads(), 1u);
 }
 
-TEST_F(Qcow2L2Cache, ConcurrentLoadsOfOneSliceShareOneRead) {
+TEST_F(TableCacheTest, ConcurrentLoadsOfOneSliceShareOneRead) {
   GatedFile gated(*file_);
-  L2Cache c(gated, kSlice, 8 * kSlice);
+  TableCache c(gated, kSlice, 8 * kSlice);
   int done = 0;
   uint64_t seen[3] = {};
   io::run_sync(*engine_, [&]() -> Task<void> {
     for (int i = 0; i < 3; ++i)
-      spawn_then(c.get(5 * kSlice), [&, i](Result<L2Cache::Ref> r) {
-        if (r.is_ok()) seen[i] = r->entry(0, 8);
+      spawn_then(c.get(5 * kSlice), [&, i](Result<TableCache::Ref> r) {
+        if (r.is_ok()) seen[i] = r->be64(0);
         ++done;
       });
     EXPECT_EQ(done, 0);  // all three wait for the one load
@@ -78,8 +78,8 @@ TEST_F(Qcow2L2Cache, ConcurrentLoadsOfOneSliceShareOneRead) {
   for (uint64_t v : seen) EXPECT_EQ(v, 1005u);
 }
 
-TEST_F(Qcow2L2Cache, EvictsLeastRecentlyUsedSlice) {
-  L2Cache c(*file_, kSlice, 2 * kSlice);
+TEST_F(TableCacheTest, EvictsLeastRecentlyUsedSlice) {
+  TableCache c(*file_, kSlice, 2 * kSlice);
   EXPECT_EQ(c.capacity_slices(), 2u);
   ASSERT_TRUE(get(c, 0).is_ok());
   ASSERT_TRUE(get(c, kSlice).is_ok());
@@ -93,20 +93,20 @@ TEST_F(Qcow2L2Cache, EvictsLeastRecentlyUsedSlice) {
   EXPECT_EQ(reads(), 4u);
 }
 
-TEST_F(Qcow2L2Cache, PinnedSlicesAreNeverEvicted) {
-  L2Cache c(*file_, kSlice, 2 * kSlice);
+TEST_F(TableCacheTest, PinnedSlicesAreNeverEvicted) {
+  TableCache c(*file_, kSlice, 2 * kSlice);
   auto pinned = get(c, 7 * kSlice);
   ASSERT_TRUE(pinned.is_ok());
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(get(c, i * kSlice).is_ok());
-  EXPECT_EQ(pinned->entry(0, 8), 1007u);
+  EXPECT_EQ(pinned->be64(0), 1007u);
   uint64_t before = reads();
   ASSERT_TRUE(get(c, 7 * kSlice).is_ok());
   EXPECT_EQ(reads(), before);  // still cached
 }
 
-TEST_F(Qcow2L2Cache, AllPinnedCacheGrowsInsteadOfBlocking) {
-  L2Cache c(*file_, kSlice, 2 * kSlice);
-  std::vector<L2Cache::Ref> refs;
+TEST_F(TableCacheTest, AllPinnedCacheGrowsInsteadOfBlocking) {
+  TableCache c(*file_, kSlice, 2 * kSlice);
+  std::vector<TableCache::Ref> refs;
   for (uint64_t i = 0; i < 4; ++i) {
     auto r = get(c, i * kSlice);
     ASSERT_TRUE(r.is_ok());
@@ -118,8 +118,8 @@ TEST_F(Qcow2L2Cache, AllPinnedCacheGrowsInsteadOfBlocking) {
   EXPECT_LE(c.cached_slices(), 2u);
 }
 
-TEST_F(Qcow2L2Cache, DirtySlicesStayUntilWrittenBack) {
-  L2Cache c(*file_, kSlice, 2 * kSlice);
+TEST_F(TableCacheTest, DirtySlicesStayUntilWrittenBack) {
+  TableCache c(*file_, kSlice, 2 * kSlice);
   auto d = get(c, 4 * kSlice);
   ASSERT_TRUE(d.is_ok());
   store_be64(d->mutable_bytes().data(), 42);
@@ -128,17 +128,17 @@ TEST_F(Qcow2L2Cache, DirtySlicesStayUntilWrittenBack) {
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(get(c, i * kSlice).is_ok());
   auto again = get(c, 4 * kSlice);
   ASSERT_TRUE(again.is_ok());
-  EXPECT_EQ(again->entry(0, 8), 42u);  // the modified copy, not a reload
+  EXPECT_EQ(again->be64(0), 42u);  // the modified copy, not a reload
   c.clear_dirty(*again);
   again->reset();
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(get(c, i * kSlice).is_ok());
   auto reloaded = get(c, 4 * kSlice);
   ASSERT_TRUE(reloaded.is_ok());
-  EXPECT_EQ(reloaded->entry(0, 8), 1004u);
+  EXPECT_EQ(reloaded->be64(0), 1004u);
 }
 
-TEST_F(Qcow2L2Cache, FailedLoadIsReportedAndRetried) {
-  L2Cache c(*file_, kSlice, 4 * kSlice);
+TEST_F(TableCacheTest, FailedLoadIsReportedAndRetried) {
+  TableCache c(*file_, kSlice, 4 * kSlice);
   file_->fail_nth(io::OpKind::read, 1, EIO);
   auto bad = get(c, 2 * kSlice);
   ASSERT_FALSE(bad.is_ok());
@@ -146,26 +146,26 @@ TEST_F(Qcow2L2Cache, FailedLoadIsReportedAndRetried) {
   EXPECT_EQ(c.cached_slices(), 0u);
   auto good = get(c, 2 * kSlice);
   ASSERT_TRUE(good.is_ok()) << good.status().to_string();
-  EXPECT_EQ(good->entry(0, 8), 1002u);
+  EXPECT_EQ(good->be64(0), 1002u);
 }
 
-TEST_F(Qcow2L2Cache, SliceTruncatedByEndOfFileIsEio) {
-  L2Cache c(*file_, kSlice, 4 * kSlice);
+TEST_F(TableCacheTest, SliceTruncatedByEndOfFileIsEio) {
+  TableCache c(*file_, kSlice, 4 * kSlice);
   file_->short_once(io::OpKind::read, 100);
   auto r = get(c, 0);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), EIO);
 }
 
-TEST_F(Qcow2L2Cache, DefaultSizeCoversDiskUpToCap) {
+TEST_F(TableCacheTest, DefaultSizeCoversDiskUpToCap) {
 #ifndef QCOWFS_TINY_CACHE
-  EXPECT_EQ(L2Cache::default_size(1 << 20, kSlice), 1u << 20);
-  EXPECT_EQ(L2Cache::default_size(1ull << 40, kSlice), L2Cache::kDefaultMaxBytes);
-  EXPECT_EQ(L2Cache::default_size(100, kSlice), 8 * kSlice);
+  EXPECT_EQ(TableCache::default_size(1 << 20, kSlice), 1u << 20);
+  EXPECT_EQ(TableCache::default_size(1ull << 40, kSlice), TableCache::kDefaultMaxBytes);
+  EXPECT_EQ(TableCache::default_size(100, kSlice), 8 * kSlice);
 #else
-  EXPECT_EQ(L2Cache::default_size(1ull << 40, kSlice), 2 * kSlice);
+  EXPECT_EQ(TableCache::default_size(1ull << 40, kSlice), 2 * kSlice);
 #endif
 }
 
 }  // namespace
-}  // namespace qcowfs::image::qcow2
+}  // namespace qcowfs::image

@@ -1,8 +1,14 @@
-#include "tools/json.h"
+#include "image/json.h"
 
 #include <fmt/format.h>
 
-namespace qcowfs::tools {
+namespace qcowfs::image {
+
+bool Json::empty() const {
+  if (const auto* o = std::get_if<Object>(&v_)) return o->empty();
+  if (const auto* a = std::get_if<Array>(&v_)) return a->empty();
+  return false;
+}
 
 std::string json_quote(const std::string& s) {
   std::string out = "\"";
@@ -80,4 +86,4 @@ void Json::render_to(std::string& out, int indent, int level) const {
   }
 }
 
-}  // namespace qcowfs::tools
+}  // namespace qcowfs::image

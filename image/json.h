@@ -1,5 +1,6 @@
-// A minimal JSON value for the subcommands' --json output, rendered the way
-// qemu-img prints it (4-space indentation, keys in insertion order).
+// A minimal JSON value, rendered the way qemu-img prints it (4-space
+// indentation, keys in insertion order): drivers describe their format's
+// details in it (ImageDetails::specific) and the subcommands print it (--json).
 // Thread-safety: plain values.
 #pragma once
 
@@ -10,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-namespace qcowfs::tools {
+namespace qcowfs::image {
 
 class Json {
  public:
@@ -31,6 +32,8 @@ class Json {
   // Object: appends key (no duplicate check). Array: appends a value.
   Json& set(std::string key, Json value);
   Json& push(Json value);
+  // An object or array with no members.
+  bool empty() const;
 
   // Pretty-printed with the given indentation of nested levels.
   std::string render(int indent = 4) const;
@@ -44,4 +47,4 @@ class Json {
 
 std::string json_quote(const std::string& s);
 
-}  // namespace qcowfs::tools
+}  // namespace qcowfs::image

@@ -1,8 +1,9 @@
-// L2Cache: a bounded LRU cache of L2 table slices, shared by every view of one
-// qcow2 image (active image and snapshots; keyed by host offset).
+// TableCache: a bounded LRU cache of metadata table slices read from one host
+// file, keyed by host offset: qcow2's L2 tables (shared by every view of one
+// image: active image and snapshots), QED's L2 tables, VMDK's grain tables.
 //
-// A slice is `slice_size` bytes of one L2 table (4 KiB by default, never more
-// than a cluster), loaded with one host read. get() returns a Ref that pins
+// A slice is `slice_size` bytes of one table (4 KiB by default; a format may
+// use its whole table size), loaded with one host read. get() returns a Ref that pins
 // the slice: pinned slices are never evicted, so a Ref stays valid while it is
 // held. Concurrent get()s of a slice that is not yet loaded share one host read
 // (the first caller loads, the others await an AsyncEvent). A failed load is
@@ -28,16 +29,15 @@
 #include <unordered_map>
 #include <vector>
 
-#include "image/qcow2/format.h"
 #include "io/buffer.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/sync.h"
 #include "io/task.h"
 
-namespace qcowfs::image::qcow2 {
+namespace qcowfs::image {
 
-class L2Cache {
+class TableCache {
   struct Entry;
 
  public:
@@ -61,32 +61,34 @@ class L2Cache {
     void reset();
     explicit operator bool() const { return entry_ != nullptr; }
 
-    HostOffset host_offset() const;
+    uint64_t host_offset() const;
     std::span<const std::byte> bytes() const;
     std::span<std::byte> mutable_bytes();
-    // First and second 64-bit words of L2 entry i of this slice (host order).
-    uint64_t entry(size_t i, size_t entry_size) const;
-    uint64_t bitmap(size_t i, size_t entry_size) const;
+    // The integer at byte offset `at` of the slice, in host order (qcow2's
+    // tables are big-endian, QED's and VMDK's little-endian).
+    uint64_t be64(size_t at) const;
+    uint64_t le64(size_t at) const;
+    uint32_t le32(size_t at) const;
 
    private:
-    friend class L2Cache;
-    Ref(L2Cache* c, std::shared_ptr<Entry> e) : cache_(c), entry_(std::move(e)) {}
-    L2Cache* cache_ = nullptr;
+    friend class TableCache;
+    Ref(TableCache* c, std::shared_ptr<Entry> e) : cache_(c), entry_(std::move(e)) {}
+    TableCache* cache_ = nullptr;
     std::shared_ptr<Entry> entry_;
   };
 
   // file must outlive the cache. capacity_bytes is rounded down to whole
   // slices (at least two).
-  L2Cache(io::HostFile& file, size_t slice_size, uint64_t capacity_bytes);
-  L2Cache(const L2Cache&) = delete;
-  L2Cache& operator=(const L2Cache&) = delete;
+  TableCache(io::HostFile& file, size_t slice_size, uint64_t capacity_bytes);
+  TableCache(const TableCache&) = delete;
+  TableCache& operator=(const TableCache&) = delete;
 
   // The slice starting at host offset `host` (aligned to slice_size, inside
   // the file: the caller validates it).
-  Task<Result<Ref>> get(HostOffset host);
+  Task<Result<Ref>> get(uint64_t host);
   // The slice if it is cached and loaded (pinned, moved to the LRU front);
   // otherwise an error Status and nothing changes. Never suspends.
-  Result<Ref> try_get(HostOffset host);
+  Result<Ref> try_get(uint64_t host);
 
   void mark_dirty(Ref& ref);
   void clear_dirty(Ref& ref);
@@ -98,7 +100,7 @@ class L2Cache {
 
  private:
   struct Entry {
-    HostOffset host = 0;
+    uint64_t host = 0;
     // Slices of at least a page live in an aligned buffer (zero-copy reads);
     // smaller ones (clusters under 4 KiB) in plain memory, so a 512-byte slice
     // costs 512 bytes and the cache's memory stays what its capacity says.
@@ -107,10 +109,10 @@ class L2Cache {
     std::span<std::byte> data;
     io::AsyncEvent loaded;
     Status load_status;  // written by the loader before loaded.set()
-    // Guarded by L2Cache::mu_:
+    // Guarded by TableCache::mu_:
     int pins = 0;
     bool dirty = false;
-    std::list<HostOffset>::iterator lru;
+    std::list<uint64_t>::iterator lru;
   };
 
   Task<Status> load(Entry& e);
@@ -123,9 +125,9 @@ class L2Cache {
   const size_t capacity_;
 
   mutable std::mutex mu_;  // guards map_, lru_, Entry::pins/dirty/lru, host_reads_
-  std::unordered_map<HostOffset, std::shared_ptr<Entry>> map_;
-  std::list<HostOffset> lru_;  // front = most recently used
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> map_;
+  std::list<uint64_t> lru_;  // front = most recently used
   uint64_t host_reads_ = 0;
 };
 
-}  // namespace qcowfs::image::qcow2
+}  // namespace qcowfs::image

@@ -1,12 +1,12 @@
-#include "image/qcow2/l2_cache.h"
+#include "image/table_cache.h"
 
 #include <algorithm>
 
 #include "image/endian.h"
 
-namespace qcowfs::image::qcow2 {
+namespace qcowfs::image {
 
-uint64_t L2Cache::default_size(uint64_t l2_bytes_for_whole_disk, size_t slice_size) {
+uint64_t TableCache::default_size(uint64_t l2_bytes_for_whole_disk, size_t slice_size) {
 #ifdef QCOWFS_TINY_CACHE
   (void)l2_bytes_for_whole_disk;
   return 2 * uint64_t{slice_size};
@@ -25,15 +25,15 @@ static size_t slices_for(uint64_t bytes, size_t slice_size) {
 #endif
 }
 
-L2Cache::L2Cache(io::HostFile& file, size_t slice_size, uint64_t capacity_bytes)
+TableCache::TableCache(io::HostFile& file, size_t slice_size, uint64_t capacity_bytes)
     : file_(file), slice_size_(slice_size), capacity_(slices_for(capacity_bytes, slice_size)) {}
 
 // ---- Ref ----
 
-L2Cache::Ref::Ref(Ref&& o) noexcept
+TableCache::Ref::Ref(Ref&& o) noexcept
     : cache_(std::exchange(o.cache_, nullptr)), entry_(std::move(o.entry_)) {}
 
-L2Cache::Ref& L2Cache::Ref::operator=(Ref&& o) noexcept {
+TableCache::Ref& TableCache::Ref::operator=(Ref&& o) noexcept {
   if (this != &o) {
     reset();
     cache_ = std::exchange(o.cache_, nullptr);
@@ -42,29 +42,25 @@ L2Cache::Ref& L2Cache::Ref::operator=(Ref&& o) noexcept {
   return *this;
 }
 
-L2Cache::Ref::~Ref() { reset(); }
+TableCache::Ref::~Ref() { reset(); }
 
-void L2Cache::Ref::reset() {
+void TableCache::Ref::reset() {
   if (entry_) cache_->unpin(*entry_);
   entry_.reset();
   cache_ = nullptr;
 }
 
-HostOffset L2Cache::Ref::host_offset() const { return entry_->host; }
-std::span<const std::byte> L2Cache::Ref::bytes() const { return entry_->data; }
-std::span<std::byte> L2Cache::Ref::mutable_bytes() { return entry_->data; }
+uint64_t TableCache::Ref::host_offset() const { return entry_->host; }
+std::span<const std::byte> TableCache::Ref::bytes() const { return entry_->data; }
+std::span<std::byte> TableCache::Ref::mutable_bytes() { return entry_->data; }
 
-uint64_t L2Cache::Ref::entry(size_t i, size_t entry_size) const {
-  return load_be64(entry_->data.data() + i * entry_size);
-}
-
-uint64_t L2Cache::Ref::bitmap(size_t i, size_t entry_size) const {
-  return load_be64(entry_->data.data() + i * entry_size + sizeof(uint64_t));  // the word after the entry
-}
+uint64_t TableCache::Ref::be64(size_t at) const { return load_be64(entry_->data.data() + at); }
+uint64_t TableCache::Ref::le64(size_t at) const { return load_le64(entry_->data.data() + at); }
+uint32_t TableCache::Ref::le32(size_t at) const { return load_le32(entry_->data.data() + at); }
 
 // ---- cache ----
 
-Task<Result<L2Cache::Ref>> L2Cache::get(HostOffset host) {
+Task<Result<TableCache::Ref>> TableCache::get(uint64_t host) {
   std::shared_ptr<Entry> e;
   bool loader = false;
   {
@@ -102,7 +98,7 @@ Task<Result<L2Cache::Ref>> L2Cache::get(HostOffset host) {
   co_return Ref(this, std::move(e));
 }
 
-Result<L2Cache::Ref> L2Cache::try_get(HostOffset host) {
+Result<TableCache::Ref> TableCache::try_get(uint64_t host) {
   std::shared_ptr<Entry> e;
   {
     std::lock_guard lk(mu_);
@@ -117,7 +113,7 @@ Result<L2Cache::Ref> L2Cache::try_get(HostOffset host) {
   return Ref(this, std::move(e));
 }
 
-Task<Status> L2Cache::load(Entry& e) {
+Task<Status> TableCache::load(Entry& e) {
   if (slice_size_ >= io::kMinMemAlign) {
     e.aligned = io::AlignedBuffer(slice_size_, file_.mem_align(), false);
     e.data = e.aligned.span();
@@ -132,7 +128,7 @@ Task<Status> L2Cache::load(Entry& e) {
   co_return Status::ok();
 }
 
-void L2Cache::evict_locked() {
+void TableCache::evict_locked() {
   auto it = lru_.end();
   while (map_.size() >= capacity_ && it != lru_.begin()) {
     --it;
@@ -144,36 +140,36 @@ void L2Cache::evict_locked() {
   }
 }
 
-void L2Cache::forget_locked(const std::shared_ptr<Entry>& e) {
+void TableCache::forget_locked(const std::shared_ptr<Entry>& e) {
   auto it = map_.find(e->host);
   if (it == map_.end() || it->second != e) return;
   lru_.erase(e->lru);
   map_.erase(it);
 }
 
-void L2Cache::unpin(Entry& e) {
+void TableCache::unpin(Entry& e) {
   std::lock_guard lk(mu_);
   --e.pins;
 }
 
-void L2Cache::mark_dirty(Ref& ref) {
+void TableCache::mark_dirty(Ref& ref) {
   std::lock_guard lk(mu_);
   ref.entry_->dirty = true;
 }
 
-void L2Cache::clear_dirty(Ref& ref) {
+void TableCache::clear_dirty(Ref& ref) {
   std::lock_guard lk(mu_);
   ref.entry_->dirty = false;
 }
 
-size_t L2Cache::cached_slices() const {
+size_t TableCache::cached_slices() const {
   std::lock_guard lk(mu_);
   return map_.size();
 }
 
-uint64_t L2Cache::host_reads() const {
+uint64_t TableCache::host_reads() const {
   std::lock_guard lk(mu_);
   return host_reads_;
 }
 
-}  // namespace qcowfs::image::qcow2
+}  // namespace qcowfs::image

@@ -1,0 +1,45 @@
+#include "image/backing.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+#include <algorithm>
+
+#include "image/path.h"
+
+namespace qcowfs::image {
+namespace {
+
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) return path;
+  return buf;
+}
+
+}  // namespace
+
+Result<std::string> enter_backing_chain(const std::string& path, const ImageOptions& opts) {
+  std::string self_real = real_path(path);
+  if (std::find(opts.backing_chain.begin(), opts.backing_chain.end(), self_real) != opts.backing_chain.end())
+    return Status::errorf(ELOOP, "backing chain loop: {} is its own backing file", self_real);
+  return self_real;
+}
+
+Task<Result<std::unique_ptr<BlockDriver>>> open_backing_file(const std::string& overlay_path,
+                                                            const std::string& name, const std::string& format,
+                                                            const ImageOptions& overlay_opts) {
+  std::string bpath = resolve_relative(overlay_path, name);
+  ImageOptions b;
+  b.format = format;
+  b.file = overlay_opts.file;
+  b.file.writable = false;
+  b.l2_cache_size = overlay_opts.l2_cache_size;
+  b.backing_chain = overlay_opts.backing_chain;
+  b.backing_chain.push_back(real_path(overlay_path));
+  b.backing_of = overlay_path;
+  auto d = co_await open_image(bpath, std::move(b));
+  if (!d) co_return d.status().with_context(fmt::format("opening backing file '{}' of {}", bpath, overlay_path));
+  co_return d;
+}
+
+}  // namespace qcowfs::image

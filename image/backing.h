@@ -1,0 +1,26 @@
+// Backing files: the one way a format opens the image its overlay names (qcow2's
+// backing file, a VMDK delta's parent, a VHD differencing disk's parent), with
+// the loop check that keeps a chain finite.
+// Thread-safety: free functions; each call is independent.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "image/block_driver.h"
+
+namespace qcowfs::image {
+
+// The real path of path, refused with ELOOP when it is already part of the
+// chain being opened (opts.backing_chain): the image is its own backing file.
+Result<std::string> enter_backing_chain(const std::string& path, const ImageOptions& opts);
+
+// Opens `name` as recorded by the overlay at overlay_path (a relative name is
+// relative to the overlay's directory) read-only, with `format` if the overlay
+// records one (else probed), the overlay's cache and locking options, and the
+// chain extended by the overlay's real path. Errors name both files.
+Task<Result<std::unique_ptr<BlockDriver>>> open_backing_file(const std::string& overlay_path,
+                                                            const std::string& name, const std::string& format,
+                                                            const ImageOptions& overlay_opts);
+
+}  // namespace qcowfs::image

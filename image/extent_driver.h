@@ -1,0 +1,137 @@
+// ExtentDriver: the read side shared by the formats that map guest ranges onto
+// host extents through tables (QED, VDI, Parallels, VHD, VHDX, VMDK). A format
+// parses its headers and tables and offers an ExtentMap; the driver turns
+// requests into host I/O with the same rules as qcow2's read path:
+//
+//   - guest-contiguous extents that are contiguous in one host file become
+//     one host read, straight into the caller's buffer; every host read of a
+//     request is issued together (io::when_all);
+//   - unallocated extents are read from the backing image (zeros past its
+//     end, or with no backing image), in one read per guest-contiguous run;
+//   - zero extents are filled in place;
+//   - compressed extents are decompressed once per unit (ExtentMap::decompress,
+//     which runs on a worker thread) and kept in a ClusterCache;
+//   - block_status() merges extents of one kind into ranges as `qemu-img map`
+//     prints them, asking the backing image for unallocated ranges.
+//
+// A host read past the end of its file reads as zeros (as QEMU's file driver
+// does). Writes are refused with EROFS: these formats open read-only.
+//
+// Thread-safety: as BlockDriver. ExtentMap::try_map() is called concurrently
+// from every event-loop thread and must be thread-safe and never suspend; map()
+// may suspend (it loads metadata through a TableCache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "image/block_driver.h"
+#include "image/cluster_cache.h"
+
+namespace qcowfs::image {
+
+enum class ExtentKind {
+  data,         // stored uncompressed at host_offset in file
+  zero,         // this image records the range as zeros (qemu's present zero)
+  unallocated,  // this image records nothing: the backing image's bytes, else zeros
+  compressed,   // inside a compressed unit (ExtentMap::decompress)
+};
+
+struct Extent {
+  ExtentKind kind = ExtentKind::unallocated;
+  uint64_t length = 0;           // bytes from the queried guest offset with this mapping (> 0)
+  io::HostFile* file = nullptr;  // data, compressed: the host file holding the bytes
+  uint64_t host_offset = 0;      // data: where the queried byte is; compressed: the unit's key
+  uint64_t unit_offset = 0;      // compressed: the queried byte's offset in the decompressed unit
+  uint64_t unit_size = 0;        // compressed: the unit's decompressed size
+  uint64_t stored_size = 0;      // compressed: bytes of the compressed stream at host_offset
+  // data: qemu-img map shows the host offset ("offset") for these bytes.
+  bool show_offset = true;
+};
+
+class ExtentMap {
+ public:
+  virtual ~ExtentMap() = default;
+  ExtentMap() = default;
+  ExtentMap(const ExtentMap&) = delete;
+  ExtentMap& operator=(const ExtentMap&) = delete;
+
+  // The extent that starts at guest byte `guest`, at most len bytes long
+  // (guest < size, len > 0), from metadata already in memory; std::nullopt
+  // when that metadata is not in memory (the driver then calls map()).
+  // Corrupt metadata: EIO, with the guest offset in the message.
+  virtual Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) = 0;
+  // The same, loading the metadata it needs. Default: try_map(), where
+  // std::nullopt is an internal error (EIO).
+  virtual Task<Result<Extent>> map(uint64_t guest, uint64_t len);
+  // The decompressed unit of a compressed extent (unit_size bytes), given the
+  // compressed stream read from e.file at e.host_offset (e.stored_size bytes,
+  // zero-padded past the end of the file). Called on a worker thread; pure.
+  // Default: EIO (the format has no compressed extents).
+  virtual Status decompress(const Extent& e, std::span<const std::byte> stream, std::span<std::byte> out) const;
+};
+
+// What a format driver hands to ExtentDriver.
+struct ExtentImage {
+  std::string format;  // QEMU's driver name: "vdi", "vmdk", ...
+  std::string path;    // for messages
+  uint64_t size = 0;   // guest bytes
+  // Every host file the image is made of (the image file first); the map's
+  // extents point into them.
+  std::vector<std::unique_ptr<io::HostFile>> files;
+  std::unique_ptr<ExtentMap> map;
+  std::unique_ptr<BlockDriver> backing;  // nullptr: unallocated reads as zeros
+  ImageDetails details;
+  // Decompressed size of the compressed units, if the format has them (sizes
+  // the ClusterCache); 0: none.
+  uint64_t compressed_unit_size = 0;
+  // false where QEMU's driver reports no block status (VHDX): every range is
+  // then data with no host offset, as `qemu-img map` shows it.
+  bool reports_status = true;
+};
+
+class ExtentDriver final : public BlockDriver {
+ public:
+  explicit ExtentDriver(ExtentImage image);
+  ~ExtentDriver() override;
+
+  std::string_view format_name() const override { return img_.format; }
+  uint64_t size() const override { return img_.size; }
+  bool read_only() const override { return true; }
+  size_t mem_align() const override;
+
+  Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
+  Task<Status> flush() override;
+  Task<Status> discard(uint64_t off, uint64_t len) override;
+  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override;
+  Task<Status> truncate(uint64_t new_size) override;
+  Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
+  uint64_t allocated_bytes() const override;
+  Task<Status> close() override;
+  ImageDetails details() const override { return img_.details; }
+
+ private:
+  struct SubRead;
+
+  Task<Result<Extent>> extent_at(uint64_t guest, uint64_t len);
+  Task<Status> plan(uint64_t start, std::span<std::byte> buf, std::vector<SubRead>& out);
+  Task<Status> run(SubRead r);
+  Task<Status> read_backing(uint64_t guest, std::span<std::byte> dst);
+  Task<Status> read_compressed(const Extent& e, std::span<std::byte> dst);
+  Task<Result<ClusterCache::Cluster>> load_unit(const Extent& e);
+  Task<Result<BlockStatus>> backing_status(uint64_t guest, uint64_t len);
+  Status refuse_write() const;
+
+  ExtentImage img_;
+  ClusterCache units_;
+};
+
+// EROFS with a message saying to mount read-only when opts asks for write
+// access to a format that opens read-only (display_format: "VDI"); else ok.
+Status refuse_writable_open(std::string_view display_format, const std::string& path, const ImageOptions& opts);
+
+}  // namespace qcowfs::image
