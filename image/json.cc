@@ -10,6 +10,26 @@ bool Json::empty() const {
   return false;
 }
 
+const Json::Object& Json::members() const {
+  static const Object kNone;
+  const auto* o = std::get_if<Object>(&v_);
+  return o ? *o : kNone;
+}
+
+const Json::Array& Json::items() const {
+  static const Array kNone;
+  const auto* a = std::get_if<Array>(&v_);
+  return a ? *a : kNone;
+}
+
+std::string Json::scalar_text() const {
+  if (const auto* b = std::get_if<bool>(&v_)) return *b ? "true" : "false";
+  if (const auto* u = std::get_if<uint64_t>(&v_)) return fmt::format("{}", *u);
+  if (const auto* i = std::get_if<int64_t>(&v_)) return fmt::format("{}", *i);
+  if (const auto* t = std::get_if<std::string>(&v_)) return *t;
+  return render_compact();
+}
+
 std::string json_quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {

@@ -34,6 +34,13 @@ class Json {
   Json& push(Json value);
   // An object or array with no members.
   bool empty() const;
+  bool is_array() const { return std::holds_alternative<Array>(v_); }
+  bool is_container() const { return is_array() || std::holds_alternative<Object>(v_); }
+  // Members of an object, items of an array (empty for other values).
+  const Object& members() const;
+  const Array& items() const;
+  // A scalar as qemu-img's human output prints it: 42, true, text unquoted.
+  std::string scalar_text() const;
 
   // Pretty-printed with the given indentation of nested levels.
   std::string render(int indent = 4) const;

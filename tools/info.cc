@@ -1,10 +1,12 @@
 // qcowfs info: what `qemu-img info` shows about an image (and with
 // --backing-chain, about every image of its chain), as text or as JSON with
 // qemu-img's --output=json field names.
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
 #include "image/endian.h"
+#include "image/format.h"
 #include "image/path.h"
 #include "image/qcow2/qcow2_inspect.h"
 #include "tools/cmd.h"
@@ -36,6 +38,10 @@ struct ImageInfo {
   uint64_t virtual_size = 0;
   uint64_t actual_size = 0;
   bool dirty = false;
+  // Every format but raw and qcow2: what its driver describes (cluster size,
+  // backing file, dirty flag, format-specific data).
+  bool described = false;
+  image::ImageDetails details;
   // qcow2 only
   bool qcow2 = false;
   q::Header header;
@@ -61,6 +67,23 @@ Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
   co_return Status::ok();
 }
 
+// The other formats describe themselves through their driver, opened alone
+// (without its backing file, as qemu-img info opens it).
+Task<Status> add_driver_info(std::unique_ptr<io::HostFile> f, ImageInfo& info) {
+  image::ImageOptions opts;
+  opts.format = info.format;
+  opts.no_backing = true;
+  auto d = co_await image::find_format(info.format)->open(std::move(f), info.filename, opts);
+  if (!d) co_return d.status();
+  info.described = true;
+  info.virtual_size = (*d)->size();
+  info.details = (*d)->details();
+  info.dirty = info.details.dirty.value_or(false);
+  if (!info.details.backing_file.empty())
+    info.full_backing = image::resolve_relative(info.filename, info.details.backing_file);
+  co_return co_await (*d)->close();
+}
+
 // backing_of: the overlay whose backing file path is ("" for the image named).
 Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint, const std::string& backing_of) {
   auto image = co_await open_image_file(path, io::OpenOptions{}, format_hint, backing_of);
@@ -71,7 +94,11 @@ Task<Result<ImageInfo>> gather(const std::string& path, const std::string& forma
   info.format = image->format;
   info.actual_size = f.allocated_bytes();
   info.virtual_size = f.size();
-  if (info.format == "qcow2") QCOWFS_CO_TRY(co_await add_qcow2_info(f, info));
+  if (info.format == "qcow2") {
+    QCOWFS_CO_TRY(co_await add_qcow2_info(f, info));
+  } else if (info.format != "raw") {
+    QCOWFS_CO_TRY(co_await add_driver_info(std::move(image->file), info));
+  }
   co_return info;
 }
 
@@ -132,6 +159,14 @@ Json qcow2_specific(const ImageInfo& info) {
   return d;
 }
 
+uint64_t cluster_size(const ImageInfo& info) {
+  return info.qcow2 ? info.header.cluster_size() : info.details.cluster_size;
+}
+
+const std::string& backing_file(const ImageInfo& info) {
+  return info.qcow2 ? info.header.backing_file : info.details.backing_file;
+}
+
 Json info_json(const ImageInfo& info) {
   Json j = Json::object();
   if (!info.snapshots.empty()) {
@@ -139,23 +174,24 @@ Json info_json(const ImageInfo& info) {
     for (const auto& s : info.snapshots) list.push(snapshot_json(s));
     j.set("snapshots", std::move(list));
   }
-  if (info.qcow2 && !info.header.backing_format.empty()) j.set("backing-filename-format", info.header.backing_format);
+  const std::string& backing_format = info.qcow2 ? info.header.backing_format : info.details.backing_format;
+  if (!backing_format.empty()) j.set("backing-filename-format", backing_format);
   j.set("virtual-size", info.virtual_size);
   j.set("filename", info.filename);
-  if (info.qcow2) j.set("cluster-size", info.header.cluster_size());
+  if (cluster_size(info) != 0) j.set("cluster-size", cluster_size(info));
   j.set("format", info.format);
   j.set("actual-size", info.actual_size);
-  if (info.qcow2) {
+  if (info.qcow2 || !info.details.specific.empty()) {
     Json spec = Json::object();
-    spec.set("type", "qcow2");
-    spec.set("data", qcow2_specific(info));
+    spec.set("type", info.format);
+    spec.set("data", info.qcow2 ? qcow2_specific(info) : info.details.specific);
     j.set("format-specific", std::move(spec));
   }
-  if (info.qcow2 && !info.header.backing_file.empty()) {
+  if (!backing_file(info).empty()) {
     j.set("full-backing-filename", info.full_backing);
-    j.set("backing-filename", info.header.backing_file);
+    j.set("backing-filename", backing_file(info));
   }
-  j.set("dirty-flag", info.dirty);
+  if (!info.described || info.details.dirty) j.set("dirty-flag", info.dirty);
   return j;
 }
 
@@ -209,20 +245,50 @@ void print_qcow2_specific(const ImageInfo& info) {
   fmt::print("    corrupt: {}\n    extended l2: {}\n", h.corrupt(), h.extended_l2());
 }
 
+// qemu-img's human rendering of format-specific data (dump_qobject): one
+// "key: value" line per member, dashes in keys as spaces, nested objects and
+// lists indented by four spaces, list members as [N].
+void print_specific(const Json& j, int level) {
+  const std::string pad(static_cast<size_t>(level) * 4, ' ');
+  auto print_member = [&](const std::string& label, const Json& v) {
+    if (v.is_container()) {
+      fmt::print("{}{}:\n", pad, label);
+      print_specific(v, level + 1);
+    } else {
+      fmt::print("{}{}: {}\n", pad, label, v.scalar_text());
+    }
+  };
+  if (j.is_array()) {
+    size_t i = 0;
+    for (const Json& v : j.items()) print_member(fmt::format("[{}]", i++), v);
+    return;
+  }
+  for (const auto& [key, v] : j.members()) {
+    std::string label = key;
+    std::replace(label.begin(), label.end(), '-', ' ');
+    print_member(label, v);
+  }
+}
+
 void print_human(const ImageInfo& info) {
   fmt::print("image: {}\nfile format: {}\n", info.filename, info.format);
   fmt::print("virtual size: {} ({} bytes)\n", human_size(info.virtual_size), info.virtual_size);
   fmt::print("disk size: {}\n", human_size(info.actual_size));
-  if (info.qcow2) fmt::print("cluster_size: {}\n", info.header.cluster_size());
-  if (info.qcow2 && !info.header.backing_file.empty()) {
-    fmt::print("backing file: {}", info.header.backing_file);
-    if (info.full_backing != info.header.backing_file) fmt::print(" (actual path: {})", info.full_backing);
+  if (cluster_size(info) != 0) fmt::print("cluster_size: {}\n", cluster_size(info));
+  if (!backing_file(info).empty()) {
+    fmt::print("backing file: {}", backing_file(info));
+    if (info.full_backing != backing_file(info)) fmt::print(" (actual path: {})", info.full_backing);
     fmt::print("\n");
-    if (!info.header.backing_format.empty()) fmt::print("backing file format: {}\n", info.header.backing_format);
+    const std::string& bf = info.qcow2 ? info.header.backing_format : info.details.backing_format;
+    if (!bf.empty()) fmt::print("backing file format: {}\n", bf);
   }
   if (info.dirty) fmt::print("cleanly shut down: no\n");
   if (!info.snapshots.empty()) print_snapshots(info.snapshots);
   if (info.qcow2) print_qcow2_specific(info);
+  if (!info.details.specific.empty()) {
+    fmt::print("Format specific information:\n");
+    print_specific(info.details.specific, 1);
+  }
 }
 
 // The image and, with --backing-chain, each backing file in turn.
@@ -239,9 +305,9 @@ Task<Result<std::vector<ImageInfo>>> gather_chain(const InfoArgs& a) {
     if (!info) co_return info.status();
     chain.push_back(std::move(*info));
     const ImageInfo& last = chain.back();
-    if (!a.backing_chain || !last.qcow2 || last.header.backing_file.empty()) co_return chain;
+    if (!a.backing_chain || backing_file(last).empty()) co_return chain;
     path = last.full_backing;
-    format = last.header.backing_format;
+    format = last.qcow2 ? last.header.backing_format : last.details.backing_format;
   }
 }
 

@@ -524,9 +524,27 @@ CASES: dict[str, Case] = {
 }
 
 
+def load_format_cases() -> None:
+    """Adds the cases of the other formats: each tests/corpus/hostile_FMT.py has
+    `cases(h)`, given this module (its Case, outcomes and tools), returning a
+    dict of cases whose names start with FMT_."""
+    import importlib
+    here = Path(__file__).resolve().parent
+    this = sys.modules[__name__]
+    for path in sorted(here.glob("hostile_*.py")):
+        module = importlib.import_module(path.stem)
+        for name, case in module.cases(this).items():
+            if name in CASES:
+                raise ValueError(f"{path.name}: case {name} is defined twice")
+            CASES[name] = case
+
+
 def plain_data_host_ext(img: Path) -> int:
     """Host offset of the full data cluster at guest 0 of the extended image."""
     return ed.get_l2_entry(img, 0) & ed.L2_OFFSET_MASK
+
+
+load_format_cases()
 
 
 def build(name: str, directory: Path) -> Built:

@@ -1,6 +1,7 @@
 """Writes seed inputs for the libFuzzer targets from small images made by qemu-img.
 
-  python3 make_seeds.py OUTDIR     ->  OUTDIR/{header,l2,image,probe}/...
+  python3 make_seeds.py OUTDIR     ->  OUTDIR/{header,l2,image,probe}/... and OUTDIR/FMT/...
+                                       for every format in FORMAT_IMAGES (fuzz_FMT)
 
 Images are tiny (512 B - 16 KiB clusters, <= 1 MiB disks) so the fuzzer mutates
 metadata rather than data. Runs in a few seconds; idempotent.
@@ -62,6 +63,42 @@ def l2_seed(img: Path) -> bytes:
     return out
 
 
+# Seeds of the per-format targets (fuzz_FMT, tests/fuzz/fuzz_format.cc): small
+# images of each variant qemu-img makes, with data, zeros and holes.
+FORMAT_CMDS = ["write -P 1 0 4k", "write -P 2 300k 8k", "write -z 600k 64k", "write -P 3 1020k 4k"]
+FORMAT_IMAGES = {
+    "qed": [("", "1M"), ("cluster_size=4096", "1M")],
+    "vdi": [("", "2M"), ("static=on", "2M")],
+    "parallels": [("", "2M"), ("cluster_size=64k", "1M")],
+    "vpc": [("", "2M"), ("subformat=fixed", "2M"), ("force_size=on", "2M")],
+    "vhdx": [("block_size=1M", "2M"), ("subformat=fixed,block_size=1M", "2M"),
+             ("block_size=1M,log_size=1M", "4M")],
+    "vmdk": [("", "1M"), ("subformat=streamOptimized", "1M"), ("zeroed_grain=on", "1M"),
+             ("subformat=monolithicFlat", "1M")],
+}
+
+
+def format_seeds(tmp: Path, out: Path) -> None:
+    for fmt, variants in FORMAT_IMAGES.items():
+        (out / fmt).mkdir(parents=True, exist_ok=True)
+        for i, (opts, size) in enumerate(variants):
+            img = tmp / f"seed-{fmt}-{i}"
+            # streamOptimized images are written once, in order: convert into one.
+            stream = "streamOptimized" in opts
+            target = tmp / f"seed-{fmt}-{i}.raw" if stream else img
+            run("qemu-img", "create", "-q", "-f", "raw" if stream else fmt,
+                *(["-o", opts] if opts and not stream else []), target, size)
+            args = ["qemu-io", "-f", "raw" if stream else fmt]
+            for c in FORMAT_CMDS:
+                args += ["-c", c]
+            run(*args, target)
+            if stream:
+                run("qemu-img", "convert", "-O", fmt, "-o", opts, target, img)
+            if "monolithicFlat" in opts:  # the descriptor alone: its extent file is not in memory
+                continue
+            shutil.copy(img, out / fmt / f"{fmt}-{i}")
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     for sub in ("header", "l2", "image", "probe"):
@@ -75,6 +112,7 @@ def main(argv: list[str]) -> int:
                                                 snapshot_table(img))
             (out / "l2" / name).write_bytes(l2_seed(img))
         probe_seeds(tmp, out / "probe")
+        format_seeds(tmp, out)
     return 0
 
 

@@ -25,7 +25,17 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_header fuzz_l2 fuzz_image fuzz_probe)
+if [ ${#targets[@]} -eq 0 ]; then
+  # Every fuzz_*.cc but the per-format template, and fuzz_FMT for each format
+  # tests/fuzz/CMakeLists.txt lists (the one list of them).
+  for src in "$here"/fuzz_*.cc; do
+    t=$(basename "$src" .cc)
+    [ "$t" = fuzz_format ] || targets+=("$t")
+  done
+  for fmt in $(sed -n 's/^set(QCOWFS_FUZZ_FORMATS \(.*\))$/\1/p' "$here/CMakeLists.txt"); do
+    targets+=("fuzz_$fmt")
+  done
+fi
 
 fail() { echo "run-fuzz: $*" >&2; exit 2; }
 command -v clang++ >/dev/null || fail "clang++ not found: run tests/setup-deps.sh (installs clang and libclang-rt)"
@@ -48,7 +58,7 @@ cmake --build "$build" -j2 --target "${targets[@]}" >"$build/build.log" 2>&1 \
   || { tail -40 "$build/build.log"; fail "building the fuzz targets failed"; }
 
 seeds="$build/seeds"
-[ -d "$seeds/probe" ] || python3 "$here/make_seeds.py" "$seeds" || fail "making seeds failed"
+[ -d "$seeds/vmdk" ] || python3 "$here/make_seeds.py" "$seeds" || fail "making seeds failed"
 mkdir -p "$build/artifacts"
 
 status=0
@@ -59,10 +69,16 @@ for t in "${targets[@]}"; do
   echo "== $t: ${seconds}s"
   export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:allocator_may_return_null=1"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  # Inputs as long as the longest seed (VHDX keeps its metadata megabytes in).
+  max_len=131072
+  for seed in "$seeds/$kind"/*; do
+    n=$(stat -c %s "$seed")
+    [ "$n" -le "$max_len" ] || max_len=$n
+  done
   parallel=()
   [ "$jobs" -gt 1 ] && parallel=(-fork="$jobs")
   if ! (cd "$build" && "$build/tests/fuzz/$t" "$corpus" "$seeds/$kind" -max_total_time="$seconds" -timeout=10 \
-      -rss_limit_mb=2048 -max_len=131072 "${parallel[@]}" -print_final_stats=1 \
+      -rss_limit_mb=2048 -max_len="$max_len" "${parallel[@]}" -print_final_stats=1 \
       -artifact_prefix="$build/artifacts/$t-" >"$build/$t.log" 2>&1); then
     echo "!! $t found a problem; log: $build/$t.log; inputs: $build/artifacts/"
     grep -E "ERROR|SUMMARY|invariant|Test unit written" "$build/$t.log" | head -20 || true

@@ -1,0 +1,157 @@
+"""What every read-only format test checks, with QEMU as the referee.
+
+A format's test file (test_format_FMT.py) makes images with `make_image()` (or
+its own qemu-img/qemu-io recipe) and hands them to `check_image()`, which
+mounts the image read-only and checks, against qemu-img on the same image:
+
+  * the view's bytes equal `qemu-img convert -O raw` (whole file, compared
+    with reads of several sizes, including unaligned ones);
+  * SEEK_DATA/SEEK_HOLE agree with `qemu-img map --output=json`
+    (helpers.assert_map_agrees: holes where map says hole, data where data);
+  * `qcowfs info --json` equals `qemu-img info --output=json` on the fields
+    qemu-img prints (actual-size aside, which depends on the host);
+  * `qcowfs map --json` equals `qemu-img map --output=json`.
+
+`check_image_direct()` does the content check through a 4096-byte-sector host
+file system with cache=none. Everything here fails with a message naming the
+image and the first difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import helpers
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def scattered_writes(size: int, block: int, seed: int = 1) -> list[str]:
+    """qemu-io commands that leave data, zeros and unallocated ranges across a
+    disk of `size` bytes whose allocation unit is `block`: whole blocks, a
+    write crossing a block boundary, unaligned sector-sized writes, zeroed
+    ranges (write -z) over data and over holes, and the last sector."""
+    rng = random.Random(seed)
+    blocks = max(1, size // block)
+    cmds = [f"write -P 0x11 0 {min(block, size)}"]
+    for i in range(6):
+        b = rng.randrange(blocks)
+        off = b * block + rng.randrange(0, max(1, block // 512)) * 512
+        length = min(rng.choice([512, 4 * KiB, 64 * KiB, block]), size - off)
+        if length > 0:
+            cmds.append(f"write -P {0x20 + i} {off} {length}")
+    if blocks > 2:
+        edge = (blocks // 2) * block - 4 * KiB
+        cmds.append(f"write -P 0x40 {edge} {8 * KiB}")  # crosses a block boundary
+    cmds.append(f"write -P 0x41 {min(size - 512, 3 * block + 1536) // 512 * 512} 512")
+    cmds.append(f"write -z {min(block, size) // 2 // 512 * 512} 4096")  # zeros over data
+    if blocks > 4:
+        cmds.append(f"write -z {(blocks - 3) * block} {min(block, 64 * KiB)}")  # zeros over a hole
+    cmds.append(f"write -P 0x42 {size - 512} 512")  # the last sector
+    return cmds
+
+
+def make_image(workdir: Path, fmt: str, name: str, size: int, create_opts: str = "",
+               cmds: Sequence[str] = (), *, stream: bool = False) -> Path:
+    """qemu-img create -f fmt [-o create_opts] then qemu-io cmds on it. With
+    stream=True the commands go to a raw image first, which qemu-img convert
+    then turns into the format (streamOptimized VMDKs are written that way)."""
+    image = workdir / name
+    if stream:
+        raw = workdir / f"{name}.src.raw"
+        helpers.run(["qemu-img", "create", "-q", "-f", "raw", raw, str(size)])
+        if cmds:
+            helpers.qemu_io(raw, *cmds, fmt="raw")
+        opts = ["-o", create_opts] if create_opts else []
+        helpers.run(["qemu-img", "convert", "-f", "raw", "-O", fmt, *opts, raw, image])
+        raw.unlink()
+        return image
+    opts = ["-o", create_opts] if create_opts else []
+    helpers.run(["qemu-img", "create", "-q", "-f", fmt, *opts, image, str(size)])
+    if cmds:
+        helpers.qemu_io(image, *cmds, fmt=fmt)
+    return image
+
+
+def qcowfs_json(*args: str | os.PathLike) -> object:
+    proc = helpers.run([helpers.qcowfs_bin(), *map(str, args)], check=False)
+    assert proc.returncode == 0, (
+        f"qcowfs {' '.join(map(str, args))} failed: {proc.stderr.decode(errors='replace')}")
+    return json.loads(proc.stdout)
+
+
+def strip_actual_size(info: object) -> object:
+    """qemu-img info without the fields that depend on the host (actual-size),
+    recursively through backing-image."""
+    if isinstance(info, dict):
+        return {k: strip_actual_size(v) for k, v in info.items() if k != "actual-size"}
+    if isinstance(info, list):
+        return [strip_actual_size(v) for v in info]
+    return info
+
+
+def assert_info_matches(image: Path, fmt: str | None = None) -> None:
+    f = ["-f", fmt] if fmt else []
+    ours = qcowfs_json("info", "--json", *f, image)
+    theirs = json.loads(helpers.qemu_img("info", "--output=json", *f, str(image)))
+    assert strip_actual_size(ours) == strip_actual_size(theirs), (
+        f"info of {image} differs from qemu-img's:\nours:   {json.dumps(ours, sort_keys=True)}\n"
+        f"qemu's: {json.dumps(theirs, sort_keys=True)}")
+
+
+def assert_map_matches(image: Path, fmt: str | None = None) -> None:
+    f = ["-f", fmt] if fmt else []
+    ours = qcowfs_json("map", "--json", *f, image)
+    theirs = json.loads(helpers.qemu_img("map", "--output=json", *f, str(image)))
+    assert ours == theirs, (
+        f"map of {image} differs from qemu-img's:\nours:   {json.dumps(ours)}\nqemu's: {json.dumps(theirs)}")
+
+
+def assert_view_equals(view: Path, reference: Path, image: Path) -> None:
+    size = reference.stat().st_size
+    assert view.stat().st_size == size, f"{image}: view is {view.stat().st_size} bytes, qemu-img says {size}"
+    assert helpers.files_equal(view, reference), f"{image}: the view differs from qemu-img convert -O raw"
+    # Unaligned and odd-sized reads at a few points (the whole-file compare reads in big chunks).
+    rng = random.Random(size)
+    with open(view, "rb") as v, open(reference, "rb") as r:
+        for _ in range(24):
+            off = rng.randrange(size)
+            n = min(size - off, rng.choice([1, 511, 4097, 70000, 1 << 20]))
+            assert helpers.read_exact(v, off, n) == helpers.read_exact(r, off, n), (
+                f"{image}: {n} bytes at {off} differ from qemu-img convert")
+
+
+def check_image(image: Path, workdir: Path, *, fmt: str | None = None, mount_opts: Sequence[str] = (),
+                info: bool = True, map_json: bool = True) -> None:
+    """The whole read-only check of one image (see the module docstring)."""
+    reference = helpers.convert_to_raw(image, workdir / f"{image.name}.qemu.raw", fmt=fmt)
+    opts = list(mount_opts) + ([f"format={fmt}"] if fmt else [])
+    view_dir = workdir / f"{image.name}.view"
+    view_dir.mkdir(exist_ok=True)
+    with helpers.mounted(image, view_dir / "disk.raw", opts) as m:
+        assert_view_equals(m.path, reference, image)
+        entries = helpers.qemu_img_map(image, fmt=fmt)
+        helpers.assert_map_agrees(entries, helpers.data_extents(m.path))
+    if info:
+        assert_info_matches(image, fmt)
+    if map_json:
+        assert_map_matches(image, fmt)
+    reference.unlink()
+
+
+def check_image_direct(image: Path, workdir: Path, *, fmt: str | None = None) -> None:
+    """The content check with cache=none through a 4096-byte-sector host file
+    system (O_DIRECT reads at the host's alignment)."""
+    reference = helpers.convert_to_raw(image, workdir / f"{image.name}.qemu.raw", fmt=fmt)
+    with helpers.host_fs_on_4k_device(workdir) as host:
+        moved = host / image.name
+        shutil.copy(image, moved)
+        opts = ["cache=none"] + ([f"format={fmt}"] if fmt else [])
+        with helpers.mounted(moved, host / "disk.raw", opts) as m:
+            assert_view_equals(m.path, reference, image)
+    reference.unlink()
