@@ -1,28 +1,29 @@
 #include "image/table_cache.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "image/endian.h"
 
 namespace qcowfs::image {
 
+bool TableCache::tiny() {
+  static const bool tiny = [] {
+    const char* v = std::getenv("QCOWFS_TINY_CACHE");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return tiny;
+}
+
 uint64_t TableCache::default_size(uint64_t l2_bytes_for_whole_disk, size_t slice_size) {
-#ifdef QCOWFS_TINY_CACHE
-  (void)l2_bytes_for_whole_disk;
-  return 2 * uint64_t{slice_size};
-#else
+  if (tiny()) return 2 * uint64_t{slice_size};
   return std::max<uint64_t>(std::min(l2_bytes_for_whole_disk, kDefaultMaxBytes), kDefaultMinSlices * uint64_t{slice_size});
-#endif
 }
 
 static size_t slices_for(uint64_t bytes, size_t slice_size) {
-#ifdef QCOWFS_TINY_CACHE
-  (void)bytes;
-  (void)slice_size;
-  return 2;
-#else
+  if (TableCache::tiny()) return 2;
   return static_cast<size_t>(std::max<uint64_t>(bytes / slice_size, 2));
-#endif
 }
 
 TableCache::TableCache(io::HostFile& file, size_t slice_size, uint64_t capacity_bytes)

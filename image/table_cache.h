@@ -42,12 +42,15 @@ class TableCache {
 
  public:
   // Default cache size: enough slices to map the whole disk, at most 32 MiB
-  // (QEMU's default cap), at least 8 slices. QCOWFS_TINY_CACHE builds always
-  // use two slices so eviction runs in every test.
+  // (QEMU's default cap), at least 8 slices.
   static constexpr uint64_t kDefaultMaxBytes = 32ull << 20;
   static constexpr uint64_t kDefaultMinSlices = 8;
   static constexpr size_t kDefaultSliceSize = 4096;
   static uint64_t default_size(uint64_t l2_bytes_for_whole_disk, size_t slice_size);
+  // True when the process runs with QCOWFS_TINY_CACHE=1 in its environment
+  // (tests/run-all.sh's tiny-cache pass): every cache then holds two slices,
+  // whatever its size says, so eviction runs in every test.
+  static bool tiny();
 
   // Pinned handle on a loaded slice.
   class Ref {
