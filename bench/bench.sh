@@ -13,11 +13,14 @@
 #                seqread1m seqwrite1m
 #   qcow2-full   fully written 1 GiB qcow2: randread4k randwrite4k (overwrite) seqread1m
 #   qcow2-empty  empty 1 GiB qcow2: seqwrite1m and randwrite4k (allocating)
+#   FMT-full     fully written 1 GiB image of FMT (qcow2 vmdk vhdx vdi qed vpc parallels; made by
+#                qemu-img convert from the raw image), read-only mounts: randread4k-ro seqread1m-ro.
+#                With SETS="qcow2-full-ro vmdk-full ..." a second table puts each format beside qcow2.
 # Every job runs ROUNDS times; in each round the four systems run the job back to back, each
 # on a fresh copy of the image. The shared disk here drifts by up to 2x within minutes, so each
 # ratio is taken within a round and the table shows the median over rounds (values: medians).
 # Env: ROUNDS (default 3), RUNTIME (s per job, default 5), SETS (default "raw qcow2-full
-# qcow2-empty"), OUT (table file), RAW_OUT (every measurement, one per line).
+# qcow2-empty"; qcow2-full-ro is qcow2-full's read-only jobs, the reference of the FMT-full sets), OUT (table file), RAW_OUT (every measurement, one per line).
 # BEFORE=OLD_BINARY compares two builds instead: in each round the raw host file, qsd, OLD_BINARY
 # ("before") and BINARY ("after") run each job back to back, both over /dev/fuse, and the table
 # shows after / before beside the round-to-round spread of the raw host file (the run's noise).
@@ -55,8 +58,19 @@ qemu-img create -q -f qcow2 "$work/empty.qcow2" 1G
 # Not zeros: a sparse copy of a zero-filled raw image would be all holes, read without any disk I/O.
 qemu-img create -q -f raw "$work/raw.img" 1G
 qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/raw.img" >/dev/null
+# The other formats, fully written, for the FMT-full sets asked for (vpc with force_size so the
+# virtual size stays exactly 1 GiB instead of its CHS rounding).
+for set in "${sets[@]}"; do
+  case $set in
+    qcow2-full|qcow2-full-ro|qcow2-empty|raw) ;;
+    *-full)
+      fmt=${set%-full} opts=
+      [ "$fmt" = vpc ] && opts="-o force_size=on"
+      qemu-img convert -f raw -O "$fmt" $opts "$work/raw.img" "$work/full.$fmt" ;;
+  esac
+done
 # Written back now, not under a later measurement (every copy below is synced the same way).
-sync "$work"/*.img "$work"/*.qcow2
+sync "$work"/*.img "$work"/*.qcow2 "$work"/full.*
 : > "$results"
 
 mounted() { for _ in $(seq 100); do grep -q " $1 [^ ]* [^-]*- fuse" /proc/self/mountinfo && return 0; sleep 0.1; done; return 1; }
@@ -98,6 +112,9 @@ for round in $(seq "$rounds"); do
       raw) tmpl=$work/raw.img fmt=raw jobs="randread4k-ro randread4k randwrite4k seqread1m-ro seqread1m seqwrite1m" ;;
       qcow2-full) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k randwrite4k seqread1m" ;;
       qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m randwrite4k" ;;
+      qcow2-full-ro) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k-ro seqread1m-ro" ;;
+      *-full) fmt=${set%-full} tmpl=$work/full.$fmt jobs="randread4k-ro seqread1m-ro"
+              [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
       *) echo "unknown set $set" >&2; exit 2 ;;
     esac
     for job in $jobs; do
@@ -151,4 +168,17 @@ for (s, job), rounds in runs.items():
           f"| {ratio(rounds, 'qcowfs', 'raw-host')} | {ratio(rounds, 'qcowfs', 'qsd')} "
           f"| {fmt(m['qcowfs-ring'], job)} | {ratio(rounds, 'qcowfs-ring', 'raw-host')} "
           f"| {ratio(rounds, 'qcowfs-ring', 'qsd')} |")
+# Each format beside qcow2 (qcow2-full-ro), ratios taken within a round.
+ref = {job: rounds for (s, job), rounds in runs.items() if s == "qcow2-full-ro"}
+others = [(s, job, rounds) for (s, job), rounds in runs.items() if s.endswith("-full") and job in ref]
+if others:
+    print("\n| format | job | qcowfs | qcowfs / qcow2 | qcowfs / qsd (same image) | qcowfs / raw host file |")
+    print("|---|---|---|---|---|---|")
+    for s, job, rounds in others:
+        q = ref[job]
+        r = med([v["qcowfs"] / q[k]["qcowfs"] for k, v in rounds.items()
+                 if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
+        print(f"| {s.removesuffix('-full')} | {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
+              f"| {'-' if r is None else f'{r:.2f}x'} | {ratio(rounds, 'qcowfs', 'qsd')} "
+              f"| {ratio(rounds, 'qcowfs', 'raw-host')} |")
 PY
