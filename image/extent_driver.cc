@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "image/host_holes.h"
 #include "io/buffer.h"
 #include "io/engine.h"
 #include "io/log.h"
@@ -20,7 +21,7 @@ constexpr size_t kMaxStatusExtents = 65536;
 bool continues(const Extent& first, uint64_t length, const Extent& e) {
   if (e.kind != first.kind) return false;
   if (e.kind != ExtentKind::data) return true;
-  if (e.show_offset != first.show_offset) return false;
+  if (e.show_offset != first.show_offset || e.host_holes_are_zero != first.host_holes_are_zero) return false;
   return e.file == first.file && (!first.show_offset || first.host_offset + length == e.host_offset);
 }
 
@@ -222,6 +223,7 @@ Task<Result<BlockStatus>> ExtentDriver::block_status(uint64_t off, uint64_t len)
   if (first.kind == ExtentKind::data && first.show_offset) {
     b.file = first.file;
     b.host_offset = first.host_offset;
+    if (first.host_holes_are_zero) QCOWFS_CO_TRY(co_await apply_host_holes(*first.file, b));
   }
   co_return b;
 }

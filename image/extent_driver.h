@@ -50,6 +50,11 @@ struct Extent {
   uint64_t stored_size = 0;      // compressed: bytes of the compressed stream at host_offset
   // data: qemu-img map shows the host offset ("offset") for these bytes.
   bool show_offset = true;
+  // data (with show_offset): block_status() asks the host file too
+  // (image/host_holes.h), as QEMU does where a driver returns
+  // BDRV_BLOCK_RECURSE (VMDK flat extents, static VDI): its holes, and bytes
+  // past its end, are reported as data that reads as zeros.
+  bool host_holes_are_zero = false;
 };
 
 class ExtentMap {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "image/host_holes.h"
 #include "image/qcow2/status.h"
 #include "image/qcow2/writer.h"
 #include "image/shrink.h"

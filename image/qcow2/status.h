@@ -2,7 +2,7 @@
 // tables say: QEMU guesses whether an image was created with
 // preallocation=metadata (its data clusters then mostly sit in host holes)
 // and, for such images only, asks the host file which parts of a data range
-// are holes, reporting those as data that reads as zeros.
+// are holes (image/host_holes.h), reporting those as data that reads as zeros.
 //
 // Thread-safety: free functions; each call uses only its arguments.
 #pragma once
@@ -22,11 +22,5 @@ namespace qcowfs::image::qcow2 {
 // allocated plus a margin (a ninth, at least two clusters). Reads the on-disk
 // refcounts.
 Task<Result<bool>> detect_metadata_preallocation(io::HostFile& image_file, const Header& h);
-
-// The host's view of a data range stored at `st.host_offset` in `data_file`
-// (qemu's BDRV_BLOCK_RECURSE): from a host hole on the range reads as zeros
-// (st.zero = true), shortened to the hole; from host data it is shortened to
-// that data. Past the end of the file everything reads as zeros.
-Task<Status> apply_host_holes(io::HostFile& data_file, BlockStatus& st);
 
 }  // namespace qcowfs::image::qcow2
