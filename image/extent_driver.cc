@@ -20,7 +20,7 @@ constexpr size_t kMaxStatusExtents = 65536;
 bool continues(const Extent& first, uint64_t length, const Extent& e) {
   if (e.kind != first.kind) return false;
   if (e.kind != ExtentKind::data) return true;
-  if (e.show_offset != first.show_offset) return false;
+  if (e.show_offset != first.show_offset || e.host_holes_are_zero != first.host_holes_are_zero) return false;
   return e.file == first.file && (!first.show_offset || first.host_offset + length == e.host_offset);
 }
 
@@ -223,7 +223,36 @@ Task<Result<BlockStatus>> ExtentDriver::block_status(uint64_t off, uint64_t len)
     b.file = first.file;
     b.host_offset = first.host_offset;
   }
+  if (first.kind == ExtentKind::data && first.host_holes_are_zero) {
+    b.file = first.file;
+    b.host_offset = first.host_offset;
+    QCOWFS_CO_TRY(co_await add_host_holes(*first.file, b));
+  }
   co_return b;
+}
+
+// QEMU's recursion into the file layer (block/io.c, bdrv_co_block_status):
+// a hole in the host file makes the range zero (up to the next data, or the
+// whole range when the hole runs to the end of the file); data there limits
+// the range to the end of that data.
+Task<Status> ExtentDriver::add_host_holes(io::HostFile& file, BlockStatus& b) {
+  const uint64_t host = b.host_offset;
+  const uint64_t end = file.size();
+  if (host >= end) {
+    b.zero = true;
+    co_return Status::ok();
+  }
+  auto data = co_await file.seek_data(host);
+  if (!data) co_return data.status();
+  if (*data > host) {
+    b.zero = true;
+    if (*data < end) b.length = std::min(b.length, *data - host);
+    co_return Status::ok();
+  }
+  auto hole = co_await file.seek_hole(host);
+  if (!hole) co_return hole.status();
+  if (*hole > host) b.length = std::min(b.length, *hole - host);
+  co_return Status::ok();
 }
 
 Task<Result<BlockStatus>> ExtentDriver::backing_status(uint64_t guest, uint64_t len) {

@@ -50,6 +50,10 @@ struct Extent {
   uint64_t stored_size = 0;      // compressed: bytes of the compressed stream at host_offset
   // data: qemu-img map shows the host offset ("offset") for these bytes.
   bool show_offset = true;
+  // data: block_status() asks the host file too, as QEMU does for a driver
+  // that returns BDRV_BLOCK_RECURSE (static VDI): holes in the host file, and
+  // bytes past its end, are reported as data that reads as zeros.
+  bool host_holes_are_zero = false;
 };
 
 class ExtentMap {
@@ -124,6 +128,7 @@ class ExtentDriver final : public BlockDriver {
   Task<Status> read_compressed(const Extent& e, std::span<std::byte> dst);
   Task<Result<ClusterCache::Cluster>> load_unit(const Extent& e);
   Task<Result<BlockStatus>> backing_status(uint64_t guest, uint64_t len);
+  Task<Status> add_host_holes(io::HostFile& file, BlockStatus& b);
   Status refuse_write() const;
 
   ExtentImage img_;
