@@ -73,6 +73,7 @@ ImageDetails describe(const Header& h, const std::string& backing_name) {
 Task<Result<std::unique_ptr<BlockDriver>>> open_qed(std::unique_ptr<io::HostFile> file, std::string path,
                                                     ImageOptions opts) {
   QCOWFS_CO_TRY(refuse_writable_open("QED", path, opts));
+  if (auto chain = enter_backing_chain(path, opts); !chain) co_return chain.status();
   auto h = co_await read_header(*file, path);
   if (!h) co_return h.status();
   auto backing_name = co_await read_backing_name(*file, *h);

@@ -26,10 +26,11 @@ Extent VdiMap::zero_run(uint64_t block, uint64_t guest, uint64_t len) const {
 Result<Extent> VdiMap::data_run(uint64_t block, uint64_t guest, uint64_t len) const {
   const uint32_t first = bmap_[block];
   if (!valid(first)) {
-    log::error("{}: VDI block map entry {} of block {} is not below blocks_in_image {} (guest offset {:#x})", path_,
-               first, block, h_.blocks_in_image, guest);
-    return Status::errorf(EIO, "{}: VDI block map entry {} of block {} is not below blocks_in_image {} (guest offset {:#x})",
-                          path_, first, block, h_.blocks_in_image, guest);
+    std::string what = fmt::format("{}: invalid VDI block map entry {} of block {}: not below blocks_in_image {} "
+                                   "(guest offset {:#x})",
+                                   path_, first, block, h_.blocks_in_image, guest);
+    log::error("{}", what);
+    return Status::error(EIO, std::move(what));
   }
   uint64_t end = (block + 1) * h_.block_size;
   uint32_t expect = first;

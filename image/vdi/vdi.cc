@@ -40,8 +40,8 @@ Task<Result<std::vector<uint32_t>>> read_block_map(io::HostFile& file, const Hea
     co_return Status::errorf(EINVAL, "{}: the VDI block map of {} blocks is larger than qcowfs reads ({} bytes)", path,
                              entries, vdi::kMaxBlockMapBytes);
   if (uint64_t{h.offset_bmap} + bytes > file.size())
-    co_return Status::errorf(EINVAL, "{}: the VDI block map ({} entries at offset_bmap {:#x}) runs past the end of the file",
-                             path, entries, h.offset_bmap);
+    co_return Status::errorf(EINVAL, "{}: the VDI block map ({} entries at offset_bmap {:#x}) runs past the end of "
+                             "the file", path, entries, h.offset_bmap);
   std::vector<std::byte> raw(static_cast<size_t>(bytes));
   auto st = co_await read_padded(file, h.offset_bmap, raw);
   if (!st) co_return st.with_context(path + ": reading the VDI block map");
