@@ -4,7 +4,9 @@
 
 #include "image/format.h"
 #include "image/qcow2/qcow2.h"
+#include "image/qed/qed.h"
 #include "image/raw/raw.h"
+#include "image/vdi/vdi.h"
 
 namespace qcowfs::image {
 namespace {
@@ -16,8 +18,8 @@ const std::array kFormats = {
     FormatInfo{"vmdk", "VMDK", nullptr},
     FormatInfo{"vhdx", "VHDX", nullptr},
     FormatInfo{"vpc", "VHD (vpc)", nullptr},
-    FormatInfo{"vdi", "VDI", nullptr},
-    FormatInfo{"qed", "QED", nullptr},
+    FormatInfo{"vdi", "VDI", open_vdi},
+    FormatInfo{"qed", "QED", open_qed},
     FormatInfo{"parallels", "Parallels", nullptr},
     FormatInfo{"luks", "LUKS", nullptr},
     FormatInfo{"bochs", "Bochs", nullptr},

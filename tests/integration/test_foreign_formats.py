@@ -24,8 +24,6 @@ FORMATS = {
     "vhdx": (["-f", "vhdx"], "disk.vhdx", "VHDX"),
     "vpc_dynamic": (["-f", "vpc"], "disk.vhd", "VHD"),
     "vpc_fixed": (["-f", "vpc", "-o", "subformat=fixed"], "disk.vhd", "VHD"),
-    "vdi": (["-f", "vdi"], "disk.vdi", "VDI"),
-    "qed": (["-f", "qed"], "disk.qed", "QED"),
     "parallels": (["-f", "parallels"], "disk.hds", "Parallels"),
     "luks": (["-f", "luks", "--object", "secret,id=s0,data=pw", "-o", "key-secret=s0,iter-time=10"],
              "disk.luks", "LUKS"),
