@@ -5,7 +5,7 @@
 
 #include "tools/cmd.h"
 #include "image/json.h"
-#include "image/qcow2/status.h"
+#include "image/host_holes.h"
 #include "image/raw/raw.h"
 #include "image/window.h"
 #include "io/mem_file.h"
@@ -80,21 +80,21 @@ image::BlockStatus preallocated_data(const io::HostFile& f, uint64_t host, uint6
 TEST(MapStatus, HostHolesUnderPreallocatedDataReadAsZeros) {
   auto f = sparse_file();
   auto in_hole = preallocated_data(*f, 4 * kKiB, 32 * kKiB);
-  ASSERT_TRUE(run_now(image::qcow2::apply_host_holes(*f, in_hole)).is_ok());
+  ASSERT_TRUE(run_now(image::apply_host_holes(*f, in_hole)).is_ok());
   EXPECT_TRUE(in_hole.zero);
   EXPECT_TRUE(in_hole.data);
   EXPECT_EQ(in_hole.length, 12 * kKiB);  // up to the host data
   auto on_data = preallocated_data(*f, 20 * kKiB, 32 * kKiB);
-  ASSERT_TRUE(run_now(image::qcow2::apply_host_holes(*f, on_data)).is_ok());
+  ASSERT_TRUE(run_now(image::apply_host_holes(*f, on_data)).is_ok());
   EXPECT_FALSE(on_data.zero);
   EXPECT_EQ(on_data.length, 4 * kKiB);  // up to the next hole
   // A hole reaching the end of the file covers the whole range, past the end too.
   auto trailing = preallocated_data(*f, 60 * kKiB, 32 * kKiB);
-  ASSERT_TRUE(run_now(image::qcow2::apply_host_holes(*f, trailing)).is_ok());
+  ASSERT_TRUE(run_now(image::apply_host_holes(*f, trailing)).is_ok());
   EXPECT_TRUE(trailing.zero);
   EXPECT_EQ(trailing.length, 32 * kKiB);
   auto beyond = preallocated_data(*f, 96 * kKiB, 8 * kKiB);
-  ASSERT_TRUE(run_now(image::qcow2::apply_host_holes(*f, beyond)).is_ok());
+  ASSERT_TRUE(run_now(image::apply_host_holes(*f, beyond)).is_ok());
   EXPECT_TRUE(beyond.zero);
   EXPECT_EQ(beyond.length, 8 * kKiB);
 }
