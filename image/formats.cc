@@ -5,6 +5,7 @@
 #include "image/format.h"
 #include "image/qcow2/qcow2.h"
 #include "image/raw/raw.h"
+#include "image/vhdx/vhdx.h"
 
 namespace qcowfs::image {
 namespace {
@@ -14,7 +15,7 @@ const std::array kFormats = {
     FormatInfo{"qcow2", "qcow2", open_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{"vmdk", "VMDK", nullptr},
-    FormatInfo{"vhdx", "VHDX", nullptr},
+    FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", nullptr},
     FormatInfo{"vdi", "VDI", nullptr},
     FormatInfo{"qed", "QED", nullptr},
