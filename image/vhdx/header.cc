@@ -113,15 +113,18 @@ Result<Regions> parse_region_table(std::span<const std::byte> t, const Header& l
       return Status::errorf(EINVAL, "{}: VHDX region {} at {:#x} (+{:#x}) overlaps the log or another region", path,
                             i, region.offset, region.length);
     r.used.push_back(FileRange{region.offset, region.offset + region.length});
-    bool& seen = g == kBatGuid ? bat : metadata;
-    if (g == kBatGuid || g == kMetadataGuid) {
-      if (seen) return Status::errorf(EINVAL, "{}: the VHDX region table names the {} region twice", path,
-                                      g == kBatGuid ? "BAT" : "metadata");
-      seen = true;
-      (g == kBatGuid ? r.bat : r.metadata) = region;
-    } else if (load_le32(e + 28) & kRegionRequired) {
-      return Status::errorf(ENOTSUP, "{}: VHDX region {} is required but unknown", path, i);
+    if (g != kBatGuid && g != kMetadataGuid) {
+      if (load_le32(e + 28) & kRegionRequired)
+        return Status::errorf(ENOTSUP, "{}: VHDX region {} is required but unknown", path, i);
+      continue;
     }
+    const bool is_bat = g == kBatGuid;
+    bool& seen = is_bat ? bat : metadata;
+    if (seen)
+      return Status::errorf(EINVAL, "{}: the VHDX region table names the {} region twice", path,
+                            is_bat ? "BAT" : "metadata");
+    seen = true;
+    (is_bat ? r.bat : r.metadata) = region;
   }
   if (!bat || !metadata)
     return Status::errorf(EINVAL, "{}: the VHDX region table has no {} region", path, bat ? "metadata" : "BAT");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "image/endian.h"
 #include "image/vhdx/crc32c.h"
@@ -175,6 +176,8 @@ Task<Status> check_log(io::HostFile& file, const Header& h, const std::string& p
   if (!h.has_log_guid() || h.log_length == 0) co_return Status::ok();
   if (h.log_length % kLogAlign != 0)
     co_return Status::errorf(EINVAL, "{}: VHDX log length {} is not a multiple of 1 MiB", path, h.log_length);
+  if (h.log_offset > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) - h.log_length)
+    co_return Status::errorf(EINVAL, "{}: VHDX log offset {:#x} is out of range", path, h.log_offset);
   if (h.log_length > kMaxLogLength)
     co_return Status::errorf(EINVAL, "{}: VHDX log length {} is larger than qcowfs reads (1 GiB)", path,
                              h.log_length);
