@@ -203,13 +203,14 @@ class VhdxImage : public ::testing::Test {
     std::string s((std::istreambuf_iterator<char>(in)), {});
     return Bytes(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
   }
-  Result<std::unique_ptr<BlockDriver>> open(bool writable = false) {
+  Result<std::unique_ptr<BlockDriver>> open(bool writable = false, uint64_t cache_bytes = 0) {
     io::MemFileOptions o;
     o.writable = false;
     o.path = (dir_ / "i.vhdx").string();
     auto f = std::make_unique<io::MemFile>(o, slurp("i.vhdx"));
     ImageOptions opts;
     opts.file.writable = writable;
+    opts.l2_cache_size = cache_bytes;
     return io::run_sync(*engine_, open_vhdx(std::move(f), o.path, opts));
   }
   Result<Bytes> read(BlockDriver& d, uint64_t off, size_t len) {
@@ -352,6 +353,29 @@ TEST_F(VhdxImage, FixedImageIsOneExtentPerContiguousRun) {
   auto d = open();
   ASSERT_TRUE(d) << d.status().to_string();
   expect_reads_as_qemu(**d, 8 * kMiB);
+}
+
+TEST_F(VhdxImage, BatSlicesAreEvictedAndReloadedWithATwoSliceCache) {
+  // 1400 blocks of 1 MiB: three 4 KiB BAT slices (512 entries each, bitmaps included).
+  sh("qemu-img create -q -f vhdx -o block_size=1M i.vhdx 1400M && "
+     "qemu-io -c 'write -P 0x51 0 1M' -c 'write -P 0x52 600M 1M' -c 'write -P 0x53 1100M 1M' "
+     "-c 'write -P 0x54 1399M 1M' i.vhdx");
+  auto d = open(false, 8192);
+  ASSERT_TRUE(d) << d.status().to_string();
+  const std::pair<uint64_t, uint8_t> blocks[] = {{0, 0x51}, {600, 0x52}, {1100, 0x53}, {1399, 0x54}, {700, 0}};
+  for (int round = 0; round < 3; ++round) {
+    for (auto [block, fill] : blocks) {
+      auto got = read(**d, block * kMiB, kMiB);
+      ASSERT_TRUE(got) << got.status().to_string();
+      EXPECT_EQ(*got, Bytes(kMiB, std::byte{fill})) << block;
+    }
+  }
+  // One read across every slice: zeros between the written blocks.
+  auto all = read(**d, 599 * kMiB, 3 * kMiB);
+  ASSERT_TRUE(all);
+  EXPECT_EQ((*all)[0], std::byte{0});
+  EXPECT_EQ((*all)[kMiB], std::byte{0x52});
+  EXPECT_EQ((*all)[2 * kMiB], std::byte{0});
 }
 
 }  // namespace
