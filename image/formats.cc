@@ -7,6 +7,7 @@
 #include "image/qed/qed.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
+#include "image/vhdx/vhdx.h"
 
 namespace qcowfs::image {
 namespace {
@@ -16,7 +17,7 @@ const std::array kFormats = {
     FormatInfo{"qcow2", "qcow2", open_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{"vmdk", "VMDK", nullptr},
-    FormatInfo{"vhdx", "VHDX", nullptr},
+    FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", nullptr},
     FormatInfo{"vdi", "VDI", open_vdi},
     FormatInfo{"qed", "QED", open_qed},

@@ -62,7 +62,7 @@ class Built:
     image: Path                       # what to mount
     files: list[Path]                 # every file the mount may open (must stay unchanged)
     pristine_raw: Path | None = None  # raw rendering of the image before the corruption
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # "format": the image's format for qemu-img (default qcow2)
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ def qemu_io(image: Path, *cmds: str) -> None:
     assert "error" not in out.lower() and "failed" not in out.lower(), out
 
 
-def to_raw(image: Path, out: Path) -> Path:
-    run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, out)
+def to_raw(image: Path, out: Path, fmt: str = "qcow2") -> Path:
+    run("qemu-img", "convert", "-f", fmt, "-O", "raw", image, out)
     return out
 
 
@@ -562,7 +562,7 @@ def manifest_entry(name: str, b: Built) -> dict:
         entry.update(outcome="eio", bad=[list(r) for r in o.bad], good=[list(r) for r in o.good],
                      pristine_raw=str(b.pristine_raw))
     else:
-        raw = to_raw(b.image, b.image.with_suffix(".qemu.raw"))
+        raw = to_raw(b.image, b.image.with_suffix(".qemu.raw"), b.extra.get("format", "qcow2"))
         entry.update(outcome="readable", reference_raw=str(raw))
     return entry
 

@@ -143,7 +143,7 @@ def check_eio(case: hostile.Case, b: hostile.Built, workdir: Path) -> None:
 
 
 def check_readable(case: hostile.Case, b: hostile.Built, workdir: Path) -> None:
-    ref = helpers.convert_to_raw(b.image, workdir / "ref.raw")
+    ref = helpers.convert_to_raw(b.image, workdir / "ref.raw", fmt=b.extra.get("format"))
     with helpers.mounted(b.image, workdir / "view.raw") as m:
         size = os.path.getsize(ref)
         assert os.path.getsize(m.path) == size
@@ -250,6 +250,6 @@ def test_inconsistent_metadata_refuses_read_write_and_marks_corrupt(name, workdi
     assert re.search(r"corrupt", text, re.IGNORECASE), text
     assert corrupt_bit(b.image)
     assert file_without_incompat_field(b.image) == before
-    ref = helpers.convert_to_raw(b.image, workdir / "ref.raw")
+    ref = helpers.convert_to_raw(b.image, workdir / "ref.raw", fmt=b.extra.get("format"))
     with helpers.mounted(b.image, workdir / "view.raw") as m:  # read-only still works
         assert helpers.files_equal(m.path, ref)
