@@ -77,6 +77,10 @@ TEST(FuseInodeTable, RawViewName) {
   EXPECT_EQ(raw_view_name("/images/vm.qcow2"), "vm.raw");
   EXPECT_EQ(raw_view_name("vm.img"), "vm.raw");
   EXPECT_EQ(raw_view_name("/a/b/vm.raw"), "vm.raw");
+  EXPECT_EQ(raw_view_name("appliance-disk1.vmdk"), "appliance-disk1.raw");
+  EXPECT_EQ(raw_view_name("azure.vhd"), "azure.raw");
+  EXPECT_EQ(raw_view_name("vm.vhdx"), "vm.raw");
+  EXPECT_EQ(raw_view_name("vbox.vdi"), "vbox.raw");
   EXPECT_EQ(raw_view_name("/a/disk"), "disk.raw");
   EXPECT_EQ(raw_view_name("/a/disk.vmdk"), "disk.vmdk.raw");
   EXPECT_EQ(raw_view_name(".qcow2"), ".qcow2.raw");  // nothing left without the suffix
