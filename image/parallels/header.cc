@@ -1,0 +1,68 @@
+#include "image/parallels/header.h"
+
+#include <cstring>
+
+#include "image/endian.h"
+
+namespace qcowfs::image::parallels {
+namespace {
+
+bool has_magic(std::span<const std::byte> b, std::string_view magic) {
+  return std::memcmp(b.data() + kMagicOff, magic.data(), magic.size()) == 0;
+}
+
+}  // namespace
+
+Result<Header> parse_header(std::span<const std::byte, kHeaderSize> b, const std::string& path) {
+  Header h;
+  h.nb_sectors = load_le64(&b[kNbSectorsOff]);
+  h.tracks = load_le32(&b[kTracksOff]);
+  if (load_le32(&b[kVersionOff]) != kVersion)
+    return Status::errorf(EINVAL, "{}: image not in Parallels format (version {}, not 2)", path,
+                          load_le32(&b[kVersionOff]));
+  if (has_magic(b, kMagicOld)) {
+    h.off_multiplier = 1;
+    h.nb_sectors &= 0xffffffff;
+  } else if (has_magic(b, kMagicExt)) {
+    h.off_multiplier = h.tracks;
+  } else {
+    return Status::errorf(EINVAL, "{}: image not in Parallels format (bad magic)", path);
+  }
+  if (h.tracks == 0) return Status::errorf(EINVAL, "{}: invalid Parallels image: zero sectors per track", path);
+  if (h.tracks > kMaxTracks)
+    return Status::errorf(EFBIG, "{}: invalid Parallels image: too big cluster ({} sectors)", path, h.tracks);
+  h.bat_entries = load_le32(&b[kBatEntriesOff]);
+  if (h.bat_entries > kMaxBatEntries)
+    return Status::errorf(EFBIG, "{}: Parallels catalog too large ({} entries)", path, h.bat_entries);
+  if (h.nb_sectors > (uint64_t{INT64_MAX} >> 9))
+    return Status::errorf(EFBIG, "{}: Parallels disk size of {} sectors is too large", path, h.nb_sectors);
+  h.inuse = load_le32(&b[kInuseOff]) == kInuseMagic;
+  h.ext_off = load_le64(&b[kExtOffOff]);
+  return h;
+}
+
+// The features follow one another until the end magic; each one's data must
+// lie inside the cluster. qcowfs does not check the MD5 of the cluster (QEMU
+// does) nor load dirty bitmaps (they do not change what the disk reads as).
+Status check_extension(std::span<const std::byte> ext, uint64_t cluster_size, const std::string& path) {
+  if (ext.size() < kExtHeaderSize || load_le64(ext.data()) != kExtMagic)
+    return Status::errorf(EINVAL, "{}: wrong Parallels format extension magic {:#x}, expected {:#x}", path,
+                          ext.size() >= 8 ? load_le64(ext.data()) : 0, kExtMagic);
+  uint64_t pos = kExtHeaderSize;
+  while (true) {
+    if (pos + kFeatureHeaderSize > ext.size())
+      return Status::errorf(EINVAL, "{}: Parallels format extension features run past the {} bytes qcowfs reads",
+                            path, ext.size());
+    const uint64_t magic = load_le64(&ext[pos]);
+    const uint64_t data_size = load_le32(&ext[pos + kFeatureDataSizeOff]);
+    pos += kFeatureHeaderSize;
+    if (pos + data_size > cluster_size)
+      return Status::errorf(EINVAL, "{}: Parallels format extension feature data out of cluster", path);
+    if (magic == kFeatureEnd) return Status::ok();
+    if (magic != kFeatureDirtyBitmap)
+      return Status::errorf(EINVAL, "{}: unknown Parallels format extension feature {:#x}", path, magic);
+    pos = (pos + data_size + 7) & ~uint64_t{7};
+  }
+}
+
+}  // namespace qcowfs::image::parallels
