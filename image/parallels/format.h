@@ -47,6 +47,10 @@ inline constexpr size_t kFeatureDataSizeOff = 16;  // le32
 // QEMU 7.2's limits (parallels_open).
 inline constexpr uint64_t kMaxTracks = 0x7fffffff / 513;     // "Too big cluster"
 inline constexpr uint64_t kMaxBatEntries = 0x7fffffff / 4;   // "Catalog too large"
+// QEMU reads the header and BAT (rounded up to the 4 KiB buffer alignment) in
+// one request, which fails (EIO) past BDRV_REQUEST_MAX_BYTES.
+inline constexpr uint64_t kMaxHeaderRead = 0x7ffffe00;
+inline constexpr uint64_t kHeaderReadAlign = 4096;
 
 // qcowfs's own bounds: the BAT entries kept in memory (those inside the file;
 // entries past its end read as 0 in QEMU, i.e. unallocated): 2^25, a 128 MiB

@@ -34,6 +34,10 @@ Result<Header> parse_header(std::span<const std::byte, kHeaderSize> b, const std
   h.bat_entries = load_le32(&b[kBatEntriesOff]);
   if (h.bat_entries > kMaxBatEntries)
     return Status::errorf(EFBIG, "{}: Parallels catalog too large ({} entries)", path, h.bat_entries);
+  const uint64_t header_read = (kBatOff + uint64_t{h.bat_entries} * 4 + kHeaderReadAlign - 1) & ~(kHeaderReadAlign - 1);
+  if (header_read > kMaxHeaderRead)
+    return Status::errorf(EIO, "{}: Parallels header and BAT of {} entries are too large to read ({} bytes)", path,
+                          h.bat_entries, header_read);
   if (h.nb_sectors > (uint64_t{INT64_MAX} >> 9))
     return Status::errorf(EFBIG, "{}: Parallels disk size of {} sectors is too large", path, h.nb_sectors);
   h.inuse = load_le32(&b[kInuseOff]) == kInuseMagic;
