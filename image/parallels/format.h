@@ -42,7 +42,11 @@ inline constexpr size_t kExtHeaderSize = 24;
 inline constexpr uint64_t kFeatureEnd = 0;
 inline constexpr uint64_t kFeatureDirtyBitmap = 0x20385FAE252CB34Aull;
 inline constexpr size_t kFeatureHeaderSize = 24;
-inline constexpr size_t kFeatureDataSizeOff = 16;  // le32
+inline constexpr size_t kFeatureDataSizeOff = 16;  // le32 (flags, le64 at 8, must be 0)
+// A dirty bitmap feature's data: size in sectors (le64), id[16], granularity
+// (le32), l1_size (le32), then l1_size le64 entries.
+inline constexpr size_t kBitmapFeatureSize = 32;
+inline constexpr size_t kBitmapL1SizeOff = 28;
 
 // QEMU 7.2's limits (parallels_open).
 inline constexpr uint64_t kMaxTracks = 0x7fffffff / 513;     // "Too big cluster"
@@ -54,8 +58,11 @@ inline constexpr uint64_t kHeaderReadAlign = 4096;
 
 // qcowfs's own bounds: the BAT entries kept in memory (those inside the file;
 // entries past its end read as 0 in QEMU, i.e. unallocated): 2^25, a 128 MiB
-// table; and the bytes of the format extension cluster it reads.
+// table; the bytes of the format extension cluster it parses (and hashes at
+// a time); the largest extension cluster it checksums (qemu-img's clusters
+// are 1 MiB; QEMU's own limit is 2 GiB).
 inline constexpr uint64_t kMaxBatInMemory = 1ull << 25;
 inline constexpr uint64_t kMaxExtRead = 1ull << 20;
+inline constexpr uint64_t kMaxExtCluster = 64ull << 20;
 
 }  // namespace qcowfs::image::parallels

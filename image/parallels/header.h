@@ -28,6 +28,7 @@ Result<Header> parse_header(std::span<const std::byte, kHeaderSize> b, const std
 
 // Checks the format extension cluster's first bytes (ext: up to the cluster
 // size, zeros past the end of the file; cluster_size: the whole cluster's).
-Status check_extension(std::span<const std::byte> ext, uint64_t cluster_size, const std::string& path);
+Status check_extension(std::span<const std::byte> ext, uint64_t cluster_size, uint64_t nb_sectors,
+                       const std::string& path);
 
 }  // namespace qcowfs::image::parallels

@@ -13,6 +13,7 @@
 #include "image/parallels/format.h"
 #include "image/parallels/header.h"
 #include "image/parallels/map.h"
+#include "image/parallels/md5.h"
 
 namespace qcowfs::image {
 namespace {
@@ -45,15 +46,41 @@ Task<Result<std::vector<uint32_t>>> read_bat(io::HostFile& file, const parallels
   co_return bat;
 }
 
+// The MD5 of the extension cluster after its header, read in chunks (zeros
+// past the end of the file), against the one the header records.
+Task<Status> check_extension_md5(io::HostFile& file, uint64_t at, uint64_t cluster_size,
+                                 std::span<const std::byte> first, const std::string& path) {
+  parallels::Md5 md5;
+  std::vector<std::byte> chunk(parallels::kMaxExtRead);
+  for (uint64_t off = parallels::kExtHeaderSize; off < cluster_size;) {
+    const uint64_t n = std::min<uint64_t>(chunk.size(), cluster_size - off);
+    std::span<std::byte> part(chunk.data(), n);
+    QCOWFS_CO_TRY(co_await read_padded(file, at + off, part, "format extension", path));
+    md5.update(part);
+    off += n;
+  }
+  if (std::memcmp(md5.digest().data(), first.data() + 8, 16) != 0)
+    co_return Status::errorf(EINVAL, "{}: wrong checksum in the Parallels format extension header: it is corrupted",
+                             path);
+  co_return Status::ok();
+}
+
 // A read-only open reads the format extension and fails where it is corrupt
 // (parallels_read_format_extension); a read-write one would ignore it.
 Task<Status> check_extension(io::HostFile& file, const parallels::Header& h, const std::string& path) {
   if (h.ext_off == 0) co_return Status::ok();
-  if (h.ext_off > (UINT64_MAX >> 9))
+  if (h.ext_off > (UINT64_MAX - h.cluster_size()) >> 9)
     co_return Status::errorf(EINVAL, "{}: Parallels format extension offset {:#x} is out of range", path, h.ext_off);
+  const uint64_t at = h.ext_off * kSector;
   std::vector<std::byte> ext(std::min(h.cluster_size(), parallels::kMaxExtRead));
-  QCOWFS_CO_TRY(co_await read_padded(file, h.ext_off * kSector, ext, "format extension", path));
-  co_return parallels::check_extension(ext, h.cluster_size(), path);
+  QCOWFS_CO_TRY(co_await read_padded(file, at, ext, "format extension", path));
+  if (ext.size() < parallels::kExtHeaderSize || load_le64(ext.data()) != parallels::kExtMagic)
+    co_return parallels::check_extension(ext, h.cluster_size(), h.nb_sectors, path);  // names the bad magic
+  if (h.cluster_size() > parallels::kMaxExtCluster)
+    co_return Status::errorf(EFBIG, "{}: Parallels format extension cluster of {} bytes is past qcowfs's limit of {}",
+                             path, h.cluster_size(), parallels::kMaxExtCluster);
+  QCOWFS_CO_TRY(co_await check_extension_md5(file, at, h.cluster_size(), ext, path));
+  co_return parallels::check_extension(ext, h.cluster_size(), h.nb_sectors, path);
 }
 
 }  // namespace

@@ -24,6 +24,20 @@ def poke(img: Path, off: int, fmt: str, value) -> None:
         f.write(struct.pack(fmt, value))
 
 
+def seal_extension(img: Path, corrupt: bool) -> None:
+    """Appends an extension cluster with no features and its MD5 (flipped if corrupt)."""
+    import hashlib
+    data = bytearray(img.read_bytes())
+    cluster = struct.unpack_from("<I", data, 28)[0] * 512
+    at = (len(data) + cluster - 1) // cluster * cluster
+    body = bytes(cluster - 24)
+    digest = bytearray(hashlib.md5(body).digest())
+    digest[0] ^= 1 if corrupt else 0
+    data += bytes(at - len(data)) + struct.pack("<Q", 0xAB234CEF23DCEA87) + digest + body
+    struct.pack_into("<Q", data, 56, at // 512)
+    img.write_bytes(data)
+
+
 def cases(h):
     def make(edit, pristine: bool = False):
         def build(d: Path):
@@ -52,6 +66,8 @@ def cases(h):
                                              "a 2 GiB BAT: QEMU's one header read fails"),
         "parallels_ext_bad_magic": h.Case(make(lambda img: poke(img, 56, "<Q", 1)),
                                           h.Refused("extension magic"), "format extension at sector 1 (BAT)"),
+        "parallels_ext_bad_checksum": h.Case(make(lambda img: seal_extension(img, corrupt=True)),
+                                             h.Refused("checksum"), "format extension whose MD5 is wrong"),
         "parallels_ext_past_eof": h.Case(make(lambda img: poke(img, 56, "<Q", 1 << 40)),
                                          h.Refused("extension magic"), "format extension past the end"),
         "parallels_ext_offset_overflow": h.Case(make(lambda img: poke(img, 56, "<Q", (1 << 64) - 1)),

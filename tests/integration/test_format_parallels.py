@@ -77,3 +77,35 @@ def test_read_write_mount_is_refused(workdir: Path) -> None:
     code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
     assert code != 0 and "read-only" in text, text
     assert helpers.sha256_file(image) == before
+
+
+def add_extension(image: Path, corrupt: bool = False) -> None:
+    """Appends a format extension cluster (no features, its MD5 recorded) and
+    points ext_off at it; corrupt flips a checksum bit."""
+    import hashlib
+    data = bytearray(image.read_bytes())
+    (tracks,) = struct.unpack_from("<I", data, 28)
+    cluster = tracks * 512
+    at = (len(data) + cluster - 1) // cluster * cluster
+    data += bytes(at - len(data))
+    body = bytes(cluster - 24)
+    digest = bytearray(hashlib.md5(body).digest())
+    if corrupt:
+        digest[0] ^= 1
+    data += struct.pack("<Q", 0xAB234CEF23DCEA87) + digest + body
+    struct.pack_into("<Q", data, 56, at // 512)
+    image.write_bytes(data)
+
+
+def test_format_extension_with_its_checksum_reads(workdir: Path) -> None:
+    image = make_image(workdir, "parallels", "ext.hds", 4 * MiB, "cluster_size=64k", ["write -P 0x51 0 64k"])
+    add_extension(image)
+    check_image(image, workdir, fmt="parallels")
+
+
+def test_format_extension_with_a_bad_checksum_is_refused_like_qemu(workdir: Path) -> None:
+    image = make_image(workdir, "parallels", "extbad.hds", 4 * MiB, "cluster_size=64k")
+    add_extension(image, corrupt=True)
+    assert helpers.run(["qemu-img", "info", str(image)], check=False).returncode != 0
+    code, text = helpers.mount_fails(image, workdir / "view")
+    assert code != 0 and "checksum" in text, text

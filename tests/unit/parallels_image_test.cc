@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "image/endian.h"
+#include "image/parallels/md5.h"
 #include "image/parallels/parallels.h"
 #include "io/mem_file.h"
 #include "io_test_util.h"
@@ -144,6 +145,14 @@ TEST(Parallels, BatEntriesPastTheFileAreUnallocated) {
   EXPECT_EQ(at(**d, 99999 * kCluster), std::byte{0});
 }
 
+// Records the MD5 of the extension cluster at host cluster 4 in its header.
+Bytes sealed(Bytes img) {
+  std::byte* ext = img.data() + 4 * kCluster;
+  auto sum = parallels::md5(std::span<const std::byte>(ext + 24, kCluster - 24));
+  std::memcpy(ext + 8, sum.data(), sum.size());
+  return img;
+}
+
 // An extension cluster at host cluster 4: its magic, then features.
 Bytes with_extension(uint64_t feature_magic, uint32_t data_size = 0) {
   Bytes img = image({1});
@@ -156,11 +165,37 @@ Bytes with_extension(uint64_t feature_magic, uint32_t data_size = 0) {
   return img;
 }
 
+std::string hex(std::span<const std::byte> b) {
+  std::string s;
+  for (std::byte x : b) s += fmt::format("{:02x}", static_cast<unsigned>(x));
+  return s;
+}
+
+TEST(ParallelsMd5, KnownDigestsAndChunking) {
+  EXPECT_EQ(hex(parallels::md5({})), "d41d8cd98f00b204e9800998ecf8427e");
+  const std::string abc = "abc";
+  EXPECT_EQ(hex(parallels::md5(std::as_bytes(std::span(abc)))), "900150983cd24fb0d6963f7d28e17f72");
+  Bytes big(1000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = std::byte(i * 13);
+  parallels::Md5 m;
+  for (size_t i = 0; i < big.size(); i += 77) m.update(std::span<const std::byte>(big).subspan(i, std::min<size_t>(77, big.size() - i)));
+  EXPECT_EQ(hex(m.digest()), hex(parallels::md5(big)));
+}
+
 TEST(Parallels, FormatExtension) {
-  EXPECT_TRUE(open(with_extension(0)).is_ok());                       // end of features at once
-  EXPECT_TRUE(open(with_extension(0x20385FAE252CB34Aull, 64)).is_ok());  // a dirty bitmap, then the end
-  expect_refused(with_extension(0x1234), "unknown");
-  expect_refused(with_extension(0x20385FAE252CB34Aull, 1 << 20), "out of cluster");
+  EXPECT_TRUE(open(sealed(with_extension(0))).is_ok());               // end of features at once
+  expect_refused(with_extension(0), "checksum");                     // not sealed
+  Bytes bitmap = with_extension(0x20385FAE252CB34Aull, 64);  // a dirty bitmap, then the end
+  store_le64(bitmap.data() + 4 * kCluster + 48, kEntries * kTracks);
+  store_le32(bitmap.data() + 4 * kCluster + 48 + 28, 4);
+  EXPECT_TRUE(open(sealed(bitmap)).is_ok());
+  store_le64(bitmap.data() + 4 * kCluster + 48, 7);
+  expect_refused(sealed(bitmap), "differs from disk size");
+  Bytes flags = with_extension(0);
+  store_le64(flags.data() + 4 * kCluster + 32, 1);
+  expect_refused(sealed(flags), "flags");
+  expect_refused(sealed(with_extension(0x1234)), "unknown");
+  expect_refused(sealed(with_extension(0x20385FAE252CB34Aull, 1 << 20)), "out of cluster");
   Bytes img = with_extension(0);
   img[4 * kCluster] = std::byte{0};
   expect_refused(img, "extension magic");
