@@ -122,3 +122,11 @@ def test_read_write_mount_is_refused(workdir: Path) -> None:
     code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
     assert code != 0 and "read-only" in text, text
     assert helpers.sha256_file(image) == before
+
+
+def test_footer_copy_saying_fixed_reads_as_fixed(workdir: Path) -> None:
+    """A dynamic layout whose footer at 0 says fixed: QEMU parses the dynamic
+    header, then reads the file as a fixed disk (the footer copy first)."""
+    image = make_image(workdir, "vpc", "mixed.vhd", 8 * MiB, cmds=["write -P 0x66 0 64k"])
+    footer_patch(image, 0, ">I", (60, 2))
+    check_image(image, workdir, fmt="vpc")
