@@ -23,6 +23,7 @@ using parallels::kSector;
 // buf.size() bytes at off, zeros past the end of the file (QEMU's bdrv_pread).
 Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf, std::string_view what,
                          const std::string& path) {
+  if (buf.empty()) co_return Status::ok();
   std::memset(buf.data(), 0, buf.size());
   if (off >= file.size()) co_return Status::ok();
   auto n = co_await file.read(off, buf);
