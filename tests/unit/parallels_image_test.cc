@@ -103,6 +103,14 @@ TEST(Parallels, BatEntryPastTheEndIsEioForItsClusterOnly) {
   EXPECT_EQ(at(**d, 0), std::byte{0x21});
 }
 
+TEST(Parallels, EmptyBatReadsZeros) {
+  Bytes img = image({});
+  store_le32(img.data() + 32, 0);
+  auto d = open(img);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(at(**d, 5), std::byte{0});
+}
+
 TEST(Parallels, InUseImageOpensReadOnly) {
   Bytes img = image({1});
   store_le32(img.data() + 44, 0x746F6E59);
