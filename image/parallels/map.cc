@@ -38,8 +38,8 @@ Result<Extent> ClusterMap::data_extent(uint64_t guest, uint64_t len) const {
   uint64_t cluster = guest / cluster_size_;
   const uint64_t start = host(cluster);
   if (start >= file_->size()) {
-    log::error("{}: corrupt Parallels BAT entry {} for guest offset {:#x}: cluster at {:#x}, beyond the end of the file", path_,
-               cluster, guest, start);
+    log::error("{}: corrupt Parallels BAT entry {} for guest offset {:#x}: cluster at {:#x}, beyond the file end",
+               path_, cluster, guest, start);
     return Status::errorf(EIO, "{}: corrupt Parallels BAT entry {} for guest offset {:#x}: beyond the end of the file",
                           path_, cluster, guest);
   }

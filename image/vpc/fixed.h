@@ -1,40 +1,30 @@
-// A fixed VHD: the guest disk is the file's first bytes, the footer follows.
-// Reads go straight to the file (zeros past its end); block status is what
-// QEMU 7.2 reports (vpc_co_block_status: data at the same offset, recursing
-// into the file so its holes read as "zero": true while staying "data": true).
-// Thread-safety: as BlockDriver; immutable after construction.
+// The ExtentMap of a fixed VHD: the guest disk is the file's first bytes (the
+// footer follows), one data extent at the same offset. QEMU 7.2's
+// vpc_co_block_status() returns DATA | OFFSET_VALID | RECURSE for it, so the
+// host file's holes (and bytes past its end) are "data": true, "zero": true:
+// the extent is marked host_holes_are_zero and ExtentDriver asks the file.
+// Thread-safety: immutable; try_map() is thread-safe.
 #pragma once
 
-#include <memory>
-
-#include "image/block_driver.h"
+#include "image/extent_driver.h"
 
 namespace qcowfs::image::vpc {
 
-class FixedDriver final : public BlockDriver {
+class FixedMap final : public ExtentMap {
  public:
-  FixedDriver(std::unique_ptr<io::HostFile> file, uint64_t size, ImageDetails details);
-
-  std::string_view format_name() const override { return "vpc"; }
-  uint64_t size() const override { return size_; }
-  bool read_only() const override { return true; }
-  size_t mem_align() const override { return file_->mem_align(); }
-
-  Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
-  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
-  Task<Status> flush() override;
-  Task<Status> discard(uint64_t off, uint64_t len) override;
-  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override;
-  Task<Status> truncate(uint64_t new_size) override;
-  Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
-  uint64_t allocated_bytes() const override { return file_->allocated_bytes(); }
-  Task<Status> close() override;
-  ImageDetails details() const override { return details_; }
+  explicit FixedMap(io::HostFile* file) : file_(file) {}
+  Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) override {
+    Extent e;
+    e.kind = ExtentKind::data;
+    e.length = len;
+    e.file = file_;
+    e.host_offset = guest;
+    e.host_holes_are_zero = true;
+    return std::optional<Extent>(e);
+  }
 
  private:
-  std::unique_ptr<io::HostFile> file_;
-  uint64_t size_;
-  ImageDetails details_;
+  io::HostFile* file_;
 };
 
 }  // namespace qcowfs::image::vpc

@@ -1,6 +1,6 @@
 // open_vpc(): QEMU 7.2's vpc_open() (block/vpc.c) over our HostFile: footer,
-// size rule, dynamic-disk header and BAT, then a FixedDriver or an
-// ExtentDriver over a DynamicMap.
+// size rule, dynamic-disk header and BAT, then an ExtentDriver over a FixedMap
+// or a DynamicMap.
 #include "image/vpc/vpc.h"
 
 #include <algorithm>
@@ -111,29 +111,24 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vpc(std::unique_ptr<io::HostFile
   const vpc::Footer& f = found->footer;
   auto sectors = vpc::virtual_sectors(f, path);
   if (!sectors) co_return sectors.status();
-  std::unique_ptr<BlockDriver> d;
-  if (!found->at_start) {
-    d = std::make_unique<vpc::FixedDriver>(std::move(file), *sectors * kSector, details_for(f, 0));
-    co_return d;
-  }
-  // A footer at 0 means a dynamic-disk header, whatever the footer's type says.
-  auto h = co_await read_dyn_header(*file, f, *sectors, path);
-  if (!h) co_return h.status();
-  auto bat = co_await read_bat(*file, *h, path);
-  if (!bat) co_return bat.status();
-  if (f.type == vpc::kFixed) {
-    // QEMU then reads such an image as a fixed disk (vpc_co_preadv tests the type).
-    d = std::make_unique<vpc::FixedDriver>(std::move(file), *sectors * kSector, details_for(f, h->block_size));
-    co_return d;
-  }
   ExtentImage img;
   img.format = "vpc";
   img.path = path;
   img.size = *sectors * kSector;
-  img.map = std::make_unique<vpc::DynamicMap>(file.get(), h->block_size, std::move(*bat));
+  img.details = details_for(f, 0);
+  if (found->at_start) {
+    // A footer at 0 means a dynamic-disk header, whatever the footer's type says.
+    auto h = co_await read_dyn_header(*file, f, *sectors, path);
+    if (!h) co_return h.status();
+    auto bat = co_await read_bat(*file, *h, path);
+    if (!bat) co_return bat.status();
+    img.details = details_for(f, h->block_size);
+    // A footer at 0 that says fixed is read as a fixed disk (vpc_co_preadv tests the type).
+    if (f.type != vpc::kFixed) img.map = std::make_unique<vpc::DynamicMap>(file.get(), h->block_size, std::move(*bat));
+  }
+  if (!img.map) img.map = std::make_unique<vpc::FixedMap>(file.get());
   img.files.push_back(std::move(file));
-  img.details = details_for(f, h->block_size);
-  d = std::make_unique<ExtentDriver>(std::move(img));
+  std::unique_ptr<BlockDriver> d = std::make_unique<ExtentDriver>(std::move(img));
   co_return d;
 }
 

@@ -186,7 +186,8 @@ TEST(ParallelsMd5, KnownDigestsAndChunking) {
   Bytes big(1000);
   for (size_t i = 0; i < big.size(); ++i) big[i] = std::byte(i * 13);
   parallels::Md5 m;
-  for (size_t i = 0; i < big.size(); i += 77) m.update(std::span<const std::byte>(big).subspan(i, std::min<size_t>(77, big.size() - i)));
+  for (size_t i = 0; i < big.size(); i += 77)
+    m.update(std::span<const std::byte>(big).subspan(i, std::min<size_t>(77, big.size() - i)));
   EXPECT_EQ(hex(m.digest()), hex(parallels::md5(big)));
 }
 
