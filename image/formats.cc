@@ -3,11 +3,13 @@
 #include <array>
 
 #include "image/format.h"
+#include "image/parallels/parallels.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qed/qed.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vpc/vpc.h"
 
 namespace qcowfs::image {
 namespace {
@@ -18,10 +20,10 @@ const std::array kFormats = {
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{"vmdk", "VMDK", nullptr},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
-    FormatInfo{"vpc", "VHD (vpc)", nullptr},
+    FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{"vdi", "VDI", open_vdi},
     FormatInfo{"qed", "QED", open_qed},
-    FormatInfo{"parallels", "Parallels", nullptr},
+    FormatInfo{"parallels", "Parallels", open_parallels},
     FormatInfo{"luks", "LUKS", nullptr},
     FormatInfo{"bochs", "Bochs", nullptr},
     FormatInfo{"cloop", "cloop", nullptr},

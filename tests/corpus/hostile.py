@@ -470,8 +470,6 @@ CASES: dict[str, Case] = {
     "backing_vmdk_recorded": Case(foreign_backing("vmdk"), Refused(r"vmdk image"), "backing_fmt=vmdk"),
     "backing_vmdk_probed": Case(foreign_backing("vmdk", record_format=False), Refused(r"vmdk image"),
                                 "no backing_fmt; the backing file probes as VMDK"),
-    "backing_vhd_fixed_probed": Case(foreign_backing("vpc", "subformat=fixed", record_format=False),
-                                     Refused(r"is a vhd"), "no backing_fmt; a fixed VHD, found by its footer"),
     "data_file_missing": Case(data_file_missing, Refused(r"data file"), "external data file deleted"),
     # ---- snapshot table ----
     "snapshot_count_overflow": Case(snapshot_count, Refused(r"snapshot"), "4000 entries, 1 present"),

@@ -1,5 +1,5 @@
-"""Images of formats qcowfs recognises but does not read (VMDK, VHD, VDI,
-QED, Parallels, LUKS), made by qemu-img: the mount is refused with a message
+"""Images of formats qcowfs recognises but does not read (VMDK,
+LUKS), made by qemu-img: the mount is refused with a message
 naming the format and leaves the file untouched; -o format=raw serves the
 container file's bytes as they are; a qcow2 overlay over such a backing file
 is refused unless it records backing_fmt=raw; qcowfs info/check/map refuse
@@ -21,9 +21,6 @@ FORMATS = {
     "vmdk": (["-f", "vmdk"], "disk.vmdk", "VMDK"),
     "vmdk_stream": (["-f", "vmdk", "-o", "subformat=streamOptimized"], "disk.vmdk", "VMDK"),
     "vmdk_flat_descriptor": (["-f", "vmdk", "-o", "subformat=monolithicFlat"], "disk.vmdk", "VMDK"),
-    "vpc_dynamic": (["-f", "vpc"], "disk.vhd", "VHD"),
-    "vpc_fixed": (["-f", "vpc", "-o", "subformat=fixed"], "disk.vhd", "VHD"),
-    "parallels": (["-f", "parallels"], "disk.hds", "Parallels"),
     "luks": (["-f", "luks", "--object", "secret,id=s0,data=pw", "-o", "key-secret=s0,iter-time=10"],
              "disk.luks", "LUKS"),
 }

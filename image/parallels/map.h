@@ -1,0 +1,36 @@
+// The ExtentMap of a Parallels image: the BAT in memory (the entries that lie
+// inside the file; QEMU reads the rest as zeros, i.e. unallocated). Cluster i
+// is at bat[i] * off_multiplier sectors; clusters that follow each other on
+// the host are one extent, as QEMU's block_status() merges them. Unallocated
+// clusters are ExtentKind::unallocated ("present": false). A cluster that
+// starts at or past the end of the file is EIO (QEMU would read zeros).
+// Thread-safety: immutable after construction; try_map() is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "image/extent_driver.h"
+
+namespace qcowfs::image::parallels {
+
+class ClusterMap final : public ExtentMap {
+ public:
+  ClusterMap(io::HostFile* file, std::string path, uint64_t cluster_size, uint64_t off_multiplier,
+             std::vector<uint32_t> bat);
+  Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) override;
+
+ private:
+  uint32_t entry(uint64_t cluster) const { return cluster < bat_.size() ? bat_[cluster] : 0; }
+  uint64_t host(uint64_t cluster) const { return uint64_t{bat_[cluster]} * unit_; }
+  Result<Extent> data_extent(uint64_t guest, uint64_t len) const;
+
+  io::HostFile* file_;
+  std::string path_;
+  uint64_t cluster_size_;
+  uint64_t unit_;  // bytes a BAT unit
+  std::vector<uint32_t> bat_;
+};
+
+}  // namespace qcowfs::image::parallels

@@ -1,0 +1,31 @@
+// The ExtentMap of a dynamic (or differencing) VHD: the whole BAT in memory,
+// as QEMU keeps it. A guest byte in block i lives at bat[i] * 512 +
+// bitmap_size + its offset in the block; the sector bitmap is not consulted
+// (QEMU's get_image_offset() ignores it). Unallocated blocks read as zeros and
+// are reported as zero ("present": true, "zero": true), as QEMU does.
+// Thread-safety: immutable after construction; try_map() is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "image/extent_driver.h"
+
+namespace qcowfs::image::vpc {
+
+class DynamicMap final : public ExtentMap {
+ public:
+  // Every allocated entry's block lies inside file (the opener checked it).
+  DynamicMap(io::HostFile* file, uint32_t block_size, std::vector<uint32_t> bat);
+  Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) override;
+
+ private:
+  bool allocated(uint64_t block) const;
+
+  io::HostFile* file_;
+  uint64_t block_size_;
+  uint64_t bitmap_size_;
+  std::vector<uint32_t> bat_;
+};
+
+}  // namespace qcowfs::image::vpc
