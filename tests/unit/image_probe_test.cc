@@ -195,10 +195,10 @@ TEST_F(ImageChooseFormat, ExplicitRawServesAForeignFile) {
 }
 
 TEST_F(ImageChooseFormat, NamedForeignFormatIsRefused) {
-  auto r = choose(bytes("", 4096), "vdi");
+  auto r = choose(bytes("", 4096), "dmg");
   ASSERT_FALSE(r);
   EXPECT_EQ(r.status().code(), EMEDIUMTYPE);
-  EXPECT_NE(r.status().message().find("VDI"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("DMG"), std::string::npos) << r.status().message();
 }
 
 TEST_F(ImageChooseFormat, UnknownNameIsEinval) {
