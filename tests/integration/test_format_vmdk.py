@@ -8,6 +8,7 @@ order than their files. A read-write mount is refused and changes nothing."""
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 from pathlib import Path
 
@@ -160,3 +161,16 @@ def test_info_no_backing_opens_a_delta_without_its_parent(workdir: Path) -> None
     proc = subprocess.run([helpers.qcowfs_bin(), "-f", "-o", "ro", str(delta), str(workdir / "v.raw")],
                           capture_output=True, timeout=30, check=False)
     assert proc.returncode != 0 and b"base.vmdk" in proc.stderr, proc.stderr
+
+
+def test_stream_with_grain_directory_at_the_end(workdir: Path) -> None:
+    """VMware's streamOptimized writers put the GD last: the header says "at end" and the
+    footer (marker, header copy, end-of-stream marker) holds the real header. qemu-img
+    writes the GD first, so the test moves it."""
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", SIZE, "subformat=streamOptimized", writes(), stream=True)
+    data = bytearray(image.read_bytes())
+    head = bytes(data[:512])
+    data += bytes(-len(data) % 512) + struct.pack("<QII", 1, 0, 3).ljust(512, b"\0") + head + bytes(512)
+    data[56:64] = struct.pack("<Q", (1 << 64) - 1)  # gd_offset: at end
+    image.write_bytes(bytes(data))
+    fh.check_image(image, workdir, fmt="vmdk")
