@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -261,6 +262,29 @@ TEST_F(VmdkImage, GrainTableEntryPastEndOfFileReadsAsZerosLikeQemu) {
   uint64_t gt = uint64_t{load_le32(head.data() + gd)} * 512;
   poke("g.vmdk", gt, le32(0x7fffff00));
   expect_like_qemu("g.vmdk");
+}
+
+// A VMFS "COWD" sparse file by hand (qemu-img cannot make one): 4 MiB, 4 KiB
+// grains, one GD entry, 4096-entry GT; grain-table entries to grains, to
+// sector 1 (no zeroed-grain flag in COWD: data), and the last grain past EOF.
+// QEMU needs CID/parentCID at 0x200 even here.
+TEST_F(VmdkImage, CowdSparseReadsLikeQemu) {
+  Bytes b(35 * 512 + 2 * 4096 + 1000);
+  store_be32(b.data(), kVmdk3MagicBe);
+  store_le32(b.data() + kV3Version, 1);
+  store_le32(b.data() + kV3Flags, 3);
+  store_le32(b.data() + kV3DiskSectors, 8192);
+  store_le32(b.data() + kV3Granularity, 8);
+  store_le32(b.data() + kV3L1Offset, 2);
+  store_le32(b.data() + kV3L1Size, 1);
+  std::string cid = "CID=12345678\nparentCID=ffffffff\n";
+  std::memcpy(b.data() + 512, cid.data(), cid.size());
+  store_le32(b.data() + 2 * 512, 3);
+  const std::pair<uint32_t, uint32_t> gtes[] = {{0, 35}, {3, 43}, {5, 1}, {1023, 51}};
+  for (auto [i, sector] : gtes) store_le32(b.data() + 3 * 512 + 4 * i, sector);
+  for (size_t i = 35 * 512; i < b.size(); ++i) b[i] = std::byte{static_cast<unsigned char>(0x41 + (i - 35 * 512) / 4096)};
+  std::ofstream(path("c.vmdk"), std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  expect_like_qemu("c.vmdk");
 }
 
 }  // namespace
