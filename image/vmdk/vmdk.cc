@@ -46,6 +46,9 @@ struct Opening {
   std::vector<HostFileState> files;  // files[0]: the image file
   std::vector<VExtent> extents;
   uint64_t total = 0;  // guest bytes so far
+  // GD entries held in memory by all extents: at most kMaxGdEntries in all,
+  // so many extents naming one large file cannot multiply the memory.
+  uint64_t gd_entries = 0;
   std::string create_type;
   bool have_create_type = false;
 };
@@ -173,6 +176,10 @@ Task<Status> open_sparse(Opening& o, size_t file_index, std::string type, std::s
     if (x.compressed) o.create_type = "streamOptimized";
   }
   QCOWFS_CO_TRY(co_await load_gd(x, h.gd_offset));
+  o.gd_entries += x.gd.size();
+  if (o.gd_entries > kMaxGdEntries)
+    co_return Status::errorf(EFBIG, "{}: the grain directories of all extents hold more than {} entries", o.path,
+                             kMaxGdEntries);
   QCOWFS_CO_TRY(co_await prepare_tables(s, uint64_t{x.gd_size} * x.gtes * 4));
   x.cache = s.cache.get();
   co_return add_extent(o, std::move(x), h.capacity);
