@@ -152,6 +152,7 @@ Result<std::vector<DescriptorExtent>> descriptor_extents(std::string_view text) 
       invalid = l.matches != 4;
     }
     if (invalid) return Status::errorf(EINVAL, "invalid VMDK extent line: {}", line_at(text, p));
+    if (l.type != "FLAT" && l.type != "VMFS") l.flat_offset = 0;
     if (l.sectors > 0 && known_type(l.type)) {
       if (out.size() == kMaxExtents)
         return Status::errorf(EINVAL, "VMDK descriptor lists more than {} extents", kMaxExtents);

@@ -30,7 +30,7 @@ struct DescriptorExtent {
   std::string type;         // FLAT, SPARSE, VMFS, VMFSSPARSE, SESPARSE
   int64_t sectors = 0;      // > 0
   std::string file;         // as written: relative to the descriptor's directory unless absolute
-  int64_t flat_offset = 0;  // FLAT, VMFS: sectors into the file
+  int64_t flat_offset = 0;  // FLAT, VMFS: sectors into the file (>= 0); others: 0
 };
 
 // The text as C sees it: up to the first NUL.

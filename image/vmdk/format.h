@@ -52,6 +52,9 @@ constexpr uint64_t kFooterBytes = 3 * kSector;
 
 // QEMU's limits (vmdk_add_extent, vmdk_open_vmdk4, vmdk_read_desc).
 constexpr uint64_t kMaxGrainSectors = 0x200000;       // 1 GiB grains
+// Ours: a compressed grain is inflated in memory (and read as two grains, as
+// QEMU does), so compressed grains are at most 2 MiB (VMware writes 64 KiB).
+constexpr uint64_t kMaxCompressedGrainSectors = 4096;
 constexpr uint64_t kMaxGdEntries = 32ull * 1024 * 1024;
 constexpr uint32_t kMaxGtesPerGt = 512;
 constexpr uint32_t kMaxVersion = 3;

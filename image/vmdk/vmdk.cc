@@ -174,6 +174,9 @@ Task<Status> open_sparse(Opening& o, size_t file_index, std::string type, std::s
     x.markers = (h.flags & kFlagMarkers) != 0;
     x.zero_grain = (h.flags & kFlagZeroGrain) != 0;
     if (x.compressed) o.create_type = "streamOptimized";
+    if (x.compressed && h.granularity > kMaxCompressedGrainSectors)
+      co_return Status::errorf(EFBIG, "{}: compressed grains of {} sectors are larger than the {} qcowfs reads",
+                               filename, h.granularity, kMaxCompressedGrainSectors);
   }
   QCOWFS_CO_TRY(co_await load_gd(x, h.gd_offset));
   o.gd_entries += x.gd.size();

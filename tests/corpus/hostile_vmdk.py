@@ -80,6 +80,12 @@ def header_field(off: int, fmt: str, value: int):
     return make
 
 
+def stream_grain_huge(h, d: Path):
+    img = sparse(h, d, stream=True)
+    poke(img, GRANULARITY, "<Q", 0x100000)
+    return h.Built(img, [img])
+
+
 def gd_entry_past_eof(h, d: Path):
     img = sparse(h, d)
     poke(img, gd_offset(img), "<I", 0x7FFFFF00)
@@ -183,6 +189,8 @@ def cases(h) -> dict:
                                        "grain size 0: no GD entry coverage"),
         "vmdk_grain_size_huge": h.Case(bind(header_field(GRANULARITY, "<Q", 1 << 40)), h.Refused("grain size"),
                                        "grain size of 2^40 sectors"),
+        "vmdk_compressed_grain_512m": h.Case(bind(stream_grain_huge), h.Refused("compressed grains"),
+                                             "streamOptimized grains of 512 MiB (inflated in memory)"),
         "vmdk_gtes_absurd": h.Case(bind(header_field(NUM_GTES, "<I", 0x10000)), h.Refused("grain tables"),
                                    "65536 entries per grain table (QEMU: at most 512)"),
         "vmdk_descriptor_too_large": h.Case(bind(descriptor_too_large), h.Refused("no extents"),
