@@ -78,20 +78,26 @@ Task<Result<SparseHeader>> read_footer(io::HostFile& f, const std::string& name)
   co_return parse_sparse_header(std::span(*b).subspan(kSector, kSector));
 }
 
+// The sectors one GD entry maps, as QEMU computes it (l1_entry_sectors, 32 bits).
+uint32_t gd_coverage_sectors(const SparseHeader& h) {
+  return static_cast<uint32_t>(uint64_t{h.num_gtes_per_gt} * h.granularity);
+}
+
 Status check_sparse(const SparseHeader& h, uint64_t file_size, const std::string& name) {
   if (!h.vmdk3) {
     if (h.version > kMaxVersion) return Status::errorf(ENOTSUP, "{}: unsupported VMDK version {}", name, h.version);
     if (h.num_gtes_per_gt > kMaxGtesPerGt)
       return Status::errorf(EINVAL, "{}: grain tables of {} entries are too big (at most {})", name,
                             h.num_gtes_per_gt, kMaxGtesPerGt);
-    if (static_cast<uint32_t>(h.num_gtes_per_gt * h.granularity) == 0)
-      return Status::errorf(EINVAL, "{}: invalid grain directory entry coverage (grain size {}, {} entries)", name,
-                            h.granularity, h.num_gtes_per_gt);
+  }
+  // QEMU refuses this for KDMV and divides by it for COWD.
+  if (gd_coverage_sectors(h) == 0)
+    return Status::errorf(EINVAL, "{}: invalid grain directory entry coverage (grain size {}, {} entries)", name,
+                          h.granularity, h.num_gtes_per_gt);
+  if (!h.vmdk3) {
     if ((file_size + kSector - 1) / kSector < h.grain_offset)
       return Status::errorf(EINVAL, "{}: file truncated, expecting at least {} bytes", name,
                             h.grain_offset * kSector);
-  } else if (h.granularity == 0) {
-    return Status::errorf(EINVAL, "{}: grain size 0", name);
   }
   if (h.granularity > kMaxGrainSectors)
     return Status::errorf(EFBIG, "{}: invalid grain size {} sectors, image may be corrupt", name, h.granularity);
@@ -164,7 +170,7 @@ Task<Status> open_sparse(Opening& o, size_t file_index, std::string type, std::s
   x.filename = filename;
   x.grain_bytes = h.granularity * kSector;
   x.gtes = h.num_gtes_per_gt;
-  uint64_t coverage_sectors = static_cast<uint32_t>(uint64_t{h.num_gtes_per_gt} * h.granularity);
+  uint64_t coverage_sectors = gd_coverage_sectors(h);
   x.gd_coverage = coverage_sectors * kSector;
   uint64_t gd_size = h.vmdk3 ? h.gd_entries : static_cast<uint32_t>((h.capacity + coverage_sectors - 1) / coverage_sectors);
   if (gd_size > kMaxGdEntries) co_return Status::errorf(EFBIG, "{}: grain directory of {} entries is too big", filename, gd_size);
