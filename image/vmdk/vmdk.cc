@@ -323,47 +323,36 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_parent(const Opening& o, const s
   co_return parent;
 }
 
-Task<Result<std::unique_ptr<BlockDriver>>> open_vmdk_impl(std::unique_ptr<io::HostFile> file, std::string path,
-                                                          ImageOptions opts) {
-  QCOWFS_CO_TRY(refuse_writable_open("VMDK", path, opts));
-  auto chain = enter_backing_chain(path, opts);
-  if (!chain) co_return chain.status();
-  if (file->size() < 4) co_return Status::errorf(EINVAL, "{}: file is too small to be a VMDK image", path);
-  Opening o;
-  o.path = path;
-  o.opts = opts;
-  HostFileState top;
-  top.file = file.get();
-  top.owned = std::move(file);
-  o.files.push_back(std::move(top));
+// Opens the image file's extents (it is a sparse extent or a descriptor);
+// returns the text QEMU reads CID, parentCID and the parent hint from.
+Task<Result<std::string>> open_extents(Opening& o) {
   io::HostFile& f = *o.files[0].file;
-
   auto head = co_await read_padded(f, 0, 4);
   if (!head) co_return head.status();
   uint32_t magic = load_be32(head->data());
-  std::string window;
-  if (magic == kVmdk4MagicBe || magic == kVmdk3MagicBe) {
-    QCOWFS_CO_TRY(co_await open_sparse(o, 0, "", path, 0));
-    auto w = co_await read_padded(f, kDescOffsetInSparse, kDescWindow);
-    if (!w) co_return w.status();
-    window.assign(reinterpret_cast<const char*>(w->data()), w->size());
-  } else {
-    auto text = co_await read_padded(f, 0, static_cast<size_t>(std::min<uint64_t>(f.size(), kMaxDescriptorBytes)));
-    if (!text) co_return text.status();
-    window.assign(reinterpret_cast<const char*>(text->data()), text->size());
-    QCOWFS_CO_TRY(co_await open_descriptor(o, window, 0));
-  }
-  if (o.extents.empty()) co_return Status::errorf(EINVAL, "{}: VMDK image has no extents", path);
-  auto hint = descriptor_parent_hint(window);
-  if (!hint) co_return hint.status().with_context(path);
-  auto cid = descriptor_cid(window, false);
-  if (!cid) co_return cid.status().with_context(path);
-  auto parent_cid = descriptor_cid(window, true);
-  if (!parent_cid) co_return parent_cid.status().with_context(path);
+  bool sparse = magic == kVmdk4MagicBe || magic == kVmdk3MagicBe;
+  if (sparse) QCOWFS_CO_TRY(co_await open_sparse(o, 0, "", o.path, 0));
+  uint64_t at = sparse ? kDescOffsetInSparse : 0;
+  size_t n = sparse ? kDescWindow : static_cast<size_t>(std::min<uint64_t>(f.size(), kMaxDescriptorBytes));
+  auto text = co_await read_padded(f, at, n);
+  if (!text) co_return text.status();
+  std::string window(reinterpret_cast<const char*>(text->data()), text->size());
+  if (!sparse) QCOWFS_CO_TRY(co_await open_descriptor(o, window, 0));
+  if (o.extents.empty()) co_return Status::errorf(EINVAL, "{}: VMDK image has no extents", o.path);
+  co_return window;
+}
 
+// The ExtentImage of the opened extents, with the parent unless no_backing.
+Task<Result<ExtentImage>> image_of(Opening& o, const std::string& window) {
+  auto hint = descriptor_parent_hint(window);
+  if (!hint) co_return hint.status().with_context(o.path);
+  auto cid = descriptor_cid(window, false);
+  if (!cid) co_return cid.status().with_context(o.path);
+  auto parent_cid = descriptor_cid(window, true);
+  if (!parent_cid) co_return parent_cid.status().with_context(o.path);
   ExtentImage img;
   img.format = "vmdk";
-  img.path = path;
+  img.path = o.path;
   img.size = o.total;
   img.details = details_of(o, *cid, *parent_cid);
   for (const VExtent& x : o.extents)
@@ -371,23 +360,38 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vmdk_impl(std::unique_ptr<io::Ho
   if (*hint) {
     img.details.backing_file = **hint;
     img.details.backing_format = "vmdk";
-    if (!opts.no_backing) {
+    if (!o.opts.no_backing) {
       auto b = co_await open_parent(o, **hint, *parent_cid);
       if (!b) co_return b.status();
       img.backing = std::move(*b);
     }
   }
-  // The image owns the files; the map their grain-table caches.
-  for (HostFileState& s : o.files) img.files.push_back(std::move(s.owned));
-  img.map = make_map(path, std::move(o.extents), std::move(o.files));
-  co_return std::make_unique<ExtentDriver>(std::move(img));
+  co_return img;
 }
 
 }  // namespace
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vmdk(std::unique_ptr<io::HostFile> file, std::string path,
                                                      ImageOptions opts) {
-  co_return co_await open_vmdk_impl(std::move(file), std::move(path), std::move(opts));
+  QCOWFS_CO_TRY(refuse_writable_open("VMDK", path, opts));
+  auto chain = enter_backing_chain(path, opts);
+  if (!chain) co_return chain.status();
+  if (file->size() < 4) co_return Status::errorf(EINVAL, "{}: file is too small to be a VMDK image", path);
+  Opening o;
+  o.path = path;
+  o.opts = std::move(opts);
+  HostFileState top;
+  top.file = file.get();
+  top.owned = std::move(file);
+  o.files.push_back(std::move(top));
+  auto window = co_await open_extents(o);
+  if (!window) co_return window.status();
+  auto img = co_await image_of(o, *window);
+  if (!img) co_return img.status();
+  // The image owns the files; the map their grain-table caches.
+  for (HostFileState& s : o.files) img->files.push_back(std::move(s.owned));
+  img->map = make_map(path, std::move(o.extents), std::move(o.files));
+  co_return std::make_unique<ExtentDriver>(std::move(*img));
 }
 
 }  // namespace qcowfs::image
