@@ -154,6 +154,11 @@ def test_descriptor_with_zero_extent_and_flat_extents_out_of_order(workdir: Path
     info = helpers.qemu_img_info(desc, fmt="vmdk")
     assert info["virtual-size"] == (4096 + 8192 + 1024) * 512, info
     fh.check_image(desc, workdir, fmt="vmdk")
+    # QEMU takes absolute extent names as they are.
+    absolute = workdir / "absolute.vmdk"
+    absolute.write_text(desc.read_text().replace('"b.bin"', f'"{b}"'))
+    assert str(b) in json.dumps(helpers.qemu_img_info(absolute, fmt="vmdk"))
+    fh.check_image(absolute, workdir, fmt="vmdk")
 
 
 def test_info_of_a_split_sparse_image_names_every_extent(workdir: Path) -> None:
