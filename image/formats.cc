@@ -9,6 +9,7 @@
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vmdk/vmdk.h"
 #include "image/vpc/vpc.h"
 
 namespace qcowfs::image {
@@ -18,7 +19,7 @@ const std::array kFormats = {
     FormatInfo{"raw", "raw", open_raw},
     FormatInfo{"qcow2", "qcow2", open_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
-    FormatInfo{"vmdk", "VMDK", nullptr},
+    FormatInfo{"vmdk", "VMDK", open_vmdk},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{"vdi", "VDI", open_vdi},

@@ -467,9 +467,6 @@ CASES: dict[str, Case] = {
     "backing_loop_a_b_a": Case(backing_loop, Refused(r"loop|circular|cycle"), "a -> b -> a"),
     "backing_self": Case(backing_self, Refused(r"loop|circular|cycle"), "image backs itself"),
     "backing_missing": Case(backing_missing, Refused(r"backing"), "backing file does not exist"),
-    "backing_vmdk_recorded": Case(foreign_backing("vmdk"), Refused(r"vmdk image"), "backing_fmt=vmdk"),
-    "backing_vmdk_probed": Case(foreign_backing("vmdk", record_format=False), Refused(r"vmdk image"),
-                                "no backing_fmt; the backing file probes as VMDK"),
     "data_file_missing": Case(data_file_missing, Refused(r"data file"), "external data file deleted"),
     # ---- snapshot table ----
     "snapshot_count_overflow": Case(snapshot_count, Refused(r"snapshot"), "4000 entries, 1 present"),

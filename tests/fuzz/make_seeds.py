@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
             (out / "l2" / name).write_bytes(l2_seed(img))
         probe_seeds(tmp, out / "probe")
         format_seeds(tmp, out)
+        vmdk_descriptor_seeds(tmp, out / "vmdk_descriptor")
     return 0
 
 
@@ -141,6 +142,25 @@ def snapshot_table(img: Path) -> bytes:
     data = img.read_bytes()
     off = ed.hdr.get_field(img, "snapshots_offset")
     return data[off: off + 4096]
+
+
+# Seeds of fuzz_vmdk_descriptor: the text descriptors qemu-img writes (flat and
+# split kinds, a delta's parent hint) and one of every extent line kind.
+def vmdk_descriptor_seeds(tmp: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("monolithicFlat", "twoGbMaxExtentSparse", "twoGbMaxExtentFlat"):
+        img = tmp / f"desc-{sub}.vmdk"
+        run("qemu-img", "create", "-q", "-f", "vmdk", "-o", f"subformat={sub}", img, "1M")
+        shutil.copy(img, out / sub)
+    base, delta = tmp / "desc-base.vmdk", tmp / "desc-delta.vmdk"
+    run("qemu-img", "create", "-q", "-f", "vmdk", base, "1M")
+    run("qemu-img", "create", "-q", "-f", "vmdk", "-b", base.name, "-F", "vmdk", delta)
+    text = delta.read_bytes()[512:512 + 20 * 512]
+    (out / "delta").write_bytes(text.split(b"\0", 1)[0])
+    (out / "every_kind").write_text(
+        '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="vmfs"\n'
+        'RW 100 FLAT "a" 0\nRW 100 ZERO\nRDONLY 50 SPARSE "b"\nRW 7 VMFS "c"\nRW 8 VMFSSPARSE "d"\n'
+        'NOACCESS 9 FLAT "e" 3\nRW 1 SESPARSE "f"\nparentFileNameHint="p.vmdk"\n')
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ TEST(ImageProbe, EveryForeignMagicAtOffsetZero) {
     const FormatInfo& f = detect_format(bytes(magic, 1024), {});
     EXPECT_EQ(f.name, name) << magic;
     // The formats read so far open; the others are only recognised.
-    const bool reads = name == "vhdx" || name == "vpc" || name == "parallels" || name == "qed";
+    const bool reads = name == "vhdx" || name == "vpc" || name == "parallels" || name == "qed" || name == "vmdk";
     EXPECT_EQ(f.supported(), reads) << magic;
     EXPECT_FALSE(f.display.empty());
   }
@@ -155,7 +155,8 @@ TEST(ImageProbe, FindFormatKnowsQemuNames) {
   EXPECT_EQ(find_format("nonsense"), nullptr);
   EXPECT_TRUE(find_format("raw")->supported());
   EXPECT_TRUE(find_format("qcow2")->supported());
-  EXPECT_FALSE(find_format("vmdk")->supported());
+  EXPECT_TRUE(find_format("vmdk")->supported());
+  EXPECT_FALSE(find_format("bochs")->supported());
 }
 
 class ImageChooseFormat : public ::testing::Test {
@@ -173,10 +174,10 @@ class ImageChooseFormat : public ::testing::Test {
 };
 
 TEST_F(ImageChooseFormat, ProbedForeignFormatIsRefusedByName) {
-  auto r = choose(bytes("KDMV", 4096), "");
+  auto r = choose(bytes("Bochs Virtual HD Image", 4096), "");
   ASSERT_FALSE(r);
   EXPECT_EQ(r.status().code(), EMEDIUMTYPE);
-  EXPECT_NE(r.status().message().find("disk.img is a VMDK image"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("disk.img is a Bochs image"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("format=raw"), std::string::npos) << r.status().message();
 }
 
@@ -214,9 +215,9 @@ TEST_F(ImageChooseFormat, BackingFileMessagesNameTheOverlay) {
       << probed.status().message();
   EXPECT_NE(probed.status().message().find("backing_fmt=raw in ov.qcow2"), std::string::npos)
       << probed.status().message();
-  auto named = choose(bytes("", 4096), "vmdk", "ov.qcow2");
+  auto named = choose(bytes("", 4096), "bochs", "ov.qcow2");
   ASSERT_FALSE(named);
-  EXPECT_NE(named.status().message().find("ov.qcow2 records backing_fmt=vmdk for disk.img"), std::string::npos)
+  EXPECT_NE(named.status().message().find("ov.qcow2 records backing_fmt=bochs for disk.img"), std::string::npos)
       << named.status().message();
 }
 

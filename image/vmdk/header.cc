@@ -1,0 +1,39 @@
+#include <array>
+#include <cstring>
+
+#include "image/endian.h"
+#include "image/vmdk/format.h"
+
+namespace qcowfs::image::vmdk {
+
+SparseHeader parse_sparse_header(std::span<const std::byte> in) {
+  std::array<std::byte, kSector> b{};
+  std::memcpy(b.data(), in.data(), std::min(in.size(), b.size()));
+  SparseHeader h;
+  const std::byte* p = b.data();
+  if (load_be32(p) == kVmdk3MagicBe) {
+    h.vmdk3 = true;
+    h.version = load_le32(p + kV3Version);
+    h.flags = load_le32(p + kV3Flags);
+    h.capacity = load_le32(p + kV3DiskSectors);
+    h.granularity = load_le32(p + kV3Granularity);
+    h.gd_offset = load_le32(p + kV3L1Offset);
+    h.gd_entries = load_le32(p + kV3L1Size);
+    h.num_gtes_per_gt = kV3GtesPerGt;
+    return h;
+  }
+  h.version = load_le32(p + kV4Version);
+  h.flags = load_le32(p + kV4Flags);
+  h.capacity = load_le64(p + kV4Capacity);
+  h.granularity = load_le64(p + kV4Granularity);
+  h.desc_offset = load_le64(p + kV4DescOffset);
+  h.desc_size = load_le64(p + kV4DescSize);
+  h.num_gtes_per_gt = load_le32(p + kV4NumGtes);
+  h.rgd_offset = load_le64(p + kV4RgdOffset);
+  h.gd_offset = load_le64(p + kV4GdOffset);
+  h.grain_offset = load_le64(p + kV4GrainOffset);
+  h.compress_algorithm = load_le16(p + kV4Compress);
+  return h;
+}
+
+}  // namespace qcowfs::image::vmdk

@@ -1,0 +1,203 @@
+"""VMDK images read through qcowfs, with QEMU as the referee (format_helpers):
+monolithicSparse (also with zeroed grains), monolithicFlat, the split
+twoGbMaxExtent* kinds over a disk a little over 2 GiB (compared around the
+extent boundary and at both ends, to stay cheap), streamOptimized (also
+out of an OVA tar), a delta disk over its parent, a qcow2 overlay over a VMDK,
+and a hand-written descriptor with a ZERO extent and FLAT extents in another
+order than their files. A read-write mount is refused and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import format_helpers as fh
+import helpers
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+SIZE = 32 * MiB
+GRAIN = 64 * KiB
+
+
+def writes(size: int = SIZE) -> list[str]:
+    return fh.scattered_writes(size, GRAIN, seed=7)
+
+
+@pytest.mark.parametrize("opts", ["", "zeroed_grain=on", "subformat=monolithicFlat"],
+                         ids=["monolithicSparse", "zeroed_grain", "monolithicFlat"])
+def test_monolithic(workdir: Path, opts: str) -> None:
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", SIZE, opts, writes())
+    fh.check_image(image, workdir, fmt="vmdk")
+    if "subformat" not in opts:  # one file: check_image_direct copies only the image
+        fh.check_image_direct(image, workdir, fmt="vmdk")
+
+
+def test_zeroed_grains_are_present_zeros(workdir: Path) -> None:
+    """With zeroed_grain=on, write -z over whole grains leaves zeroed-grain entries (1)."""
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", SIZE, "zeroed_grain=on",
+                          ["write -P 0x33 0 1M", "write -z 256k 256k", "write -z 4M 128k"])
+    entries = helpers.qemu_img_map(image, fmt="vmdk")
+    assert any(e["present"] and e["zero"] and not e["data"] for e in entries), entries
+    fh.check_image(image, workdir, fmt="vmdk")
+
+
+@pytest.mark.parametrize("sub", ["twoGbMaxExtentSparse", "twoGbMaxExtentFlat"])
+def test_split_extents(workdir: Path, sub: str) -> None:
+    size = 2 * GiB + 8 * MiB
+    edge = 2 * GiB
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", size, f"subformat={sub}",
+                          ["write -P 0x11 0 64k", f"write -P 0x22 {edge - 8 * KiB} 16k",
+                           f"write -P 0x33 {edge + 1 * MiB} 4k", f"write -P 0x44 {size - 512} 512"])
+    assert len(list(workdir.glob("disk-*.vmdk"))) == 2
+    check_large(image, workdir, [(0, 1 * MiB), (edge - 4 * MiB, 8 * MiB), (size - 1 * MiB, 1 * MiB)])
+
+
+def check_large(image: Path, workdir: Path, ranges: list[tuple[int, int]]) -> None:
+    """check_image for a disk too large to compare whole in a cheap test: the given
+    ranges byte for byte (and odd-sized reads across them), SEEK_DATA/HOLE, info, map."""
+    ref = helpers.convert_to_raw(image, workdir / "ref.raw", fmt="vmdk")
+    view_dir = workdir / "view"
+    view_dir.mkdir()
+    with helpers.mounted(image, view_dir / "disk.raw", ["format=vmdk"]) as m:
+        assert m.path.stat().st_size == ref.stat().st_size
+        with open(m.path, "rb") as v, open(ref, "rb") as r:
+            for off, n in ranges:
+                for step in (n, 70000, 4097):
+                    for o in range(off, off + n, step):
+                        k = min(step, off + n - o)
+                        assert helpers.read_exact(v, o, k) == helpers.read_exact(r, o, k), f"{image}: {k} at {o}"
+        helpers.assert_map_agrees(helpers.qemu_img_map(image, fmt="vmdk"), helpers.data_extents(m.path))
+    fh.assert_info_matches(image, "vmdk")
+    fh.assert_map_matches(image, "vmdk")
+
+
+def test_stream_optimized(workdir: Path) -> None:
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", SIZE, "subformat=streamOptimized", writes(), stream=True)
+    assert helpers.qemu_img_info(image, fmt="vmdk")["format-specific"]["data"]["create-type"] == "streamOptimized"
+    fh.check_image(image, workdir, fmt="vmdk")
+    fh.check_image_direct(image, workdir, fmt="vmdk")
+
+
+def test_ova_appliance(workdir: Path) -> None:
+    """An OVA is a tar of an OVF descriptor and streamOptimized disks: extracted, the disk mounts."""
+    disk = fh.make_image(workdir, "vmdk", "disk.vmdk", SIZE, "subformat=streamOptimized", writes(), stream=True)
+    (workdir / "desc.ovf").write_text("<?xml version='1.0'?><Envelope><References>"
+                                      "<File ovf:href='disk.vmdk'/></References></Envelope>\n")
+    helpers.run(["tar", "cf", workdir / "appliance.ova", "-C", workdir, "desc.ovf", "disk.vmdk"])
+    out = workdir / "extracted"
+    out.mkdir()
+    helpers.run(["tar", "xf", workdir / "appliance.ova", "-C", out])
+    extracted = out / "disk.vmdk"
+    assert helpers.sha256_file(extracted) == helpers.sha256_file(disk)
+    fh.check_image(extracted, out, fmt="vmdk")
+
+
+def base_and_delta(workdir: Path) -> tuple[Path, Path]:
+    base = fh.make_image(workdir, "vmdk", "base.vmdk", SIZE, "", ["write -P 0x5a 0 8M", "write -P 0x5b 20M 1M"])
+    delta = workdir / "delta.vmdk"
+    helpers.run(["qemu-img", "create", "-q", "-f", "vmdk", "-b", "base.vmdk", "-F", "vmdk", delta])
+    helpers.qemu_io(delta, "write -P 0x61 64k 64k", "write -P 0x62 1M 4k", "write -P 0x63 21M 64k", fmt="vmdk")
+    return base, delta
+
+
+def test_delta_over_base(workdir: Path) -> None:
+    _, delta = base_and_delta(workdir)
+    info = helpers.qemu_img_info(delta, fmt="vmdk")
+    assert info["backing-filename"] == "base.vmdk", info
+    fh.check_image(delta, workdir, fmt="vmdk")
+
+
+def test_delta_with_stale_parent_cid_fails_reads_of_the_parent(workdir: Path) -> None:
+    """QEMU refuses to read through a parent whose CID is not the delta's parentCID."""
+    base, delta = base_and_delta(workdir)
+    text = base.read_bytes()
+    at = text.index(b"CID=", 0x200) + 4
+    with open(base, "r+b") as f:
+        f.seek(at)
+        f.write(b"0badc0de")
+    assert helpers.run(["qemu-img", "convert", "-O", "raw", delta, workdir / "x.raw"], check=False).returncode != 0
+    with helpers.mounted(delta, workdir / "view.raw") as m:
+        with open(m.path, "rb") as f:
+            assert helpers.read_exact(f, 64 * KiB, 4096) == b"\x61" * 4096  # the delta's own grain
+            with pytest.raises(OSError):
+                helpers.read_exact(f, 0, 4096)  # the parent's
+
+
+def test_qcow2_over_vmdk(workdir: Path) -> None:
+    base = fh.make_image(workdir, "vmdk", "base.vmdk", SIZE, "", ["write -P 0x5a 0 2M", "write -P 0x5c 9M 64k"])
+    top = workdir / "top.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", base.name, "-F", "vmdk", top])
+    helpers.qemu_io(top, "write -P 0x71 1M 64k", "write -P 0x72 9M 4k", fmt="qcow2")
+    fh.check_image(top, workdir, fmt="qcow2")
+
+
+def test_descriptor_with_zero_extent_and_flat_extents_out_of_order(workdir: Path) -> None:
+    """QEMU skips ZERO (and non-RW) extent lines; FLAT extents map consecutive guest
+    ranges onto whatever files and offsets the lines name."""
+    a, b = workdir / "a.bin", workdir / "b.bin"
+    a.write_bytes(bytes([0xaa]) * (1 * MiB) + bytes(1 * MiB) + bytes([0xab]) * (2 * MiB))
+    b.write_bytes(bytes([0xbb]) * (3 * MiB))
+    desc = workdir / "hand.vmdk"
+    desc.write_text(
+        "# Disk DescriptorFile\nversion=1\nCID=12345678\nparentCID=ffffffff\n"
+        'createType="monolithicFlat"\n\n# Extent description\n'
+        'RW 4096 FLAT "b.bin" 1024\n'
+        'RW 2048 ZERO\n'
+        'RW 8192 FLAT "a.bin" 0\n'
+        'RDONLY 2048 FLAT "b.bin" 0\n'
+        'RW 1024 FLAT "b.bin" 0\n'
+        '\n# The Disk Data Base\n#DDB\nddb.virtualHWVersion = "4"\n')
+    info = helpers.qemu_img_info(desc, fmt="vmdk")
+    assert info["virtual-size"] == (4096 + 8192 + 1024) * 512, info
+    fh.check_image(desc, workdir, fmt="vmdk")
+    # QEMU takes absolute extent names as they are.
+    absolute = workdir / "absolute.vmdk"
+    absolute.write_text(desc.read_text().replace('"b.bin"', f'"{b}"'))
+    assert str(b) in json.dumps(helpers.qemu_img_info(absolute, fmt="vmdk"))
+    fh.check_image(absolute, workdir, fmt="vmdk")
+
+
+def test_info_of_a_split_sparse_image_names_every_extent(workdir: Path) -> None:
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", 2 * GiB + MiB, "subformat=twoGbMaxExtentSparse")
+    ours = fh.qcowfs_json("info", "--json", image)
+    extents = ours["format-specific"]["data"]["extents"]
+    assert [e["format"] for e in extents] == ["SPARSE", "SPARSE"], ours
+    fh.assert_info_matches(image)  # probed, no -f
+    fh.assert_info_matches(image, "vmdk")
+
+
+def test_rw_mount_is_refused(workdir: Path) -> None:
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", SIZE, "", ["write -P 0x11 0 64k"])
+    before = helpers.sha256_file(image)
+    code, text = helpers.mount_fails(image, workdir / "view.raw", ["rw"])
+    assert "VMDK" in text and "read-only" in text.lower(), text
+    assert helpers.sha256_file(image) == before
+
+
+def test_info_no_backing_opens_a_delta_without_its_parent(workdir: Path) -> None:
+    base, delta = base_and_delta(workdir)
+    base.unlink()
+    theirs = json.loads(helpers.qemu_img("info", "--output=json", str(delta)))
+    ours = fh.qcowfs_json("info", "--json", delta)
+    assert fh.strip_actual_size(ours) == fh.strip_actual_size(theirs)
+    (workdir / "v.raw").touch()
+    proc = subprocess.run([helpers.qcowfs_bin(), "-f", "-o", "ro", str(delta), str(workdir / "v.raw")],
+                          capture_output=True, timeout=30, check=False)
+    assert proc.returncode != 0 and b"base.vmdk" in proc.stderr, proc.stderr
+
+
+def test_stream_with_grain_directory_at_the_end(workdir: Path) -> None:
+    """VMware's streamOptimized writers put the GD last: the header says "at end" and the
+    footer (marker, header copy, end-of-stream marker) holds the real header. qemu-img
+    writes the GD first, so the test moves it."""
+    image = fh.make_image(workdir, "vmdk", "disk.vmdk", SIZE, "subformat=streamOptimized", writes(), stream=True)
+    data = bytearray(image.read_bytes())
+    head = bytes(data[:512])
+    data += bytes(-len(data) % 512) + struct.pack("<QII", 1, 0, 3).ljust(512, b"\0") + head + bytes(512)
+    data[56:64] = struct.pack("<Q", (1 << 64) - 1)  # gd_offset: at end
+    image.write_bytes(bytes(data))
+    fh.check_image(image, workdir, fmt="vmdk")
