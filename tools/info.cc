@@ -77,6 +77,7 @@ Task<Status> add_driver_info(std::unique_ptr<io::HostFile> f, ImageInfo& info) {
   if (!d) co_return d.status();
   info.described = true;
   info.virtual_size = (*d)->size();
+  info.actual_size = (*d)->allocated_bytes();  // every file of the image (VMDK extents), as qemu-img adds them
   info.details = (*d)->details();
   info.dirty = info.details.dirty.value_or(false);
   if (!info.details.backing_file.empty())
