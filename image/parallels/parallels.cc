@@ -10,6 +10,7 @@
 
 #include "image/endian.h"
 #include "image/extent_driver.h"
+#include "image/host_read.h"
 #include "image/parallels/format.h"
 #include "image/parallels/header.h"
 #include "image/parallels/map.h"
@@ -20,15 +21,12 @@ namespace {
 
 using parallels::kSector;
 
-// buf.size() bytes at off, zeros past the end of the file (QEMU's bdrv_pread).
+// The core's read_padded() (zeros past the end of the file, as QEMU's
+// bdrv_pread), with the structure named in a failure.
 Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf, std::string_view what,
                          const std::string& path) {
-  if (buf.empty()) co_return Status::ok();
-  std::memset(buf.data(), 0, buf.size());
-  if (off >= file.size()) co_return Status::ok();
-  auto n = co_await file.read(off, buf);
-  if (!n) co_return n.status().with_context(fmt::format("{}: reading the Parallels {}", path, what));
-  co_return Status::ok();
+  Status st = co_await image::read_padded(file, off, buf);
+  co_return st.with_context(fmt::format("{}: reading the Parallels {}", path, what));
 }
 
 // The BAT entries that lie inside the file, in host order.

@@ -7,6 +7,7 @@
 #include "image/backing.h"
 #include "image/endian.h"
 #include "image/extent_driver.h"
+#include "image/host_read.h"
 #include "image/qed/format.h"
 #include "image/qed/header.h"
 #include "image/qed/map.h"
@@ -15,15 +16,6 @@ namespace qcowfs::image {
 namespace {
 
 using qed::Header;
-
-// Reads exactly buf.size() bytes at off; past the end of the file reads as
-// zeros (as QEMU's file driver does).
-Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf) {
-  auto n = co_await file.read(off, buf);
-  if (!n) co_return n.status();
-  if (*n < buf.size()) std::memset(buf.data() + *n, 0, buf.size() - *n);
-  co_return Status::ok();
-}
 
 Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
   std::vector<std::byte> bytes(qed::kHeaderBytes);

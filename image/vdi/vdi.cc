@@ -5,6 +5,7 @@
 
 #include "image/endian.h"
 #include "image/extent_driver.h"
+#include "image/host_read.h"
 #include "image/vdi/format.h"
 #include "image/vdi/header.h"
 #include "image/vdi/map.h"
@@ -13,15 +14,6 @@ namespace qcowfs::image {
 namespace {
 
 using vdi::Header;
-
-// Reads buf.size() bytes at off; past the end of the file reads as zeros (as
-// QEMU's file driver does).
-Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf) {
-  auto n = co_await file.read(off, buf);
-  if (!n) co_return n.status();
-  if (*n < buf.size()) std::memset(buf.data() + *n, 0, buf.size() - *n);
-  co_return Status::ok();
-}
 
 Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
   std::vector<std::byte> bytes(vdi::kHeaderBytes);

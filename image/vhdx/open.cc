@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "image/endian.h"
+#include "image/host_read.h"
 #include "image/vhdx/bat.h"
 #include "image/vhdx/format.h"
 #include "image/vhdx/header.h"
@@ -20,9 +21,8 @@ Task<Result<io::AlignedBuffer>> read_at(io::HostFile& f, uint64_t host, size_t l
   io::AlignedBuffer buf(len, f.mem_align(), true);
   if (host > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) - len)
     co_return Status::errorf(EINVAL, "the VHDX {} offset {:#x} is out of range", what, host);
-  if (host >= f.size()) co_return buf;
-  auto n = co_await f.read(host, buf.span().first(static_cast<size_t>(std::min<uint64_t>(len, f.size() - host))));
-  if (!n) co_return n.status().with_context(fmt::format("reading the VHDX {}", what));
+  Status st = co_await read_padded(f, host, buf.span());
+  if (!st) co_return st.with_context(fmt::format("reading the VHDX {}", what));
   co_return buf;
 }
 

@@ -1,6 +1,7 @@
 // VMDK opening (QEMU 7.2 block/vmdk.c: vmdk_open, vmdk_open_vmdk4,
 // vmdk_open_vmfs_sparse, vmdk_parse_extents, vmdk_parent_open, vmdk_read_cid,
 // vmdk_get_specific_info); the map is in map.cc.
+#include "image/host_read.h"
 #include "image/vmdk/vmdk.h"
 
 #include <limits.h>
@@ -25,12 +26,11 @@ using namespace vmdk;
 
 constexpr uint64_t kMaxSectors = static_cast<uint64_t>(INT64_MAX) / kSector;
 
+// n bytes at off, zeros past the end of the file (image/host_read.h).
 Task<Result<std::vector<std::byte>>> read_padded(io::HostFile& f, uint64_t off, size_t n) {
   std::vector<std::byte> b(n);
-  if (off >= f.size()) co_return b;
-  size_t want = static_cast<size_t>(std::min<uint64_t>(n, f.size() - off));
-  auto r = co_await f.read(off, std::span(b).first(want));
-  if (!r) co_return r.status().with_context(fmt::format("reading {}", f.path()));
+  Status st = co_await image::read_padded(f, off, b);
+  if (!st) co_return st.with_context(fmt::format("reading {}", f.path()));
   co_return b;
 }
 

@@ -12,6 +12,7 @@
 #include "image/extent_driver.h"
 #include "image/vpc/dynamic.h"
 #include "image/vpc/fixed.h"
+#include "image/host_read.h"
 #include "image/vpc/format.h"
 #include "image/vpc/header.h"
 
@@ -20,16 +21,12 @@ namespace {
 
 using vpc::kSector;
 
-// Reads buf.size() bytes at off; bytes past the end of the file read as zeros
-// (as QEMU's bdrv_pread over a file does).
+// The core's read_padded() (zeros past the end of the file, as QEMU's
+// bdrv_pread), with the structure named in a failure.
 Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf, std::string_view what,
                          const std::string& path) {
-  if (buf.empty()) co_return Status::ok();
-  std::memset(buf.data(), 0, buf.size());
-  if (off >= file.size()) co_return Status::ok();
-  auto n = co_await file.read(off, buf);
-  if (!n) co_return n.status().with_context(fmt::format("{}: reading the VHD {}", path, what));
-  co_return Status::ok();
+  Status st = co_await image::read_padded(file, off, buf);
+  co_return st.with_context(fmt::format("{}: reading the VHD {}", path, what));
 }
 
 struct FoundFooter {

@@ -1,0 +1,20 @@
+// Reading metadata the way QEMU's block layer reads an image file: a read that
+// reaches past the end of the file gets zeros for the missing bytes (QEMU's
+// file driver pads short reads), so every format's parser sees the same bytes
+// QEMU's does.
+// Thread-safety: a free function; each call uses only its arguments.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "io/host_file.h"
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::image {
+
+// Fills all of buf with the bytes at off, zeros past the end of the file.
+Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf);
+
+}  // namespace qcowfs::image
