@@ -71,7 +71,7 @@ build() {
   local dir=$1; shift
   echo "=== configure and build $dir (at ${SECONDS}s)"
   # RelWithDebInfo's optimisation without its -g: debug info is almost half the
-  # compile time, and the sanitizer tree (build-asan) keeps it for its reports.
+  # compile time; the sanitizer trees keep line tables only (-g1), enough for their reports.
   if ! { cmake -S . -B "$dir" -DQCOWFS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
            "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG" "$@" &&
          cmake --build "$dir" -j"$jobs"; }; then

@@ -46,7 +46,7 @@ command -v qemu-img >/dev/null || fail "qemu-img not found (needed for seeds)"
 
 # -fno-sanitize=function: clang 14 fails on coroutines with it plus sancov
 # ("Cannot represent a difference across sections").
-flags="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=function -fno-sanitize-recover=all -fno-omit-frame-pointer"
+flags="-O1 -gline-tables-only -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=function -fno-sanitize-recover=all -fno-omit-frame-pointer"
 mkdir -p "$build"
 if [ ! -f "$build/CMakeCache.txt" ]; then
   CC=clang CXX=clang++ cmake -S "$repo" -B "$build" -DQCOWFS_FUZZ=ON -DQCOWFS_WERROR=OFF \
