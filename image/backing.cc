@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "image/path.h"
 
@@ -40,6 +41,14 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_backing_file(const std::string& 
   auto d = co_await open_image(bpath, std::move(b));
   if (!d) co_return d.status().with_context(fmt::format("opening backing file '{}' of {}", bpath, overlay_path));
   co_return d;
+}
+
+Task<Status> read_backing_range(BlockDriver& backing, uint64_t guest, std::span<std::byte> dst) {
+  const uint64_t bsize = backing.size();
+  const uint64_t n = guest < bsize ? std::min<uint64_t>(dst.size(), bsize - guest) : 0;
+  if (n < dst.size()) std::memset(dst.data() + n, 0, dst.size() - n);
+  if (n == 0) co_return Status::ok();
+  co_return co_await backing.read(guest, dst.first(n));
 }
 
 }  // namespace qcowfs::image

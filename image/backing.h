@@ -4,7 +4,9 @@
 // Thread-safety: free functions; each call is independent.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "image/block_driver.h"
@@ -22,5 +24,9 @@ Result<std::string> enter_backing_chain(const std::string& path, const ImageOpti
 Task<Result<std::unique_ptr<BlockDriver>>> open_backing_file(const std::string& overlay_path,
                                                             const std::string& name, const std::string& format,
                                                             const ImageOptions& overlay_opts);
+
+// Reads dst from the backing image at guest offset guest: the bytes past the
+// backing image's end read as zeros (a backing file smaller than its overlay).
+Task<Status> read_backing_range(BlockDriver& backing, uint64_t guest, std::span<std::byte> dst);
 
 }  // namespace qcowfs::image

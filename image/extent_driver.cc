@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "image/backing.h"
 #include "image/host_holes.h"
 #include "io/buffer.h"
 #include "io/engine.h"
@@ -145,12 +146,7 @@ Task<Status> ExtentDriver::run(SubRead r) {
 }
 
 Task<Status> ExtentDriver::read_backing(uint64_t guest, std::span<std::byte> dst) {
-  BlockDriver& b = *img_.backing;
-  const uint64_t bsize = b.size();
-  const uint64_t n = guest < bsize ? std::min<uint64_t>(dst.size(), bsize - guest) : 0;
-  if (n < dst.size()) std::memset(dst.data() + n, 0, dst.size() - n);
-  if (n == 0) co_return Status::ok();
-  co_return co_await b.read(guest, dst.first(n));
+  return read_backing_range(*img_.backing, guest, dst);
 }
 
 Task<Status> ExtentDriver::read_compressed(const Extent& e, std::span<std::byte> dst) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "image/backing.h"
 #include "io/align.h"
 #include "io/buffer.h"
 #include "io/engine.h"
@@ -174,12 +175,7 @@ Task<Status> ReadPath::read_host(io::HostFile& f, HostOffset host, std::span<std
 }
 
 Task<Status> ReadPath::read_backing(GuestOffset guest, std::span<std::byte> dst) {
-  BlockDriver& b = *img_.backing;
-  const uint64_t bsize = b.size();
-  const uint64_t n = guest < bsize ? std::min<uint64_t>(dst.size(), bsize - guest) : 0;
-  if (n < dst.size()) std::memset(dst.data() + n, 0, dst.size() - n);
-  if (n == 0) co_return Status::ok();
-  co_return co_await b.read(guest, dst.first(n));
+  co_return co_await read_backing_range(*img_.backing, guest, dst);
 }
 
 Task<Status> ReadPath::read_compressed(CompressedCluster c, uint64_t in_cluster, std::span<std::byte> dst) {
