@@ -47,15 +47,7 @@ enum class CipherAlg : uint8_t {
 };
 enum class CipherMode : uint8_t { ecb, cbc, xts, ctr };
 enum class IvGenAlg : uint8_t { plain, plain64, essiv };
-enum class HashAlg : uint8_t {
-  md5,
-  sha1,
-  sha224,
-  sha256,
-  sha384,
-  sha512,
-  ripemd160
-};
+enum class HashAlg : uint8_t { md5, sha1, sha224, sha256, sha384, sha512, ripemd160 };
 
 // The smallest and largest sector a cipher works in (LUKS2 allows 512..4096).
 inline constexpr uint32_t kCryptSectorSize = 512;
@@ -65,7 +57,7 @@ struct CipherSpec {
   CipherAlg alg = CipherAlg::aes_256;
   CipherMode mode = CipherMode::xts;
   IvGenAlg ivgen = IvGenAlg::plain64;
-  HashAlg ivgen_hash = HashAlg::sha256; // essiv only
+  HashAlg ivgen_hash = HashAlg::sha256;  // essiv only
   uint32_t sector_size = kCryptSectorSize;
 
   // Bytes of key the cipher takes (XTS: two keys).
@@ -88,9 +80,7 @@ size_t digest_bytes(HashAlg h);
 // ("xts-plain64", "cbc-essiv:sha256", "ecb") and volume key length select
 // the algorithm (as QEMU does: aes with a 64-byte XTS key is aes-256).
 // EINVAL names what is unknown or unusable.
-Result<CipherSpec> spec_from_luks(std::string_view cipher_name,
-                                  std::string_view cipher_mode,
-                                  size_t key_bytes,
+Result<CipherSpec> spec_from_luks(std::string_view cipher_name, std::string_view cipher_mode, size_t key_bytes,
                                   uint32_t sector_size = kCryptSectorSize);
 // The LUKS header strings for a spec: {"aes", "xts-plain64"}.
 std::string luks_cipher_name(const CipherSpec &spec);
@@ -102,15 +92,13 @@ std::string luks_cipher_mode(const CipherSpec &spec);
 Status check_spec(const CipherSpec &spec);
 
 class SectorCipher {
-public:
+ public:
   // key: key_bytes() bytes (copied into a SecretBuffer).
-  static Result<std::unique_ptr<SectorCipher>>
-  create(const CipherSpec &spec, std::span<const std::byte> key);
+  static Result<std::unique_ptr<SectorCipher>> create(const CipherSpec &spec, std::span<const std::byte> key);
   // qcow2's legacy AES (crypt_method 1): AES-128-CBC, plain64 IVs, the key
   // the passphrase's first 16 bytes padded with zeros (QEMU
   // crypto/block-qcow.c).
-  static Result<std::unique_ptr<SectorCipher>>
-  legacy_qcow_aes(std::span<const std::byte> passphrase);
+  static Result<std::unique_ptr<SectorCipher>> legacy_qcow_aes(std::span<const std::byte> passphrase);
   ~SectorCipher();
   SectorCipher(const SectorCipher &) = delete;
   SectorCipher &operator=(const SectorCipher &) = delete;
@@ -123,27 +111,25 @@ public:
   Status encrypt(uint64_t offset, std::span<std::byte> data) const;
   Status decrypt(uint64_t offset, std::span<std::byte> data) const;
 
-private:
-  struct Handle; // one libgcrypt cipher handle (and ESSIV's), used by one
-                 // thread at a time
+ private:
+  struct Handle;  // one libgcrypt cipher handle (and ESSIV's), used by one
+                  // thread at a time
   class Lease;
 
-  SectorCipher(const CipherSpec &spec, SecretBuffer key,
-               SecretBuffer essiv_key);
+  SectorCipher(const CipherSpec &spec, SecretBuffer key, SecretBuffer essiv_key);
   Result<std::unique_ptr<Handle>> open_handle() const;
-  Status crypt(uint64_t offset, std::span<std::byte> data,
-               bool encrypting) const;
+  Status crypt(uint64_t offset, std::span<std::byte> data, bool encrypting) const;
 
   CipherSpec spec_;
   SecretBuffer key_;
-  SecretBuffer essiv_key_; // hash of the key (essiv only), cut to the ESSIV
-                           // cipher's key length
+  SecretBuffer essiv_key_;  // hash of the key (essiv only), cut to the ESSIV
+                            // cipher's key length
   int gcry_alg_ = 0;
   int gcry_essiv_alg_ = 0;
   int gcry_mode_ = 0;
   size_t iv_len_ = 0;
   size_t block_len_ = 0;
-  mutable std::mutex mu_; // guards free_
+  mutable std::mutex mu_;  // guards free_
   mutable std::vector<std::unique_ptr<Handle>> free_;
 };
 
@@ -153,9 +139,7 @@ inline constexpr size_t kCryptChunkBytes = 64 << 10;
 
 // encrypt()/decrypt() for a request: inline on the calling thread up to
 // kCryptChunkBytes, otherwise in chunks on the worker pool, concurrently.
-Task<Status> encrypt_async(const SectorCipher &cipher, uint64_t offset,
-                           std::span<std::byte> data);
-Task<Status> decrypt_async(const SectorCipher &cipher, uint64_t offset,
-                           std::span<std::byte> data);
+Task<Status> encrypt_async(const SectorCipher &cipher, uint64_t offset, std::span<std::byte> data);
+Task<Status> decrypt_async(const SectorCipher &cipher, uint64_t offset, std::span<std::byte> data);
 
-} // namespace qcowfs::image::crypto
+}  // namespace qcowfs::image::crypto
