@@ -1,5 +1,7 @@
 // LUKS headers and key slots (crypto_luks.h): the binary header parser, the
 // libcryptsetup handle (LuksVolume) and LUKS1 creation.
+#include "image/crypto/crypto_luks.h"
+
 #include <fcntl.h>
 #include <libcryptsetup.h>
 #include <linux/fs.h>
@@ -14,7 +16,6 @@
 #include <optional>
 #include <utility>
 
-#include "image/crypto/crypto_luks.h"
 #include "io/fd.h"
 #include "io/log.h"
 
@@ -27,9 +28,7 @@ namespace {
 uint16_t be16(std::span<const std::byte> b, size_t at) {
   return static_cast<uint16_t>((std::to_integer<unsigned>(b[at]) << 8) | std::to_integer<unsigned>(b[at + 1]));
 }
-uint32_t be32(std::span<const std::byte> b, size_t at) {
-  return (uint32_t{be16(b, at)} << 16) | be16(b, at + 2);
-}
+uint32_t be32(std::span<const std::byte> b, size_t at) { return (uint32_t{be16(b, at)} << 16) | be16(b, at + 2); }
 uint64_t be64(std::span<const std::byte> b, size_t at) { return (uint64_t{be32(b, at)} << 32) | be32(b, at + 4); }
 
 // A NUL-terminated string in a fixed-size field; nullopt when the field has no NUL.
@@ -60,7 +59,9 @@ static_assert(kL1KeySlots + kLuks1KeySlots * kL1SlotBytes == kLuks1HeaderBytes);
 
 constexpr std::string_view kHashes[] = {"md5", "sha1", "sha224", "sha256", "sha384", "sha512", "ripemd160"};
 
-bool known_hash(std::string_view h) { return std::find(std::begin(kHashes), std::end(kHashes), h) != std::end(kHashes); }
+bool known_hash(std::string_view h) {
+  return std::find(std::begin(kHashes), std::end(kHashes), h) != std::end(kHashes);
+}
 
 // The cipher's key length in bytes is valid for it (the XTS halving already applied).
 bool cipher_key_ok(std::string_view cipher, size_t bytes) {
@@ -103,8 +104,8 @@ Status check_luks1_algorithms(const LuksInfo& info, std::string_view what) {
   if (xts && info.key_bytes % 2 != 0)
     return invalid(what, fmt::format("key length {} bytes is odd (XTS takes two keys)", info.key_bytes));
   if (!cipher_key_ok(info.cipher_name, xts ? info.key_bytes / 2 : info.key_bytes))
-    return Status::errorf(ENOTSUP, "{}: LUKS cipher {}-{} with a {}-byte key is not supported", what,
-                          info.cipher_name, info.cipher_mode, info.key_bytes);
+    return Status::errorf(ENOTSUP, "{}: LUKS cipher {}-{} with a {}-byte key is not supported", what, info.cipher_name,
+                          info.cipher_mode, info.key_bytes);
   return Status::ok();
 }
 
@@ -131,8 +132,8 @@ Result<LuksKeySlotInfo> parse_luks1_slot(std::span<const std::byte> head, unsign
   slot.iterations = be32(s, kSlotIterations);
   slot.stripes = be32(s, kSlotStripes);
   if (slot.stripes != kLuks1Stripes)
-    return invalid(what, fmt::format("key slot {} has {} anti-forensic stripes (LUKS1 uses {})", i, slot.stripes,
-                                     kLuks1Stripes));
+    return invalid(
+        what, fmt::format("key slot {} has {} anti-forensic stripes (LUKS1 uses {})", i, slot.stripes, kLuks1Stripes));
   if (slot.active && slot.iterations == 0) return invalid(what, fmt::format("key slot {} has 0 iterations", i));
   slot.key_offset = uint64_t{be32(s, kSlotKeyOffset)} * kLuksSectorBytes;
   slot.key_length = div_round_up(info.key_bytes * slot.stripes, kLuksSectorBytes) * kLuksSectorBytes;
@@ -175,7 +176,7 @@ Result<LuksInfo> parse_luks1(std::span<const std::byte> head, uint64_t available
   auto hash = field_string(head, kL1HashSpec, kL1NameLen);
   auto uuid = field_string(head, kL1Uuid, kL1UuidLen);
   if (!name || !mode || !hash || !uuid)
-    return invalid(what, !name ? "cipher name is not NUL-terminated"
+    return invalid(what, !name   ? "cipher name is not NUL-terminated"
                          : !mode ? "cipher mode is not NUL-terminated"
                          : !hash ? "hash spec is not NUL-terminated"
                                  : "uuid is not NUL-terminated");
@@ -206,8 +207,7 @@ Result<LuksInfo> parse_luks1(std::span<const std::byte> head, uint64_t available
 
 Result<LuksInfo> parse_luks2(std::span<const std::byte> head, uint64_t available, std::string_view what) {
   if (head.size() < kLuks2BinaryHeaderBytes)
-    return invalid(what,
-                   fmt::format("truncated LUKS2 header ({} of {} bytes)", head.size(), kLuks2BinaryHeaderBytes));
+    return invalid(what, fmt::format("truncated LUKS2 header ({} of {} bytes)", head.size(), kLuks2BinaryHeaderBytes));
   LuksInfo info;
   info.version = kLuksVersion2;
   const uint64_t hdr_size = be64(head, kL2HdrSize);
@@ -215,8 +215,8 @@ Result<LuksInfo> parse_luks2(std::span<const std::byte> head, uint64_t available
     return invalid(what, fmt::format("LUKS2 header size {} is not a power of two in {}..{}", hdr_size,
                                      kLuks2MinHeaderBytes, kLuks2MaxHeaderBytes));
   if (hdr_size > available)
-    return invalid(what, fmt::format("LUKS2 header size {} is past the end of the header area ({} bytes)",
-                                     hdr_size, available));
+    return invalid(
+        what, fmt::format("LUKS2 header size {} is past the end of the header area ({} bytes)", hdr_size, available));
   if (be64(head, kL2HdrOffset) != 0) return invalid(what, "LUKS2 primary header has a non-zero header offset");
   auto csum = field_string(head, kL2ChecksumAlg, kL2ChecksumAlgLen);
   auto uuid = field_string(head, kL2Uuid, kL2UuidLen);
@@ -244,8 +244,10 @@ size_t skip_ws(std::string_view s, size_t at) {
 
 size_t skip_string(std::string_view s, size_t at) {  // at: the opening quote; returns past the closing one
   for (++at; at < s.size(); ++at) {
-    if (s[at] == '\\') ++at;
-    else if (s[at] == '"') return at + 1;
+    if (s[at] == '\\')
+      ++at;
+    else if (s[at] == '"')
+      return at + 1;
   }
   return std::string_view::npos;
 }
@@ -417,7 +419,8 @@ class LuksVolume::Memfd {
     while (done < bytes.size()) {
       const ssize_t n = pwrite(fd_.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: writing the LUKS header memfd", what));
+      if (n <= 0)
+        return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: writing the LUKS header memfd", what));
       done += static_cast<size_t>(n);
     }
     return Status::ok();
@@ -428,7 +431,8 @@ class LuksVolume::Memfd {
     while (done < out.size()) {
       const ssize_t n = pread(fd_.get(), out.data() + done, out.size() - done, static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: reading the LUKS header memfd", what));
+      if (n <= 0)
+        return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: reading the LUKS header memfd", what));
       done += static_cast<size_t>(n);
     }
     return out;
@@ -504,8 +508,8 @@ void fill_from_json(crypt_device* cd, LuksInfo& info) {
   const std::string_view keyslots = json_member(json, "keyslots");
   for (auto& slot : info.slots) {
     const std::string_view ks = json_member(keyslots, std::to_string(slot.index));
-    slot.stripes = static_cast<uint32_t>(std::min<uint64_t>(json_uint(json_member(json_member(ks, "af"), "stripes")),
-                                                            UINT32_MAX));
+    slot.stripes =
+        static_cast<uint32_t>(std::min<uint64_t>(json_uint(json_member(json_member(ks, "af"), "stripes")), UINT32_MAX));
   }
   info.hash = json_string(json_member(json_first_member(json_member(json, "digests")), "hash"));
   const uint64_t keyslots_size = json_uint(json_member(json_member(json, "config"), "keyslots_size"));
@@ -528,8 +532,8 @@ void fill_from_library(crypt_device* cd, LuksInfo& info) {
     const bool v1 = info.version == kLuksVersion1;
     const crypt_keyslot_info status = crypt_keyslot_status(cd, i);
     if (!v1 && (status == CRYPT_SLOT_INACTIVE || status == CRYPT_SLOT_INVALID)) continue;
-    LuksKeySlotInfo parsed = v1 && static_cast<size_t>(i) < info.slots.size() ? info.slots[static_cast<size_t>(i)]
-                                                                               : LuksKeySlotInfo{};
+    LuksKeySlotInfo parsed =
+        v1 && static_cast<size_t>(i) < info.slots.size() ? info.slots[static_cast<size_t>(i)] : LuksKeySlotInfo{};
     slots.push_back(slot_from_library(cd, i, std::move(parsed)));
     info.metadata_bytes = std::max(info.metadata_bytes, slots.back().key_offset + slots.back().key_length);
   }
@@ -547,7 +551,8 @@ Result<LuksVolume> LuksVolume::load(const std::string& path, std::shared_ptr<Mem
   if (const int r = crypt_init(&raw, path.c_str()); r < 0) return library_error(r, what, "crypt_init");
   Device cd(raw);
   const char* type = parsed.version == kLuksVersion1 ? CRYPT_LUKS1 : CRYPT_LUKS2;
-  if (const int r = crypt_load(cd.get(), type, nullptr); r < 0) return library_error(r, what, "loading the LUKS header");
+  if (const int r = crypt_load(cd.get(), type, nullptr); r < 0)
+    return library_error(r, what, "loading the LUKS header");
   fill_from_library(cd.get(), parsed);
   return LuksVolume(std::move(cd), std::move(memfd), std::move(parsed), std::string(what));
 }
@@ -599,8 +604,8 @@ Result<SecretBuffer> LuksVolume::unlock(std::span<const std::byte> passphrase) c
   for (int index : usable) {
     size_t size = key->size();
     last_library_error.clear();
-    const int r = crypt_volume_key_get(cd_.get(), index, reinterpret_cast<char*>(key->data()), &size, pass,
-                                       passphrase.size());
+    const int r =
+        crypt_volume_key_get(cd_.get(), index, reinterpret_cast<char*>(key->data()), &size, pass, passphrase.size());
     if (r >= 0) {
       key->shrink(size);
       return key;
@@ -663,8 +668,8 @@ Result<LuksFormatted> format_luks1(const LuksFormatParams& params, std::span<con
   crypt_params_luks1 luks1{};
   luks1.hash = params.hash.c_str();
   luks1.data_alignment = params.payload_align / kLuksSectorBytes;
-  if (const int r = crypt_format(cd.get(), CRYPT_LUKS1, params.cipher_name.c_str(), params.cipher_mode.c_str(),
-                                 nullptr, nullptr, params.key_bytes, &luks1);
+  if (const int r = crypt_format(cd.get(), CRYPT_LUKS1, params.cipher_name.c_str(), params.cipher_mode.c_str(), nullptr,
+                                 nullptr, params.key_bytes, &luks1);
       r < 0)
     return library_error(r, kFormatWhat, "crypt_format");
   auto key = SecretBuffer::allocate(params.key_bytes);

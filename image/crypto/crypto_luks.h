@@ -39,7 +39,7 @@ struct LuksFormatParams;
 struct LuksFormatted;
 
 // "LUKS\xba\xbe": the first six bytes of LUKS1 and LUKS2 headers.
-inline constexpr std::array<std::byte, 6> kLuksMagic = {std::byte{'L'}, std::byte{'U'}, std::byte{'K'},
+inline constexpr std::array<std::byte, 6> kLuksMagic = {std::byte{'L'}, std::byte{'U'},  std::byte{'K'},
                                                         std::byte{'S'}, std::byte{0xba}, std::byte{0xbe}};
 inline constexpr int kLuksVersion1 = 1;
 inline constexpr int kLuksVersion2 = 2;
@@ -49,7 +49,7 @@ inline constexpr size_t kLuks1HeaderBytes = 592;
 inline constexpr unsigned kLuks1KeySlots = 8;
 inline constexpr uint32_t kLuks1SlotActive = 0x00AC71F3;
 inline constexpr uint32_t kLuks1SlotDisabled = 0x0000DEAD;
-inline constexpr uint32_t kLuks1Stripes = 4000;   // the only value cryptsetup and QEMU write (QEMU refuses others)
+inline constexpr uint32_t kLuks1Stripes = 4000;    // the only value cryptsetup and QEMU write (QEMU refuses others)
 inline constexpr uint32_t kLuksSectorBytes = 512;  // LUKS1 offsets are in these
 inline constexpr size_t kLuksMaxKeyBytes = 512;    // volume key length limit (QEMU and cryptsetup)
 // LUKS2 binary header (the first 4096 bytes of each of the two header copies).
@@ -163,8 +163,8 @@ struct LuksFormatParams {
   std::string cipher_name = "aes";
   std::string cipher_mode = "xts-plain64";
   size_t key_bytes = 64;
-  std::string hash = "sha256";   // pbkdf2 hash (and QEMU's "hash-alg")
-  uint32_t iter_time_ms = 2000;  // QEMU's iter-time default
+  std::string hash = "sha256";    // pbkdf2 hash (and QEMU's "hash-alg")
+  uint32_t iter_time_ms = 2000;   // QEMU's iter-time default
   uint64_t payload_align = 4096;  // the payload offset is rounded up to this (bytes, multiple of 512)
 };
 struct LuksFormatted {
