@@ -1,7 +1,8 @@
 """Writes seed inputs for the libFuzzer targets from small images made by qemu-img.
 
   python3 make_seeds.py OUTDIR     ->  OUTDIR/{header,l2,image,probe}/... and OUTDIR/FMT/...
-                                       for every format in FORMAT_IMAGES (fuzz_FMT)
+                                       for every format in FORMAT_IMAGES (fuzz_FMT),
+                                       OUTDIR/luks_header/... (fuzz_luks_header)
 
 Images are tiny (512 B - 16 KiB clusters, <= 1 MiB disks) so the fuzzer mutates
 metadata rather than data. Runs in a few seconds; idempotent.
@@ -114,6 +115,7 @@ def main(argv: list[str]) -> int:
         probe_seeds(tmp, out / "probe")
         format_seeds(tmp, out)
         vmdk_descriptor_seeds(tmp, out / "vmdk_descriptor")
+        luks_header_seeds(tmp, out / "luks_header")
     return 0
 
 
@@ -161,6 +163,30 @@ def vmdk_descriptor_seeds(tmp: Path, out: Path) -> None:
         '# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType="vmfs"\n'
         'RW 100 FLAT "a" 0\nRW 100 ZERO\nRDONLY 50 SPARSE "b"\nRW 7 VMFS "c"\nRW 8 VMFSSPARSE "d"\n'
         'NOACCESS 9 FLAT "e" 3\nRW 1 SESPARSE "f"\nparentFileNameHint="p.vmdk"\n')
+
+
+# Seeds of fuzz_luks_header: whole LUKS header areas (header and key material, as
+# the LUKS area of a qcow2 image holds them), the smallest each tool makes: LUKS1
+# by qemu-img with a 16-byte key (516 KiB), LUKS2 by cryptsetup with 16 KiB
+# metadata and a 256 KiB key slot area.
+def luks_header_seeds(tmp: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    l1 = tmp / "seed.luks"
+    run("qemu-img", "create", "-q", "--object", "secret,id=s0,data=pw", "-f", "luks", "-o",
+        "key-secret=s0,iter-time=10,cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256",
+        l1, "64K")
+    data = l1.read_bytes()
+    payload_sectors = struct.unpack(">I", data[104:108])[0]
+    (out / "luks1").write_bytes(data[: payload_sectors * 512])
+    if shutil.which("cryptsetup") is None:
+        return
+    l2, key = tmp / "seed2.luks", tmp / "seed2.key"
+    key.write_bytes(b"pw")
+    with open(l2, "wb") as f:
+        f.truncate(2 << 20)
+    run("cryptsetup", "luksFormat", "--type", "luks2", "--batch-mode", "--pbkdf", "pbkdf2", "--iter-time", "10",
+        "--key-size", "256", "--luks2-metadata-size", "16k", "--luks2-keyslots-size", "256k", "--key-file", key, l2)
+    (out / "luks2").write_bytes(l2.read_bytes()[: 2 * (16 << 10) + (256 << 10)])
 
 
 if __name__ == "__main__":

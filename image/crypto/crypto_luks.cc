@@ -1,0 +1,696 @@
+// LUKS headers and key slots (crypto_luks.h): the binary header parser, the
+// libcryptsetup handle (LuksVolume) and LUKS1 creation.
+#include "image/crypto/crypto_luks.h"
+
+#include <fcntl.h>
+#include <libcryptsetup.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "io/fd.h"
+#include "io/log.h"
+
+namespace qcowfs::image::crypto {
+
+namespace {
+
+// ---- Bytes of the binary headers ---------------------------------------------------------------
+
+uint16_t be16(std::span<const std::byte> b, size_t at) {
+  return static_cast<uint16_t>((std::to_integer<unsigned>(b[at]) << 8) | std::to_integer<unsigned>(b[at + 1]));
+}
+uint32_t be32(std::span<const std::byte> b, size_t at) { return (uint32_t{be16(b, at)} << 16) | be16(b, at + 2); }
+uint64_t be64(std::span<const std::byte> b, size_t at) { return (uint64_t{be32(b, at)} << 32) | be32(b, at + 4); }
+
+// A NUL-terminated string in a fixed-size field; nullopt when the field has no NUL.
+std::optional<std::string> field_string(std::span<const std::byte> b, size_t at, size_t len) {
+  const char* p = reinterpret_cast<const char*>(b.data() + at);
+  const void* nul = std::memchr(p, 0, len);
+  if (nul == nullptr) return std::nullopt;
+  return std::string(p, static_cast<const char*>(nul));
+}
+
+Status invalid(std::string_view what, std::string_view why) {
+  return Status::errorf(EINVAL, "{}: invalid LUKS header: {}", what, why);
+}
+
+// LUKS1 phdr field offsets.
+constexpr size_t kL1Version = 6, kL1CipherName = 8, kL1CipherMode = 40, kL1HashSpec = 72, kL1PayloadOffset = 104,
+                 kL1KeyBytes = 108, kL1MkIterations = 164, kL1Uuid = 168, kL1KeySlots = 208;
+constexpr size_t kL1NameLen = 32, kL1UuidLen = 40, kL1SlotBytes = 48;
+// Offsets in a key slot.
+constexpr size_t kSlotActive = 0, kSlotIterations = 4, kSlotKeyOffset = 40, kSlotStripes = 44;
+// LUKS2 binary header field offsets.
+constexpr size_t kL2HdrSize = 8, kL2Label = 24, kL2LabelLen = 48, kL2ChecksumAlg = 72, kL2ChecksumAlgLen = 32,
+                 kL2Uuid = 168, kL2UuidLen = 40, kL2HdrOffset = 256;
+
+static_assert(kL1KeySlots + kLuks1KeySlots * kL1SlotBytes == kLuks1HeaderBytes);
+
+// ---- What QEMU 7.2 can decrypt (crypto/block-luks.c name maps) ----------------------------------
+
+constexpr std::string_view kHashes[] = {"md5", "sha1", "sha224", "sha256", "sha384", "sha512", "ripemd160"};
+
+bool known_hash(std::string_view h) {
+  return std::find(std::begin(kHashes), std::end(kHashes), h) != std::end(kHashes);
+}
+
+// The cipher's key length in bytes is valid for it (the XTS halving already applied).
+bool cipher_key_ok(std::string_view cipher, size_t bytes) {
+  if (cipher == "cast5") return bytes == 16;
+  if (cipher == "aes" || cipher == "serpent" || cipher == "twofish") return bytes == 16 || bytes == 24 || bytes == 32;
+  return false;
+}
+
+bool known_cipher(std::string_view c) { return c == "aes" || c == "serpent" || c == "twofish" || c == "cast5"; }
+
+// "<mode>[-<ivgen>[:<hash>]]": ecb alone, or cbc/xts/ctr with plain, plain64 or essiv:<hash>.
+Status check_cipher_mode(std::string_view mode, std::string_view what) {
+  const size_t dash = mode.find('-');
+  const std::string_view name = mode.substr(0, dash);
+  if (name != "ecb" && name != "cbc" && name != "xts" && name != "ctr")
+    return Status::errorf(ENOTSUP, "{}: LUKS cipher mode '{}' is not supported", what, mode);
+  if (dash == std::string_view::npos) {
+    if (name == "ecb") return Status::ok();
+    return Status::errorf(ENOTSUP, "{}: LUKS cipher mode '{}' has no IV generator", what, mode);
+  }
+  const std::string_view ivgen = mode.substr(dash + 1);
+  const size_t colon = ivgen.find(':');
+  const std::string_view iv_name = ivgen.substr(0, colon);
+  if (iv_name == "plain" || iv_name == "plain64") {
+    if (colon == std::string_view::npos) return Status::ok();
+  } else if (iv_name == "essiv" && colon != std::string_view::npos && known_hash(ivgen.substr(colon + 1))) {
+    return Status::ok();
+  }
+  return Status::errorf(ENOTSUP, "{}: LUKS IV generator '{}' is not supported", what, ivgen);
+}
+
+Status check_luks1_algorithms(const LuksInfo& info, std::string_view what) {
+  if (!known_cipher(info.cipher_name))
+    return Status::errorf(ENOTSUP, "{}: LUKS cipher '{}' is not supported", what, info.cipher_name);
+  QCOWFS_TRY(check_cipher_mode(info.cipher_mode, what));
+  if (!known_hash(info.hash)) return Status::errorf(ENOTSUP, "{}: LUKS hash '{}' is not supported", what, info.hash);
+  if (info.key_bytes == 0 || info.key_bytes > kLuksMaxKeyBytes)
+    return invalid(what, fmt::format("key length {} bytes is outside 1..{}", info.key_bytes, kLuksMaxKeyBytes));
+  const bool xts = info.cipher_mode.starts_with("xts");
+  if (xts && info.key_bytes % 2 != 0)
+    return invalid(what, fmt::format("key length {} bytes is odd (XTS takes two keys)", info.key_bytes));
+  if (!cipher_key_ok(info.cipher_name, xts ? info.key_bytes / 2 : info.key_bytes))
+    return Status::errorf(ENOTSUP, "{}: LUKS cipher {}-{} with a {}-byte key is not supported", what, info.cipher_name,
+                          info.cipher_mode, info.key_bytes);
+  return Status::ok();
+}
+
+// ---- LUKS1 ---------------------------------------------------------------------------------------
+
+uint64_t div_round_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// Sectors of one slot's anti-forensic material, as QEMU counts them for its overlap checks
+// (qcrypto_block_luks_splitkeylen_sectors: rounded up to the 4096-byte header alignment).
+uint64_t qemu_split_sectors(uint64_t key_bytes, uint32_t stripes) {
+  constexpr uint64_t kAlignSectors = 4096 / kLuksSectorBytes;
+  return div_round_up(div_round_up(key_bytes * stripes, kLuksSectorBytes), kAlignSectors) * kAlignSectors;
+}
+
+Result<LuksKeySlotInfo> parse_luks1_slot(std::span<const std::byte> head, unsigned i, const LuksInfo& info,
+                                         uint64_t available, std::string_view what) {
+  const auto s = head.subspan(kL1KeySlots + i * kL1SlotBytes, kL1SlotBytes);
+  LuksKeySlotInfo slot;
+  slot.index = i;
+  const uint32_t active = be32(s, kSlotActive);
+  if (active != kLuks1SlotActive && active != kLuks1SlotDisabled)
+    return invalid(what, fmt::format("key slot {} state {:#010x} is neither active nor disabled", i, active));
+  slot.active = active == kLuks1SlotActive;
+  slot.iterations = be32(s, kSlotIterations);
+  slot.stripes = be32(s, kSlotStripes);
+  if (slot.stripes != kLuks1Stripes)
+    return invalid(
+        what, fmt::format("key slot {} has {} anti-forensic stripes (LUKS1 uses {})", i, slot.stripes, kLuks1Stripes));
+  if (slot.active && slot.iterations == 0) return invalid(what, fmt::format("key slot {} has 0 iterations", i));
+  slot.key_offset = uint64_t{be32(s, kSlotKeyOffset)} * kLuksSectorBytes;
+  slot.key_length = div_round_up(info.key_bytes * slot.stripes, kLuksSectorBytes) * kLuksSectorBytes;
+  slot.pbkdf = "pbkdf2";
+  slot.hash = info.hash;
+  if (slot.key_offset < div_round_up(kLuks1HeaderBytes, kLuksSectorBytes) * kLuksSectorBytes)
+    return invalid(what, fmt::format("key slot {} material overlaps the header", i));
+  const uint64_t end = slot.key_offset + qemu_split_sectors(info.key_bytes, slot.stripes) * kLuksSectorBytes;
+  if (end > info.payload_offset)
+    return invalid(what, fmt::format("key slot {} material (up to {:#x}) overlaps the payload at {:#x}", i, end,
+                                     info.payload_offset));
+  if (slot.active && slot.key_offset + slot.key_length > available)
+    return invalid(what, fmt::format("key slot {} material (up to {:#x}) lies past the end of the header area "
+                                     "({:#x} bytes)",
+                                     i, slot.key_offset + slot.key_length, available));
+  return slot;
+}
+
+Status check_luks1_overlaps(const LuksInfo& info, std::string_view what) {
+  for (size_t i = 0; i < info.slots.size(); ++i) {
+    const auto& a = info.slots[i];
+    const uint64_t a_end = a.key_offset + qemu_split_sectors(info.key_bytes, a.stripes) * kLuksSectorBytes;
+    for (size_t j = i + 1; j < info.slots.size(); ++j) {
+      const auto& b = info.slots[j];
+      const uint64_t b_end = b.key_offset + qemu_split_sectors(info.key_bytes, b.stripes) * kLuksSectorBytes;
+      if (a_end > b.key_offset && b_end > a.key_offset)
+        return invalid(what, fmt::format("key slots {} and {} overlap", i, j));
+    }
+  }
+  return Status::ok();
+}
+
+Result<LuksInfo> parse_luks1(std::span<const std::byte> head, uint64_t available, std::string_view what) {
+  if (head.size() < kLuks1HeaderBytes)
+    return invalid(what, fmt::format("truncated LUKS1 header ({} of {} bytes)", head.size(), kLuks1HeaderBytes));
+  LuksInfo info;
+  info.version = kLuksVersion1;
+  auto name = field_string(head, kL1CipherName, kL1NameLen);
+  auto mode = field_string(head, kL1CipherMode, kL1NameLen);
+  auto hash = field_string(head, kL1HashSpec, kL1NameLen);
+  auto uuid = field_string(head, kL1Uuid, kL1UuidLen);
+  if (!name || !mode || !hash || !uuid)
+    return invalid(what, !name   ? "cipher name is not NUL-terminated"
+                         : !mode ? "cipher mode is not NUL-terminated"
+                         : !hash ? "hash spec is not NUL-terminated"
+                                 : "uuid is not NUL-terminated");
+  info.cipher_name = std::move(*name);
+  info.cipher_mode = std::move(*mode);
+  info.hash = std::move(*hash);
+  info.uuid = std::move(*uuid);
+  info.key_bytes = be32(head, kL1KeyBytes);
+  info.payload_offset = uint64_t{be32(head, kL1PayloadOffset)} * kLuksSectorBytes;
+  info.master_key_iterations = be32(head, kL1MkIterations);
+  QCOWFS_TRY(check_luks1_algorithms(info, what));
+  if (info.master_key_iterations == 0) return invalid(what, "master key digest has 0 iterations");
+  if (info.master_key_iterations > kMaxPbkdf2Iterations)
+    return Status::errorf(EINVAL, "{}: LUKS master key digest iterations {} exceeds the limit of {}", what,
+                          info.master_key_iterations, kMaxPbkdf2Iterations);
+  info.metadata_bytes = kLuks1HeaderBytes;
+  for (unsigned i = 0; i < kLuks1KeySlots; ++i) {
+    auto slot = parse_luks1_slot(head, i, info, available, what);
+    if (!slot) return slot.status();
+    info.metadata_bytes = std::max(info.metadata_bytes, slot->key_offset + slot->key_length);
+    info.slots.push_back(std::move(*slot));
+  }
+  QCOWFS_TRY(check_luks1_overlaps(info, what));
+  return info;
+}
+
+// ---- LUKS2 (binary header only) -------------------------------------------------------------------
+
+Result<LuksInfo> parse_luks2(std::span<const std::byte> head, uint64_t available, std::string_view what) {
+  if (head.size() < kLuks2BinaryHeaderBytes)
+    return invalid(what, fmt::format("truncated LUKS2 header ({} of {} bytes)", head.size(), kLuks2BinaryHeaderBytes));
+  LuksInfo info;
+  info.version = kLuksVersion2;
+  const uint64_t hdr_size = be64(head, kL2HdrSize);
+  if (hdr_size < kLuks2MinHeaderBytes || hdr_size > kLuks2MaxHeaderBytes || (hdr_size & (hdr_size - 1)) != 0)
+    return invalid(what, fmt::format("LUKS2 header size {} is not a power of two in {}..{}", hdr_size,
+                                     kLuks2MinHeaderBytes, kLuks2MaxHeaderBytes));
+  if (hdr_size > available)
+    return invalid(
+        what, fmt::format("LUKS2 header size {} is past the end of the header area ({} bytes)", hdr_size, available));
+  if (be64(head, kL2HdrOffset) != 0) return invalid(what, "LUKS2 primary header has a non-zero header offset");
+  auto csum = field_string(head, kL2ChecksumAlg, kL2ChecksumAlgLen);
+  auto uuid = field_string(head, kL2Uuid, kL2UuidLen);
+  auto label = field_string(head, kL2Label, kL2LabelLen);
+  if (!csum || csum->empty()) return invalid(what, "LUKS2 checksum algorithm is missing or not NUL-terminated");
+  if (!uuid) return invalid(what, "uuid is not NUL-terminated");
+  if (!label) return invalid(what, "LUKS2 label is not NUL-terminated");
+  info.uuid = std::move(*uuid);
+  info.label = std::move(*label);
+  info.sector_size = 0;  // from the segment, through libcryptsetup
+  info.metadata_bytes = std::min(2 * hdr_size, available);
+  return info;
+}
+
+// ---- A small reader of the JSON libcryptsetup hands back (crypt_dump_json) ------------------------
+// The text has been parsed and validated by libcryptsetup already: this only finds members and
+// skips values, with bounded nesting, so a malformed text means "not found", never a crash.
+
+constexpr int kMaxJsonDepth = 32;
+
+size_t skip_ws(std::string_view s, size_t at) {
+  while (at < s.size() && (s[at] == ' ' || s[at] == '\n' || s[at] == '\t' || s[at] == '\r')) ++at;
+  return at;
+}
+
+size_t skip_string(std::string_view s, size_t at) {  // at: the opening quote; returns past the closing one
+  for (++at; at < s.size(); ++at) {
+    if (s[at] == '\\')
+      ++at;
+    else if (s[at] == '"')
+      return at + 1;
+  }
+  return std::string_view::npos;
+}
+
+size_t skip_value(std::string_view s, size_t at, int depth) {
+  at = skip_ws(s, at);
+  if (at >= s.size() || depth > kMaxJsonDepth) return std::string_view::npos;
+  if (s[at] == '"') return skip_string(s, at);
+  if (s[at] != '{' && s[at] != '[') {
+    while (at < s.size() && s[at] != ',' && s[at] != '}' && s[at] != ']' && s[at] != ' ' && s[at] != '\n') ++at;
+    return at;
+  }
+  const char close = s[at] == '{' ? '}' : ']';
+  const bool object = close == '}';
+  at = skip_ws(s, at + 1);
+  if (at < s.size() && s[at] == close) return at + 1;
+  while (at < s.size()) {
+    if (object) {
+      if (s[at] != '"') return std::string_view::npos;
+      at = skip_ws(s, skip_string(s, at));
+      if (at >= s.size() || s[at] != ':') return std::string_view::npos;
+      ++at;
+    }
+    at = skip_ws(s, skip_value(s, at, depth + 1));
+    if (at >= s.size()) return std::string_view::npos;
+    if (s[at] == close) return at + 1;
+    if (s[at] != ',') return std::string_view::npos;
+    at = skip_ws(s, at + 1);
+  }
+  return std::string_view::npos;
+}
+
+// The value of member key in the object obj (its text), or empty.
+std::string_view json_member(std::string_view obj, std::string_view key) {
+  size_t at = skip_ws(obj, 0);
+  if (at >= obj.size() || obj[at] != '{') return {};
+  at = skip_ws(obj, at + 1);
+  while (at < obj.size() && obj[at] == '"') {
+    const size_t name_end = skip_string(obj, at);
+    if (name_end == std::string_view::npos) return {};
+    const std::string_view name = obj.substr(at + 1, name_end - at - 2);
+    at = skip_ws(obj, name_end);
+    if (at >= obj.size() || obj[at] != ':') return {};
+    const size_t value_at = skip_ws(obj, at + 1);
+    const size_t value_end = skip_value(obj, value_at, 1);
+    if (value_end == std::string_view::npos) return {};
+    if (name == key) return obj.substr(value_at, value_end - value_at);
+    at = skip_ws(obj, value_end);
+    if (at >= obj.size() || obj[at] != ',') return {};
+    at = skip_ws(obj, at + 1);
+  }
+  return {};
+}
+
+// The first member's value of an object (the first digest), or empty.
+std::string_view json_first_member(std::string_view obj) {
+  size_t at = skip_ws(obj, 0);
+  if (at >= obj.size() || obj[at] != '{') return {};
+  at = skip_ws(obj, at + 1);
+  if (at >= obj.size() || obj[at] != '"') return {};
+  const size_t name_end = skip_string(obj, at);
+  if (name_end == std::string_view::npos) return {};
+  return json_member(obj, obj.substr(at + 1, name_end - at - 2));
+}
+
+std::string json_string(std::string_view v) {
+  if (v.size() < 2 || v.front() != '"' || v.back() != '"') return {};
+  return std::string(v.substr(1, v.size() - 2));
+}
+
+// An unsigned number, bare or as a string (LUKS2 writes 64-bit values as strings); 0 when neither.
+uint64_t json_uint(std::string_view v) {
+  if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+  uint64_t n = 0;
+  if (v.empty() || v.size() > 19) return 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') return 0;
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return n;
+}
+
+// ---- libcryptsetup set-up, logging and errors -------------------------------------------------------
+
+// The last error libcryptsetup logged on this thread, for the Status message.
+thread_local std::string last_library_error;
+
+void library_log(int level, const char* msg, void* /*usrptr*/) {
+  std::string_view m = msg != nullptr ? msg : "";
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.remove_suffix(1);
+  if (level == CRYPT_LOG_ERROR) last_library_error = m;
+  log::debug("libcryptsetup: {}", m);
+}
+
+void init_library() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    crypt_set_log_callback(nullptr, &library_log, nullptr);
+    // No /run/cryptsetup lock files: works unprivileged, and our headers are private copies or read-only.
+    crypt_metadata_locking(nullptr, 0);
+  });
+}
+
+// A libcryptsetup failure (r: a negative errno) as a Status naming what and the operation.
+Status library_error(int r, std::string_view what, std::string_view op) {
+  const int err = r < 0 ? -r : EIO;
+  std::string detail = std::exchange(last_library_error, {});
+  return Status::errorf(err, "{}: {} failed: {}{}{}{}", what, op, std::strerror(err), detail.empty() ? "" : " (",
+                        detail, detail.empty() ? "" : ")");
+}
+
+Status check_slot_key_material(const LuksKeySlotInfo& slot, std::string_view what) {
+  if (slot.key_length > kMaxLuksHeaderBytes)
+    return Status::errorf(EINVAL, "{}: LUKS key slot {} key material of {} bytes exceeds the limit of {}", what,
+                          slot.index, slot.key_length, kMaxLuksHeaderBytes);
+  return Status::ok();
+}
+
+}  // namespace
+
+// ---- Public: parser and limits ---------------------------------------------------------------------
+
+Result<LuksInfo> parse_luks_header(std::span<const std::byte> head, uint64_t available, std::string_view what) {
+  if (head.size() < kLuksMagic.size() + 2 || !std::equal(kLuksMagic.begin(), kLuksMagic.end(), head.begin()))
+    return Status::errorf(EINVAL, "{}: not a LUKS header", what);
+  const uint16_t version = be16(head, kL1Version);
+  if (version == kLuksVersion1) return parse_luks1(head, available, what);
+  if (version == kLuksVersion2) return parse_luks2(head, available, what);
+  return Status::errorf(ENOTSUP, "{}: LUKS version {} is not supported (1 and 2 are)", what, version);
+}
+
+Status check_luks_slot_limits(const LuksKeySlotInfo& slot, std::string_view what) {
+  auto over = [&](std::string_view field, uint64_t value, uint64_t limit) {
+    return Status::errorf(EINVAL, "{}: LUKS key slot {}: {} {} {} exceeds the limit of {}", what, slot.index,
+                          slot.pbkdf, field, value, limit);
+  };
+  QCOWFS_TRY(check_slot_key_material(slot, what));
+  if (slot.pbkdf == CRYPT_KDF_PBKDF2) {
+    if (slot.iterations > kMaxPbkdf2Iterations) return over("iterations", slot.iterations, kMaxPbkdf2Iterations);
+    if (slot.iterations == 0) return Status::errorf(EINVAL, "{}: LUKS key slot {} has 0 iterations", what, slot.index);
+    return Status::ok();
+  }
+  if (slot.pbkdf == CRYPT_KDF_ARGON2I || slot.pbkdf == CRYPT_KDF_ARGON2ID) {
+    if (slot.memory_kib > kMaxArgon2MemoryKiB) return over("memory (KiB)", slot.memory_kib, kMaxArgon2MemoryKiB);
+    if (slot.iterations > kMaxArgon2Iterations) return over("time cost", slot.iterations, kMaxArgon2Iterations);
+    if (slot.parallel > kMaxArgon2Parallel) return over("parallel threads", slot.parallel, kMaxArgon2Parallel);
+    return Status::ok();
+  }
+  return Status::errorf(EINVAL, "{}: LUKS key slot {} uses an unknown key derivation '{}'", what, slot.index,
+                        slot.pbkdf);
+}
+
+// ---- LuksVolume ---------------------------------------------------------------------------------------
+
+// The bytes of a header in an anonymous memory file that libcryptsetup opens by path.
+class LuksVolume::Memfd {
+ public:
+  static Result<std::shared_ptr<Memfd>> create(uint64_t size, std::string_view what) {
+    io::UniqueFd fd(memfd_create("qcowfs-luks", MFD_CLOEXEC));
+    if (!fd.valid()) return Status::from_errno(errno, fmt::format("{}: memfd_create for the LUKS header", what));
+    if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
+      return Status::from_errno(errno, fmt::format("{}: sizing the LUKS header memfd", what));
+    return std::make_shared<Memfd>(std::move(fd));
+  }
+  explicit Memfd(io::UniqueFd fd) : fd_(std::move(fd)), path_(fmt::format("/proc/self/fd/{}", fd_.get())) {}
+
+  Status write_all(std::span<const std::byte> bytes, std::string_view what) const {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = pwrite(fd_.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: writing the LUKS header memfd", what));
+      done += static_cast<size_t>(n);
+    }
+    return Status::ok();
+  }
+  Result<std::vector<std::byte>> read_all(uint64_t size, std::string_view what) const {
+    std::vector<std::byte> out(size);
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = pread(fd_.get(), out.data() + done, out.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: reading the LUKS header memfd", what));
+      done += static_cast<size_t>(n);
+    }
+    return out;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  io::UniqueFd fd_;
+  std::string path_;
+};
+
+void LuksVolume::CryptFree::operator()(crypt_device* cd) const { crypt_free(cd); }
+
+LuksVolume::LuksVolume(Device cd, std::shared_ptr<Memfd> memfd, LuksInfo info, std::string what)
+    : cd_(std::move(cd)), memfd_(std::move(memfd)), info_(std::move(info)), what_(std::move(what)) {}
+LuksVolume::LuksVolume(LuksVolume&&) noexcept = default;
+LuksVolume& LuksVolume::operator=(LuksVolume&&) noexcept = default;
+LuksVolume::~LuksVolume() = default;
+
+namespace {
+
+Result<uint64_t> file_size(int fd, std::string_view what) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Status::from_errno(errno, what);
+  if (S_ISREG(st.st_mode)) return static_cast<uint64_t>(st.st_size);
+  if (!S_ISBLK(st.st_mode)) return Status::errorf(EINVAL, "{}: not a regular file or block device", what);
+  uint64_t size = 0;
+  if (ioctl(fd, BLKGETSIZE64, &size) != 0) return Status::from_errno(errno, what);
+  return size;
+}
+
+Result<std::vector<std::byte>> read_head(int fd, uint64_t size, std::string_view what) {
+  std::vector<std::byte> head(static_cast<size_t>(std::min<uint64_t>(size, kLuksProbeBytes)));
+  size_t done = 0;
+  while (done < head.size()) {
+    const ssize_t n = pread(fd, head.data() + done, head.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::from_errno(errno, fmt::format("{}: reading the LUKS header", what));
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  head.resize(done);
+  return head;
+}
+
+// libcryptsetup's view of one key slot over what the parser found (LUKS1) or nothing (LUKS2).
+LuksKeySlotInfo slot_from_library(crypt_device* cd, int index, LuksKeySlotInfo slot) {
+  slot.index = static_cast<unsigned>(index);
+  const crypt_keyslot_info status = crypt_keyslot_status(cd, index);
+  slot.active = status == CRYPT_SLOT_ACTIVE || status == CRYPT_SLOT_ACTIVE_LAST;
+  crypt_pbkdf_type pbkdf{};
+  if (crypt_keyslot_get_pbkdf(cd, index, &pbkdf) == 0) {
+    if (pbkdf.type != nullptr) slot.pbkdf = pbkdf.type;
+    slot.hash = pbkdf.hash != nullptr && slot.pbkdf == CRYPT_KDF_PBKDF2 ? pbkdf.hash : "";
+    slot.iterations = pbkdf.iterations;
+    slot.memory_kib = pbkdf.max_memory_kb;
+    slot.parallel = pbkdf.parallel_threads;
+  }
+  uint64_t offset = 0, length = 0;
+  if (crypt_keyslot_area(cd, index, &offset, &length) == 0) {
+    slot.key_offset = offset;
+    slot.key_length = length;
+  }
+  return slot;
+}
+
+// LUKS2 fields libcryptsetup has no getter for: af.stripes of each slot, the digest's hash and the
+// keyslots area size.
+void fill_from_json(crypt_device* cd, LuksInfo& info) {
+  const char* text = nullptr;
+  if (crypt_dump_json(cd, &text, 0) < 0 || text == nullptr) return;
+  const std::string_view json(text);
+  const std::string_view keyslots = json_member(json, "keyslots");
+  for (auto& slot : info.slots) {
+    const std::string_view ks = json_member(keyslots, std::to_string(slot.index));
+    slot.stripes =
+        static_cast<uint32_t>(std::min<uint64_t>(json_uint(json_member(json_member(ks, "af"), "stripes")), UINT32_MAX));
+  }
+  info.hash = json_string(json_member(json_first_member(json_member(json, "digests")), "hash"));
+  const uint64_t keyslots_size = json_uint(json_member(json_member(json, "config"), "keyslots_size"));
+  const uint64_t json_size = json_uint(json_member(json_member(json, "config"), "json_size"));
+  if (keyslots_size > 0 && json_size > 0)
+    info.metadata_bytes = std::max(info.metadata_bytes, 2 * (json_size + kLuks2BinaryHeaderBytes) + keyslots_size);
+}
+
+void fill_from_library(crypt_device* cd, LuksInfo& info) {
+  if (const char* c = crypt_get_cipher(cd)) info.cipher_name = c;
+  if (const char* m = crypt_get_cipher_mode(cd)) info.cipher_mode = m;
+  if (const int k = crypt_get_volume_key_size(cd); k > 0) info.key_bytes = static_cast<size_t>(k);
+  info.payload_offset = crypt_get_data_offset(cd) * kLuksSectorBytes;
+  if (const int s = crypt_get_sector_size(cd); s > 0) info.sector_size = static_cast<uint32_t>(s);
+  if (const char* u = crypt_get_uuid(cd)) info.uuid = u;
+  const char* type = info.version == kLuksVersion1 ? CRYPT_LUKS1 : CRYPT_LUKS2;
+  const int max_slots = std::max(crypt_keyslot_max(type), 0);
+  std::vector<LuksKeySlotInfo> slots;
+  for (int i = 0; i < max_slots; ++i) {
+    const bool v1 = info.version == kLuksVersion1;
+    const crypt_keyslot_info status = crypt_keyslot_status(cd, i);
+    if (!v1 && (status == CRYPT_SLOT_INACTIVE || status == CRYPT_SLOT_INVALID)) continue;
+    LuksKeySlotInfo parsed =
+        v1 && static_cast<size_t>(i) < info.slots.size() ? info.slots[static_cast<size_t>(i)] : LuksKeySlotInfo{};
+    slots.push_back(slot_from_library(cd, i, std::move(parsed)));
+    info.metadata_bytes = std::max(info.metadata_bytes, slots.back().key_offset + slots.back().key_length);
+  }
+  info.slots = std::move(slots);
+  if (info.version == kLuksVersion2) fill_from_json(cd, info);
+}
+
+}  // namespace
+
+Result<LuksVolume> LuksVolume::load(const std::string& path, std::shared_ptr<Memfd> memfd, LuksInfo parsed,
+                                    std::string_view what) {
+  init_library();
+  last_library_error.clear();
+  crypt_device* raw = nullptr;
+  if (const int r = crypt_init(&raw, path.c_str()); r < 0) return library_error(r, what, "crypt_init");
+  Device cd(raw);
+  const char* type = parsed.version == kLuksVersion1 ? CRYPT_LUKS1 : CRYPT_LUKS2;
+  if (const int r = crypt_load(cd.get(), type, nullptr); r < 0)
+    return library_error(r, what, "loading the LUKS header");
+  fill_from_library(cd.get(), parsed);
+  return LuksVolume(std::move(cd), std::move(memfd), std::move(parsed), std::string(what));
+}
+
+Result<LuksVolume> LuksVolume::open_file(const std::string& path, std::string_view what) {
+  io::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::from_errno(errno, fmt::format("{}: opening {}", what, path));
+  auto size = file_size(fd.get(), what);
+  if (!size) return size.status();
+  auto head = read_head(fd.get(), *size, what);
+  if (!head) return head.status();
+  auto parsed = parse_luks_header(*head, *size, what);
+  if (!parsed) return parsed.status();
+  return load(path, nullptr, std::move(*parsed), what);
+}
+
+Result<LuksVolume> LuksVolume::open_bytes(std::span<const std::byte> area, std::string_view what) {
+  if (area.size() > kMaxLuksHeaderBytes)
+    return Status::errorf(EFBIG, "{}: LUKS header area of {} bytes exceeds the limit of {}", what, area.size(),
+                          kMaxLuksHeaderBytes);
+  auto parsed = parse_luks_header(area.first(std::min(area.size(), kLuksProbeBytes)), area.size(), what);
+  if (!parsed) return parsed.status();
+  auto memfd = Memfd::create(area.size(), what);
+  if (!memfd) return memfd.status();
+  QCOWFS_TRY((*memfd)->write_all(area, what));
+  const std::string path = (*memfd)->path();
+  return load(path, std::move(*memfd), std::move(*parsed), what);
+}
+
+Result<SecretBuffer> LuksVolume::unlock(std::span<const std::byte> passphrase) const {
+  std::vector<int> usable;
+  Status refused;
+  for (const auto& slot : info_.slots) {
+    if (!slot.active) continue;
+    if (Status st = check_luks_slot_limits(slot, what_); !st) {
+      log::warn("{}", st.message());
+      if (refused.is_ok()) refused = st;
+      continue;
+    }
+    usable.push_back(static_cast<int>(slot.index));
+  }
+  if (usable.empty()) {
+    if (!refused.is_ok()) return refused;
+    return Status::errorf(ENOKEY, "{}: the LUKS header has no active key slot", what_);
+  }
+  auto key = SecretBuffer::allocate(info_.key_bytes > 0 ? info_.key_bytes : kLuksMaxKeyBytes);
+  if (!key) return key.status();
+  const char* pass = passphrase.empty() ? "" : reinterpret_cast<const char*>(passphrase.data());
+  for (int index : usable) {
+    size_t size = key->size();
+    last_library_error.clear();
+    const int r =
+        crypt_volume_key_get(cd_.get(), index, reinterpret_cast<char*>(key->data()), &size, pass, passphrase.size());
+    if (r >= 0) {
+      key->shrink(size);
+      return key;
+    }
+    if (r != -EPERM) return library_error(r, what_, fmt::format("unlocking LUKS key slot {}", index));
+  }
+  last_library_error.clear();
+  if (!refused.is_ok())
+    return Status::errorf(EACCES, "wrong passphrase for {} (no key slot accepts it; not tried: {})", what_,
+                          refused.message());
+  return Status::errorf(EACCES, "wrong passphrase for {} (no key slot accepts it)", what_);
+}
+
+// ---- format_luks1 ---------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view kFormatWhat = "new LUKS1 header";
+
+Status check_format_params(const LuksFormatParams& p) {
+  if (p.key_bytes == 0 || p.key_bytes > kLuksMaxKeyBytes)
+    return Status::errorf(EINVAL, "{}: key length {} bytes is outside 1..{}", kFormatWhat, p.key_bytes,
+                          kLuksMaxKeyBytes);
+  if (p.payload_align == 0 || p.payload_align % kLuksSectorBytes != 0 || p.payload_align > kMaxLuksHeaderBytes)
+    return Status::errorf(EINVAL, "{}: payload alignment {} is not a multiple of {} up to {}", kFormatWhat,
+                          p.payload_align, kLuksSectorBytes, kMaxLuksHeaderBytes);
+  if (p.iter_time_ms == 0) return Status::errorf(EINVAL, "{}: iter-time must be at least 1 ms", kFormatWhat);
+  LuksInfo info;
+  info.cipher_name = p.cipher_name;
+  info.cipher_mode = p.cipher_mode;
+  info.hash = p.hash;
+  info.key_bytes = p.key_bytes;
+  return check_luks1_algorithms(info, kFormatWhat);
+}
+
+// The memfd's size: the header and eight slots of the largest key, then the alignment (sparse: no cost).
+uint64_t format_device_bytes(const LuksFormatParams& p) {
+  const uint64_t material = 4096 + kLuks1KeySlots * qemu_split_sectors(p.key_bytes, kLuks1Stripes) * kLuksSectorBytes;
+  return div_round_up(material, p.payload_align) * p.payload_align + p.payload_align;
+}
+
+}  // namespace
+
+Result<LuksFormatted> format_luks1(const LuksFormatParams& params, std::span<const std::byte> passphrase) {
+  QCOWFS_TRY(check_format_params(params));
+  init_library();
+  last_library_error.clear();
+  auto memfd = LuksVolume::Memfd::create(format_device_bytes(params), kFormatWhat);
+  if (!memfd) return memfd.status();
+  crypt_device* raw = nullptr;
+  if (const int r = crypt_init(&raw, (*memfd)->path().c_str()); r < 0)
+    return library_error(r, kFormatWhat, "crypt_init");
+  LuksVolume::Device cd(raw);
+  crypt_pbkdf_type pbkdf{};
+  pbkdf.type = CRYPT_KDF_PBKDF2;
+  pbkdf.hash = params.hash.c_str();
+  pbkdf.time_ms = params.iter_time_ms;
+  if (const int r = crypt_set_pbkdf_type(cd.get(), &pbkdf); r < 0)
+    return library_error(r, kFormatWhat, "setting the key derivation");
+  crypt_params_luks1 luks1{};
+  luks1.hash = params.hash.c_str();
+  luks1.data_alignment = params.payload_align / kLuksSectorBytes;
+  if (const int r = crypt_format(cd.get(), CRYPT_LUKS1, params.cipher_name.c_str(), params.cipher_mode.c_str(), nullptr,
+                                 nullptr, params.key_bytes, &luks1);
+      r < 0)
+    return library_error(r, kFormatWhat, "crypt_format");
+  auto key = SecretBuffer::allocate(params.key_bytes);
+  if (!key) return key.status();
+  size_t key_size = key->size();
+  if (const int r =
+          crypt_volume_key_get(cd.get(), CRYPT_ANY_SLOT, reinterpret_cast<char*>(key->data()), &key_size, nullptr, 0);
+      r < 0)
+    return library_error(r, kFormatWhat, "reading the new volume key");
+  const char* pass = passphrase.empty() ? "" : reinterpret_cast<const char*>(passphrase.data());
+  if (const int r = crypt_keyslot_add_by_volume_key(cd.get(), 0, nullptr, 0, pass, passphrase.size()); r < 0)
+    return library_error(r, kFormatWhat, "adding key slot 0");
+  LuksFormatted out;
+  out.payload_offset = crypt_get_data_offset(cd.get()) * kLuksSectorBytes;
+  cd.reset();  // everything written
+  auto header = (*memfd)->read_all(out.payload_offset, kFormatWhat);
+  if (!header) return header.status();
+  out.header = std::move(*header);
+  key->shrink(key_size);
+  out.volume_key = std::move(*key);
+  return out;
+}
+
+}  // namespace qcowfs::image::crypto
