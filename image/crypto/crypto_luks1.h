@@ -110,9 +110,11 @@ using ReadBytesFn = std::function<Result<std::vector<std::byte>>(
     uint64_t offset, size_t length)>;
 
 // The volume key (h.key_bytes bytes) for passphrase: every enabled slot in
-// order until one gives a key whose PBKDF2 digest is mk_digest. EACCES "wrong
-// passphrase for <what> (no key slot accepts it)"; errors of `material` or of
-// libgcrypt are returned as they are. Every intermediate key is in a
+// order until one gives a key whose PBKDF2 digest is mk_digest. h must come
+// from parse_luks1 (its limits bound the work and the reads: at most
+// kLuks1MaxKeyBytes * kLuks1MaxStripes bytes of key material per slot). EACCES
+// "wrong passphrase for <what> (no key slot accepts it)"; errors of `material`
+// or of libgcrypt are returned as they are. Every intermediate key is in a
 // SecretBuffer.
 Result<SecretBuffer> unlock_luks1(const Luks1Header &h,
                                   std::span<const std::byte> passphrase,

@@ -116,6 +116,7 @@ def main(argv: list[str]) -> int:
         format_seeds(tmp, out)
         vmdk_descriptor_seeds(tmp, out / "vmdk_descriptor")
         luks_header_seeds(tmp, out / "luks_header")
+        luks1_seeds(tmp, out / "luks1")
     return 0
 
 
@@ -187,6 +188,27 @@ def luks_header_seeds(tmp: Path, out: Path) -> None:
     run("cryptsetup", "luksFormat", "--type", "luks2", "--batch-mode", "--pbkdf", "pbkdf2", "--iter-time", "10",
         "--key-size", "256", "--luks2-metadata-size", "16k", "--luks2-keyslots-size", "256k", "--key-file", key, l2)
     (out / "luks2").write_bytes(l2.read_bytes()[: 2 * (16 << 10) + (256 << 10)])
+
+# Seeds of fuzz_luks1: LUKS1 images by cryptsetup with the passphrase "x" and
+# 1000 PBKDF2 iterations (so the target unlocks them), cut after slot 0's key
+# material (sector 8 on, key bytes * 4000 stripes).
+LUKS1_SEEDS = {"aes_cbc_plain64_sha1": ["-c", "aes-cbc-plain64", "-s", "128", "-h", "sha1"],
+               "aes_xts_plain64_sha256": ["-c", "aes-xts-plain64", "-s", "256", "-h", "sha256"]}
+
+
+def luks1_seeds(tmp: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    key = tmp / "luks1-key"
+    key.write_bytes(b"x")
+    for name, args in LUKS1_SEEDS.items():
+        img = tmp / f"luks1-{name}"
+        with open(img, "wb") as f:
+            f.truncate(3 << 20)
+        run("cryptsetup", "luksFormat", "-q", "--type", "luks1", "--pbkdf-force-iterations", "1000",
+            *args, "--key-file", key, img)
+        key_bytes = int(args[args.index("-s") + 1]) // 8
+        end = 8 * 512 + (key_bytes * 4000 + 511) // 512 * 512
+        (out / name).write_bytes(img.read_bytes()[:end])
 
 
 if __name__ == "__main__":
