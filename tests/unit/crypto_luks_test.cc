@@ -142,8 +142,8 @@ class Images {
           fmt::format("qemu-img create -q --object secret,id=s0,data={} -f luks -o key-secret=s0,iter-time=10{} {} 4M",
                       kPass, opts.empty() ? "" : "," + opts, (tmp_ / name).string());
       // qemu-img's PBKDF benchmark starts with 2^15 iterations and fails when they take under 1 ms of
-      // thread CPU time ("Unable to get accurate CPU usage"): always so with hash-alg=sha1 on a fast CPU
-      // (not used here), now and then for sha256. Try again.
+      // thread CPU time ("Unable to get accurate CPU usage"): about every other run with hash-alg=sha1 on
+      // this machine (so not used here), now and then for sha256 under load. Try again.
       for (int i = 0; i < 4 && run(cmd).status != 0; ++i) {
       }
       must_run("test -s " + (tmp_ / name).string());
