@@ -257,7 +257,7 @@ size_t skip_value(std::string_view s, size_t at, int depth) {
   if (at >= s.size() || depth > kMaxJsonDepth) return std::string_view::npos;
   if (s[at] == '"') return skip_string(s, at);
   if (s[at] != '{' && s[at] != '[') {
-    while (at < s.size() && s[at] != ',' && s[at] != '}' && s[at] != ']' && s[at] != ' ' && s[at] != '\n') ++at;
+    while (at < s.size() && s[at] != ',' && s[at] != '}' && s[at] != ']' && skip_ws(s, at) == at) ++at;
     return at;
   }
   const char close = s[at] == '{' ? '}' : ']';

@@ -104,7 +104,10 @@ struct LuksInfo {
 // header (magic, version, hdr_size, checksum algorithm, uuid, label) with bounds checks only; cipher,
 // sector size and slots stay empty (LuksVolume fills them from the JSON through libcryptsetup).
 // available: bytes of the file or area that holds the header (key material must fit in it).
-// EINVAL names what and the offending field; not LUKS at all is EINVAL "not a LUKS header".
+// Errors name what and the offending field: EINVAL for a damaged or hostile header ("not a LUKS header"
+// when the magic is wrong), ENOTSUP for a version, cipher, mode, IV generator or hash QEMU cannot use.
+// Limits on key slots (check_luks_slot_limits) are left to unlock, so one bad slot does not hide the others;
+// the master key digest's iterations (derived on every unlock) are checked here.
 Result<LuksInfo> parse_luks_header(std::span<const std::byte> head, uint64_t available, std::string_view what);
 
 // Checks one key slot's key derivation parameters against the limits above (EINVAL naming the slot,

@@ -141,8 +141,9 @@ class Images {
       const std::string cmd =
           fmt::format("qemu-img create -q --object secret,id=s0,data={} -f luks -o key-secret=s0,iter-time=10{} {} 4M",
                       kPass, opts.empty() ? "" : "," + opts, (tmp_ / name).string());
-      // qemu-img's PBKDF benchmark fails now and then on a loaded machine with so short an iter-time
-      // ("Unable to get accurate CPU usage"): try again.
+      // qemu-img's PBKDF benchmark starts with 2^15 iterations and fails when they take under 1 ms of
+      // thread CPU time ("Unable to get accurate CPU usage"): about every other run with hash-alg=sha1 on
+      // this machine (so not used here), now and then for sha256 under load. Try again.
       for (int i = 0; i < 4 && run(cmd).status != 0; ++i) {
       }
       must_run("test -s " + (tmp_ / name).string());
@@ -213,10 +214,11 @@ TEST_P(QemuLuks1, UnlocksTheKeyLuksDumpShowsAndReportsItsHeader) {
   auto key = v->unlock(bytes(kPass));
   const ToolRun ref = run(fmt::format("cryptsetup luksDump --dump-master-key --batch-mode --key-file {} {}",
                                       im.tmp().keyfile().string(), img.string()));
-  if (ref.status != 0 && ref.out.find("device-mapper") != std::string::npos) {
+  if (ref.status != 0 && v->info().cipher_name != "aes") {
     // libcryptsetup decrypts key slots in user space (OpenSSL, or the kernel's AF_ALG) and falls back to a
     // temporary dm-crypt mapping, which needs root and dm_mod. A kernel without this cipher in its crypto
-    // API and without device-mapper leaves cryptsetup itself unable to read the key: we fail the same way.
+    // API and without device-mapper leaves cryptsetup itself unable to read the key ("Cannot initialize
+    // device-mapper" as root, "does not exist or access denied" unprivileged): we fail the same way.
     ASSERT_FALSE(key);
     EXPECT_NE(key.status().message().find("q.luks: unlocking LUKS key slot 0 failed"), std::string::npos)
         << key.status().message();
@@ -229,8 +231,8 @@ TEST_P(QemuLuks1, UnlocksTheKeyLuksDumpShowsAndReportsItsHeader) {
 
 INSTANTIATE_TEST_SUITE_P(
     Ciphers, QemuLuks1,
-    ::testing::Values("", "cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256,hash-alg=sha1",
-                      "cipher-alg=serpent-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha512",
+    ::testing::Values("", "cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256,hash-alg=sha512",
+                      "cipher-alg=serpent-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha384",
                       "cipher-alg=twofish-128,cipher-mode=cbc,ivgen-alg=plain",
                       "cipher-alg=cast5-128,cipher-mode=cbc,ivgen-alg=plain64",
                       "cipher-alg=aes-256,cipher-mode=ctr,ivgen-alg=plain64"));
@@ -431,6 +433,34 @@ TEST_F(HostileLuks1, HugeSlotIterationsAreRefusedBeforeDerivation) {
   EXPECT_NE(key.status().message().find("key slot 0: pbkdf2 iterations 4294967295 exceeds the limit of 67108864"),
             std::string::npos)
       << key.status().message();
+}
+
+TEST_F(HostileLuks1, ASlotOverTheLimitIsSkippedAndTheOthersStillUnlock) {
+  // Slot 1 gets a second passphrase; slot 0's iterations are then pushed over the limit.
+  const fs::path p = Images::get().tmp() / "two-slots.luks";
+  write_file(p, bytes_);
+  const fs::path pw2 = Images::get().tmp() / "pw2";
+  std::ofstream(pw2, std::ios::binary) << "second";
+  must_run(
+      fmt::format("cryptsetup luksAddKey --batch-mode --disable-locks --iter-time 10 --key-slot 1 --key-file {} {} {}",
+                  Images::get().tmp().keyfile().string(), p.string(), pw2.string()));
+  auto b = read_file(p);
+  put_be32(b, slot(0, kSlotIterations), kMaxPbkdf2Iterations + 1);
+  write_file(p, b);
+  auto v = LuksVolume::open_file(p.string(), "two-slots.luks");
+  ASSERT_TRUE(v) << v.status().to_string();
+  EXPECT_TRUE(v->info().slots[1].active);
+  auto key = v->unlock(bytes("second"));
+  ASSERT_TRUE(key) << key.status().to_string();
+  EXPECT_EQ(hex(key->span()), reference_key(img_, Images::get().tmp().keyfile()));
+  // The first passphrase's slot is not tried: a wrong-passphrase answer that says why.
+  auto first = v->unlock(bytes(kPass));
+  ASSERT_FALSE(first);
+  EXPECT_EQ(first.status().code(), EACCES);
+  EXPECT_NE(first.status().message().find("not tried: two-slots.luks: LUKS key slot 0: pbkdf2 iterations 67108865 "
+                                          "exceeds the limit of 67108864"),
+            std::string::npos)
+      << first.status().message();
 }
 
 TEST_F(HostileLuks1, HugeMasterKeyIterations) {
