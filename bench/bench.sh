@@ -16,6 +16,9 @@
 #   FMT-full     fully written 1 GiB image of FMT (qcow2 vmdk vhdx vdi qed vpc parallels; made by
 #                qemu-img convert from the raw image), read-only mounts: randread4k-ro seqread1m-ro.
 #                With SETS="qcow2-full-ro vmdk-full ..." a second table puts each format beside qcow2.
+#   qcow2-enc-full  fully written 1 GiB qcow2 encrypted with LUKS (aes-256-xts-plain64, the
+#                default): randread4k randwrite4k seqread1m; with qcow2-full in SETS a table puts
+#                it beside the unencrypted image (both mounts and qsd given the key).
 # Every job runs ROUNDS times; in each round the four systems run the job back to back, each
 # on a fresh copy of the image. The shared disk here drifts by up to 2x within minutes, so each
 # ratio is taken within a round and the table shows the median over rounds (values: medians).
@@ -62,13 +65,21 @@ qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/raw.img" >/dev/null
 # virtual size stays exactly 1 GiB instead of its CHS rounding).
 for set in "${sets[@]}"; do
   case $set in
-    qcow2-full|qcow2-full-ro|qcow2-empty|raw) ;;
+    qcow2-full|qcow2-full-ro|qcow2-empty|qcow2-enc-full|raw) ;;
     *-full)
       fmt=${set%-full} opts=
       [ "$fmt" = vpc ] && opts="-o force_size=on"
       qemu-img convert -f raw -O "$fmt" $opts "$work/raw.img" "$work/full.$fmt" ;;
   esac
 done
+key=$work/bench.key
+printf benchpw > "$key"
+if [[ " ${sets[*]} " == *" qcow2-enc-full "* ]]; then
+  qemu-img create -q --object secret,id=s0,data=benchpw -f qcow2 \
+    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=100 "$work/full.qcow2-enc" 1G
+  qemu-io --object secret,id=s0,data=benchpw --image-opts -c 'write -P 0x5a 0 1G' \
+    "driver=qcow2,encrypt.key-secret=s0,file.filename=$work/full.qcow2-enc" >/dev/null
+fi
 # Written back now, not under a later measurement (every copy below is synced the same way).
 sync "$work"/*.img "$work"/*.qcow2 "$work"/full.*
 : > "$results"
@@ -80,14 +91,17 @@ measure() {
   local round=$1 set=$2 sys=$3 tmpl=$4 fmt=$5 job=$6
   local img="$work/$sys.img" mnt="$work/$sys.mnt" mode=rw qpid=
   case $job in *-ro) mode=ro ;; esac
-  local opts="$mode,cache=none,format=$fmt" fio_job=${job%-ro}
+  local opts="$mode,cache=none,format=${fmt%-enc}" fio_job=${job%-ro} qsd_object= qsd_fmt_opts=
+  if [ "$fmt" = qcow2-enc ]; then
+    opts+=",key-file=$key" qsd_object="secret,id=s0,data=benchpw" qsd_fmt_opts=",encrypt.key-secret=s0"
+  fi
   if [ "$sys" = raw-host ]; then
     "$suite" "$work/raw.img" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
     return
   fi
   cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
   case $sys in
-    qsd) qsdpid=$(FMT=$fmt WRITABLE=$([ $mode = ro ] && echo off || echo on) "$here/qsd-mount.sh" "$img" "$mnt") ;;
+    qsd) qsdpid=$(FMT=${fmt%-enc} QSD_OBJECT=$qsd_object QSD_FMT_OPTS=$qsd_fmt_opts WRITABLE=$([ $mode = ro ] && echo off || echo on) "$here/qsd-mount.sh" "$img" "$mnt") ;;
     qcowfs) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
     qcowfs-ring) set_uring Y; "$bin" -f -o "$opts,fuse_uring=on" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
     before) set_uring N; "$before" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
@@ -113,6 +127,7 @@ for round in $(seq "$rounds"); do
       qcow2-full) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k randwrite4k seqread1m" ;;
       qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m randwrite4k" ;;
       qcow2-full-ro) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k-ro seqread1m-ro" ;;
+      qcow2-enc-full) tmpl=$work/full.qcow2-enc fmt=qcow2-enc jobs="randread4k randwrite4k seqread1m" ;;
       *-full) fmt=${set%-full} tmpl=$work/full.$fmt jobs="randread4k-ro seqread1m-ro"
               [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
       *) echo "unknown set $set" >&2; exit 2 ;;
@@ -170,7 +185,8 @@ for (s, job), rounds in runs.items():
           f"| {ratio(rounds, 'qcowfs-ring', 'qsd')} |")
 # Each format beside qcow2 (qcow2-full-ro), ratios taken within a round.
 ref = {job: rounds for (s, job), rounds in runs.items() if s == "qcow2-full-ro"}
-others = [(s, job, rounds) for (s, job), rounds in runs.items() if s.endswith("-full") and job in ref]
+others = [(s, job, rounds) for (s, job), rounds in runs.items()
+          if s.endswith("-full") and s != "qcow2-enc-full" and job in ref]
 if others:
     print("\n| format | job | qcowfs | qcowfs / qcow2 | qcowfs / qsd (same image) | qcowfs / raw host file |")
     print("|---|---|---|---|---|---|")
@@ -181,4 +197,18 @@ if others:
         print(f"| {s.removesuffix('-full')} | {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
               f"| {'-' if r is None else f'{r:.2f}x'} | {ratio(rounds, 'qcowfs', 'qsd')} "
               f"| {ratio(rounds, 'qcowfs', 'raw-host')} |")
+# The encrypted qcow2 beside the same image unencrypted (qcow2-full), ratios within a round.
+plain = {job: rounds for (s, job), rounds in runs.items() if s == "qcow2-full"}
+enc = [(job, rounds) for (s, job), rounds in runs.items() if s == "qcow2-enc-full" and job in plain]
+if enc:
+    print("\n| job | encrypted qcow2, qcowfs | encrypted / unencrypted (qcowfs) | qsd, encrypted "
+          "| qcowfs / qsd (encrypted) |")
+    print("|---|---|---|---|---|")
+    for job, rounds in enc:
+        q = plain[job]
+        r = med([v["qcowfs"] / q[k]["qcowfs"] for k, v in rounds.items()
+                 if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
+        print(f"| {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
+              f"| {'-' if r is None else f'{r:.2f}x'} | {fmt(med([v.get('qsd') for v in rounds.values()]), job)} "
+              f"| {ratio(rounds, 'qcowfs', 'qsd')} |")
 PY

@@ -4,7 +4,7 @@
 # at QD32 with fio and reports the daemon's task-clock and context switches per request
 # (perf stat), and /dev/fuse read() calls per request and their EAGAIN share (strace -c).
 # Env: IOS (requests, default 100000), QUEUES (-o queues=N, default: the binary's default),
-#      FMT (raw or qcow2, default raw).
+#      FMT (raw, qcow2 or qcow2-enc: LUKS aes-256-xts, default raw).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(readlink -f "${1:-$here/../build/qcowfs}")
@@ -14,14 +14,22 @@ work=$(mktemp -d /var/tmp/qcowfs-cpu.XXXXXX)
 pid=
 cleanup() { fusermount3 -u "$work/mnt" 2>/dev/null || true; [ -n "$pid" ] && wait "$pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
+keyopt=
 if [ "$fmt" = qcow2 ]; then
   qemu-img create -q -f qcow2 "$work/img" 256M
   qemu-io -c 'write -P 0x5a 0 256M' "$work/img" >/dev/null
+elif [ "$fmt" = qcow2-enc ]; then
+  printf benchpw > "$work/key"
+  qemu-img create -q --object secret,id=s0,data=benchpw -f qcow2 \
+    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=100 "$work/img" 256M
+  qemu-io --object secret,id=s0,data=benchpw --image-opts -c 'write -P 0x5a 0 256M' \
+    "driver=qcow2,encrypt.key-secret=s0,file.filename=$work/img" >/dev/null
+  fmt=qcow2 keyopt=",key-file=$work/key"
 else
   dd if=/dev/zero of="$work/img" bs=1M count=256 status=none
 fi
 : > "$work/mnt"
-opts="ro,cache=none,passthrough=off,format=$fmt${QUEUES:+,queues=$QUEUES}"
+opts="ro,cache=none,passthrough=off,format=$fmt$keyopt${QUEUES:+,queues=$QUEUES}"
 "$bin" -f -o "$opts" "$work/img" "$work/mnt" & pid=$!
 for _ in $(seq 100); do grep -q " $work/mnt " /proc/self/mountinfo && break; sleep 0.1; done
 run_fio() {

@@ -12,6 +12,7 @@
 #include "fuse/daemon.h"
 #include "fuse/options.h"
 #include "fuse/server.h"
+#include "image/crypto/crypto_secret.h"
 #include "io/log.h"
 #include "tools/cmd.h"
 
@@ -49,6 +50,9 @@ int fail(const Status& st) {
 
 int serve(fuse::Options opts) {
   if (Status st = make_paths_absolute(opts); !st) return fail(st);
+  // An encrypted image asks for its passphrase on the terminal: opened now,
+  // while the daemon still has one.
+  if (!opts.image_options.keys) opts.image_options.keys = qcowfs::image::crypto::KeyProvider::from_terminal();
   fuse::DaemonReporter reporter;
   if (!opts.foreground) {
     auto r = fuse::daemonize();

@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "image/crypto/crypto_secret.h"
 #include "image/format.h"
 
 namespace qcowfs::fuse {
@@ -137,6 +138,10 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "discard") {
     if (value != "unmap" && value != "ignore") return bad_value(key, value, "unmap or ignore");
     o.image_options.discard_unmap = value == "unmap";
+  } else if (key == "key-file") {
+    // The passphrase of an encrypted image: the file's content, or standard input for "-".
+    if (value.empty()) return bad_value(key, value, "a file holding the passphrase, or - for standard input");
+    o.image_options.keys = image::crypto::KeyProvider::from_file(std::string(value));
   } else if (key == "snapshot") {
     if (value.empty()) return bad_value(key, value, "a snapshot name or id");
     o.image_options.snapshot = std::string(value);
@@ -313,8 +318,11 @@ std::string usage_text(std::string_view program) {
       "                       on (fail when it does not), off (/dev/fuse only)\n"
       "  passthrough=MODE     auto (default: on read-only mounts of raw images the kernel\n"
       "                       reads the image file itself when it can) or off\n"
-      "  format=FMT           raw, qcow2, vmdk, vhdx, vpc, vdi, qed, parallels (default:\n"
-      "                       probed; all but raw and qcow2 read-only)\n"
+      "  format=FMT           raw, qcow2, luks, vmdk, vhdx, vpc, vdi, qed, parallels\n"
+      "                       (default: probed; vmdk and later read-only)\n"
+      "  key-file=PATH        the passphrase of an encrypted image (LUKS, encrypted qcow2):\n"
+      "                       the file's content, - for standard input (default: asked on\n"
+      "                       the terminal without echo)\n"
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"
       "  l2_cache_size=SIZE   qcow2 L2 cache size, with K/M/G suffixes\n"

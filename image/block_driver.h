@@ -28,6 +28,10 @@
 
 namespace qcowfs::image {
 
+namespace crypto {
+class KeyProvider;  // image/crypto/crypto_secret.h
+}
+
 // Allocation status of a range, as `qemu-img map` reports it. Every byte of
 // the range has the same flags, depth and file, and host offsets that follow
 // each other (byte i of the range is stored at host_offset + i).
@@ -54,6 +58,7 @@ struct ImageDetails {
   std::string backing_file;    // as the image records it; "" for none
   std::string backing_format;  // as the image records it; "" for none
   std::optional<bool> dirty;   // "dirty-flag"; nullopt where qemu-img shows none
+  bool encrypted = false;      // "encrypted": true (qemu-img prints "encrypted: yes")
   // "format-specific": {"type": format, "data": specific}; an empty object: none.
   Json specific = Json::object();
 };
@@ -131,6 +136,10 @@ struct ImageOptions {
   // Open the image alone, without its backing file (qemu-img info does:
   // unallocated ranges then read as zeros).
   bool no_backing = false;
+  // Where the passphrase of an encrypted image (LUKS, qcow2 encryption) comes
+  // from; backing files use the same one. nullptr: the terminal's prompt
+  // when there is one (crypto::KeyProvider::from_terminal), else ENOKEY.
+  std::shared_ptr<crypto::KeyProvider> keys;
 };
 
 // Opens path with the format given or probed. Backing files are opened

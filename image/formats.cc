@@ -3,6 +3,7 @@
 #include <array>
 
 #include "image/format.h"
+#include "image/luks/luks.h"
 #include "image/parallels/parallels.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qed/qed.h"
@@ -25,7 +26,7 @@ const std::array kFormats = {
     FormatInfo{"vdi", "VDI", open_vdi},
     FormatInfo{"qed", "QED", open_qed},
     FormatInfo{"parallels", "Parallels", open_parallels},
-    FormatInfo{"luks", "LUKS", nullptr},
+    FormatInfo{"luks", "LUKS", open_luks},
     FormatInfo{"bochs", "Bochs", nullptr},
     FormatInfo{"cloop", "cloop", nullptr},
     FormatInfo{"dmg", "DMG", nullptr},

@@ -9,7 +9,7 @@ set -euo pipefail
 
 build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev libzstd-dev
             libfmt-dev libgtest-dev libgcrypt20-dev libcryptsetup-dev)
-# cryptsetup-bin: cryptsetup (LUKS2 images, key dumps for the cipher tests); qemu-utils: qemu-img/qemu-io (the referee); qemu-system-common: qemu-storage-daemon (bench);
+# cryptsetup-bin: cryptsetup (LUKS2 images, key dumps for the cipher tests); qemu-utils: qemu-img/qemu-io (the referee); qemu-system-common: qemu-storage-daemon (bench); python3-cryptography: the independent AES-XTS decryption that checks LUKS2 images;
 # util-linux: losetup; fdisk: sfdisk for the demo disk; e2fsprogs/dosfstools: filesystems on
 # mounted images; kmod: modprobe fuse/loop; file: file -s on partitions; clang and
 # libclang-rt-14-dev: the libFuzzer targets (fuzz.short); rsync: test_disk_tools.py;
@@ -18,7 +18,7 @@ build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev
 # dh-sequence-bash-completion) and lintian: test_package.py builds the package from debian/
 # and lints it (no fakeroot: debian/control says Rules-Requires-Root: no); man-db: it
 # reads the installed man page.
-test_pkgs=(cryptsetup-bin qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
+test_pkgs=(cryptsetup-bin python3-cryptography qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
            e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync
            dpkg-dev build-essential debhelper bash-completion lintian man-db)
 

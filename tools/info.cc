@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <ctime>
 
+#include "image/crypto/crypto_unlock.h"
 #include "image/endian.h"
 #include "image/format.h"
 #include "image/path.h"
+#include "io/buffer.h"
 #include "image/qcow2/qcow2_inspect.h"
 #include "tools/cmd.h"
 #include "image/json.h"
@@ -48,7 +50,44 @@ struct ImageInfo {
   std::vector<q::Snapshot> snapshots;
   std::vector<q::Bitmap> bitmaps;
   std::string full_backing;
+  // Encrypted images: qemu-img's "encrypted: yes" and the qcow2 "encrypt"
+  // block (read from the header alone, no key needed).
+  bool encrypted = false;
+  Json encrypt;
 };
+
+// qcow2's "encrypt" block: {"format": "aes"} or the LUKS area's header.
+Task<Status> add_qcow2_encryption(io::HostFile& f, const q::Header& h, ImageInfo& info) {
+  if (h.crypt_method == q::kCryptNone) co_return Status::ok();
+  info.encrypted = true;
+  if (h.crypt_method == q::kCryptAes || !h.crypto) {
+    info.encrypt.set("format", "aes");
+    co_return Status::ok();
+  }
+  if (h.crypto->length > image::crypto::kMaxLuksHeaderBytes)
+    co_return Status::errorf(EINVAL, "{}: LUKS area of {} bytes is larger than the limit of {}", info.filename,
+                             h.crypto->length, image::crypto::kMaxLuksHeaderBytes);
+  io::AlignedBuffer area(static_cast<size_t>(h.crypto->length), f.mem_align(), true);
+  auto n = co_await f.read(h.crypto->offset, area.span());
+  if (!n) co_return n.status();
+  auto vol = image::crypto::LuksVolume::open_bytes(area.span(), info.filename);
+  if (!vol) co_return vol.status();
+  info.encrypt = image::crypto::luks_details(vol->info(), true);
+  co_return Status::ok();
+}
+
+// A raw LUKS image: its header alone, as qemu-img info reads it without a key.
+Status add_luks_info(const io::HostFile& f, ImageInfo& info) {
+  auto vol = image::crypto::LuksVolume::open_file(f.path(), info.filename);
+  if (!vol) return vol.status();
+  const uint64_t payload = vol->info().payload_offset;
+  info.described = true;
+  info.encrypted = true;
+  info.virtual_size = f.size() > payload ? f.size() - payload : 0;
+  info.details.dirty = false;
+  info.details.specific = image::crypto::luks_details(vol->info(), false);
+  return Status::ok();
+}
 
 Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
   auto h = co_await q::read_qcow2_header(f);
@@ -64,7 +103,7 @@ Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
   if (!bm) co_return bm.status();
   info.bitmaps = std::move(*bm);
   if (!h->backing_file.empty()) info.full_backing = image::resolve_relative(info.filename, h->backing_file);
-  co_return Status::ok();
+  co_return co_await add_qcow2_encryption(f, *h, info);
 }
 
 // The other formats describe themselves through their driver, opened alone
@@ -97,6 +136,8 @@ Task<Result<ImageInfo>> gather(const std::string& path, const std::string& forma
   info.virtual_size = f.size();
   if (info.format == "qcow2") {
     QCOWFS_CO_TRY(co_await add_qcow2_info(f, info));
+  } else if (info.format == "luks") {
+    QCOWFS_CO_TRY(add_luks_info(f, info));
   } else if (info.format != "raw") {
     QCOWFS_CO_TRY(co_await add_driver_info(std::move(image->file), info));
   }
@@ -153,6 +194,7 @@ Json qcow2_specific(const ImageInfo& info) {
     d.set("bitmaps", std::move(list));
   }
   d.set("refcount-bits", uint64_t{h.refcount_bits()});
+  if (info.encrypted) d.set("encrypt", info.encrypt);
   if (h.has_data_file_name) d.set("data-file", h.data_file);
   if (h.has_external_data_file()) d.set("data-file-raw", h.data_file_raw());
   d.set("corrupt", h.corrupt());
@@ -192,6 +234,7 @@ Json info_json(const ImageInfo& info) {
     j.set("full-backing-filename", info.full_backing);
     j.set("backing-filename", backing_file(info));
   }
+  if (info.encrypted) j.set("encrypted", true);
   if (!info.described || info.details.dirty) j.set("dirty-flag", info.dirty);
   return j;
 }
@@ -220,6 +263,8 @@ void print_snapshots(const std::vector<q::Snapshot>& snapshots) {
   }
 }
 
+void print_specific(const Json& j, int level);
+
 void print_qcow2_specific(const ImageInfo& info) {
   const q::Header& h = info.header;
   fmt::print("Format specific information:\n");
@@ -241,6 +286,10 @@ void print_qcow2_specific(const ImageInfo& info) {
     }
   }
   fmt::print("    refcount bits: {}\n", h.refcount_bits());
+  if (info.encrypted) {
+    fmt::print("    encrypt:\n");
+    print_specific(info.encrypt, 2);
+  }
   if (h.has_data_file_name) fmt::print("    data file: {}\n", h.data_file);
   if (h.has_external_data_file()) fmt::print("    data file raw: {}\n", h.data_file_raw());
   fmt::print("    corrupt: {}\n    extended l2: {}\n", h.corrupt(), h.extended_l2());
@@ -275,6 +324,7 @@ void print_human(const ImageInfo& info) {
   fmt::print("image: {}\nfile format: {}\n", info.filename, info.format);
   fmt::print("virtual size: {} ({} bytes)\n", human_size(info.virtual_size), info.virtual_size);
   fmt::print("disk size: {}\n", human_size(info.actual_size));
+  if (info.encrypted) fmt::print("encrypted: yes\n");
   if (cluster_size(info) != 0) fmt::print("cluster_size: {}\n", cluster_size(info));
   if (!backing_file(info).empty()) {
     fmt::print("backing file: {}", backing_file(info));

@@ -16,6 +16,8 @@
 #include <optional>
 #include <utility>
 
+#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/crypto_luks1.h"
 #include "io/fd.h"
 #include "io/log.h"
 
@@ -44,70 +46,11 @@ Status invalid(std::string_view what, std::string_view why) {
 }
 
 // LUKS1 phdr field offsets.
-constexpr size_t kL1Version = 6, kL1CipherName = 8, kL1CipherMode = 40, kL1HashSpec = 72, kL1PayloadOffset = 104,
-                 kL1KeyBytes = 108, kL1MkIterations = 164, kL1Uuid = 168, kL1KeySlots = 208;
-constexpr size_t kL1NameLen = 32, kL1UuidLen = 40, kL1SlotBytes = 48;
-// Offsets in a key slot.
-constexpr size_t kSlotActive = 0, kSlotIterations = 4, kSlotKeyOffset = 40, kSlotStripes = 44;
+constexpr size_t kVersionAt = 6;  // big-endian 16 bits in both versions
 // LUKS2 binary header field offsets.
 constexpr size_t kL2HdrSize = 8, kL2Label = 24, kL2LabelLen = 48, kL2ChecksumAlg = 72, kL2ChecksumAlgLen = 32,
                  kL2Uuid = 168, kL2UuidLen = 40, kL2HdrOffset = 256;
 
-static_assert(kL1KeySlots + kLuks1KeySlots * kL1SlotBytes == kLuks1HeaderBytes);
-
-// ---- What QEMU 7.2 can decrypt (crypto/block-luks.c name maps) ----------------------------------
-
-constexpr std::string_view kHashes[] = {"md5", "sha1", "sha224", "sha256", "sha384", "sha512", "ripemd160"};
-
-bool known_hash(std::string_view h) {
-  return std::find(std::begin(kHashes), std::end(kHashes), h) != std::end(kHashes);
-}
-
-// The cipher's key length in bytes is valid for it (the XTS halving already applied).
-bool cipher_key_ok(std::string_view cipher, size_t bytes) {
-  if (cipher == "cast5") return bytes == 16;
-  if (cipher == "aes" || cipher == "serpent" || cipher == "twofish") return bytes == 16 || bytes == 24 || bytes == 32;
-  return false;
-}
-
-bool known_cipher(std::string_view c) { return c == "aes" || c == "serpent" || c == "twofish" || c == "cast5"; }
-
-// "<mode>[-<ivgen>[:<hash>]]": ecb alone, or cbc/xts/ctr with plain, plain64 or essiv:<hash>.
-Status check_cipher_mode(std::string_view mode, std::string_view what) {
-  const size_t dash = mode.find('-');
-  const std::string_view name = mode.substr(0, dash);
-  if (name != "ecb" && name != "cbc" && name != "xts" && name != "ctr")
-    return Status::errorf(ENOTSUP, "{}: LUKS cipher mode '{}' is not supported", what, mode);
-  if (dash == std::string_view::npos) {
-    if (name == "ecb") return Status::ok();
-    return Status::errorf(ENOTSUP, "{}: LUKS cipher mode '{}' has no IV generator", what, mode);
-  }
-  const std::string_view ivgen = mode.substr(dash + 1);
-  const size_t colon = ivgen.find(':');
-  const std::string_view iv_name = ivgen.substr(0, colon);
-  if (iv_name == "plain" || iv_name == "plain64") {
-    if (colon == std::string_view::npos) return Status::ok();
-  } else if (iv_name == "essiv" && colon != std::string_view::npos && known_hash(ivgen.substr(colon + 1))) {
-    return Status::ok();
-  }
-  return Status::errorf(ENOTSUP, "{}: LUKS IV generator '{}' is not supported", what, ivgen);
-}
-
-Status check_luks1_algorithms(const LuksInfo& info, std::string_view what) {
-  if (!known_cipher(info.cipher_name))
-    return Status::errorf(ENOTSUP, "{}: LUKS cipher '{}' is not supported", what, info.cipher_name);
-  QCOWFS_TRY(check_cipher_mode(info.cipher_mode, what));
-  if (!known_hash(info.hash)) return Status::errorf(ENOTSUP, "{}: LUKS hash '{}' is not supported", what, info.hash);
-  if (info.key_bytes == 0 || info.key_bytes > kLuksMaxKeyBytes)
-    return invalid(what, fmt::format("key length {} bytes is outside 1..{}", info.key_bytes, kLuksMaxKeyBytes));
-  const bool xts = info.cipher_mode.starts_with("xts");
-  if (xts && info.key_bytes % 2 != 0)
-    return invalid(what, fmt::format("key length {} bytes is odd (XTS takes two keys)", info.key_bytes));
-  if (!cipher_key_ok(info.cipher_name, xts ? info.key_bytes / 2 : info.key_bytes))
-    return Status::errorf(ENOTSUP, "{}: LUKS cipher {}-{} with a {}-byte key is not supported", what, info.cipher_name,
-                          info.cipher_mode, info.key_bytes);
-  return Status::ok();
-}
 
 // ---- LUKS1 ---------------------------------------------------------------------------------------
 
@@ -116,94 +59,39 @@ uint64_t div_round_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 // Sectors of one slot's anti-forensic material, as QEMU counts them for its overlap checks
 // (qcrypto_block_luks_splitkeylen_sectors: rounded up to the 4096-byte header alignment).
 uint64_t qemu_split_sectors(uint64_t key_bytes, uint32_t stripes) {
-  constexpr uint64_t kAlignSectors = 4096 / kLuksSectorBytes;
-  return div_round_up(div_round_up(key_bytes * stripes, kLuksSectorBytes), kAlignSectors) * kAlignSectors;
+  constexpr uint64_t kAlignSectors = 4096 / kLuks1SectorBytes;
+  return div_round_up(div_round_up(key_bytes * stripes, kLuks1SectorBytes), kAlignSectors) * kAlignSectors;
 }
 
-Result<LuksKeySlotInfo> parse_luks1_slot(std::span<const std::byte> head, unsigned i, const LuksInfo& info,
-                                         uint64_t available, std::string_view what) {
-  const auto s = head.subspan(kL1KeySlots + i * kL1SlotBytes, kL1SlotBytes);
-  LuksKeySlotInfo slot;
-  slot.index = i;
-  const uint32_t active = be32(s, kSlotActive);
-  if (active != kLuks1SlotActive && active != kLuks1SlotDisabled)
-    return invalid(what, fmt::format("key slot {} state {:#010x} is neither active nor disabled", i, active));
-  slot.active = active == kLuks1SlotActive;
-  slot.iterations = be32(s, kSlotIterations);
-  slot.stripes = be32(s, kSlotStripes);
-  if (slot.stripes != kLuks1Stripes)
-    return invalid(
-        what, fmt::format("key slot {} has {} anti-forensic stripes (LUKS1 uses {})", i, slot.stripes, kLuks1Stripes));
-  if (slot.active && slot.iterations == 0) return invalid(what, fmt::format("key slot {} has 0 iterations", i));
-  slot.key_offset = uint64_t{be32(s, kSlotKeyOffset)} * kLuksSectorBytes;
-  slot.key_length = div_round_up(info.key_bytes * slot.stripes, kLuksSectorBytes) * kLuksSectorBytes;
-  slot.pbkdf = "pbkdf2";
-  slot.hash = info.hash;
-  if (slot.key_offset < div_round_up(kLuks1HeaderBytes, kLuksSectorBytes) * kLuksSectorBytes)
-    return invalid(what, fmt::format("key slot {} material overlaps the header", i));
-  const uint64_t end = slot.key_offset + qemu_split_sectors(info.key_bytes, slot.stripes) * kLuksSectorBytes;
-  if (end > info.payload_offset)
-    return invalid(what, fmt::format("key slot {} material (up to {:#x}) overlaps the payload at {:#x}", i, end,
-                                     info.payload_offset));
-  if (slot.active && slot.key_offset + slot.key_length > available)
-    return invalid(what, fmt::format("key slot {} material (up to {:#x}) lies past the end of the header area "
-                                     "({:#x} bytes)",
-                                     i, slot.key_offset + slot.key_length, available));
-  return slot;
-}
-
-Status check_luks1_overlaps(const LuksInfo& info, std::string_view what) {
-  for (size_t i = 0; i < info.slots.size(); ++i) {
-    const auto& a = info.slots[i];
-    const uint64_t a_end = a.key_offset + qemu_split_sectors(info.key_bytes, a.stripes) * kLuksSectorBytes;
-    for (size_t j = i + 1; j < info.slots.size(); ++j) {
-      const auto& b = info.slots[j];
-      const uint64_t b_end = b.key_offset + qemu_split_sectors(info.key_bytes, b.stripes) * kLuksSectorBytes;
-      if (a_end > b.key_offset && b_end > a.key_offset)
-        return invalid(what, fmt::format("key slots {} and {} overlap", i, j));
-    }
-  }
-  return Status::ok();
-}
-
-Result<LuksInfo> parse_luks1(std::span<const std::byte> head, uint64_t available, std::string_view what) {
-  if (head.size() < kLuks1HeaderBytes)
-    return invalid(what, fmt::format("truncated LUKS1 header ({} of {} bytes)", head.size(), kLuks1HeaderBytes));
+// LUKS1 headers are parsed by crypto_luks1.h (parse_luks1, the same checks
+// the key-slot fallback relies on); this is its view as LuksInfo.
+LuksInfo luks1_info(const Luks1Header& h) {
   LuksInfo info;
   info.version = kLuksVersion1;
-  auto name = field_string(head, kL1CipherName, kL1NameLen);
-  auto mode = field_string(head, kL1CipherMode, kL1NameLen);
-  auto hash = field_string(head, kL1HashSpec, kL1NameLen);
-  auto uuid = field_string(head, kL1Uuid, kL1UuidLen);
-  if (!name || !mode || !hash || !uuid)
-    return invalid(what, !name   ? "cipher name is not NUL-terminated"
-                         : !mode ? "cipher mode is not NUL-terminated"
-                         : !hash ? "hash spec is not NUL-terminated"
-                                 : "uuid is not NUL-terminated");
-  info.cipher_name = std::move(*name);
-  info.cipher_mode = std::move(*mode);
-  info.hash = std::move(*hash);
-  info.uuid = std::move(*uuid);
-  info.key_bytes = be32(head, kL1KeyBytes);
-  info.payload_offset = uint64_t{be32(head, kL1PayloadOffset)} * kLuksSectorBytes;
-  info.master_key_iterations = be32(head, kL1MkIterations);
-  QCOWFS_TRY(check_luks1_algorithms(info, what));
-  if (info.master_key_iterations == 0) return invalid(what, "master key digest has 0 iterations");
-  if (info.master_key_iterations > kMaxPbkdf2Iterations)
-    return Status::errorf(EINVAL, "{}: LUKS master key digest iterations {} exceeds the limit of {}", what,
-                          info.master_key_iterations, kMaxPbkdf2Iterations);
+  info.cipher_name = h.cipher_name;
+  info.cipher_mode = h.cipher_mode;
+  info.key_bytes = h.key_bytes;
+  info.hash = h.hash_spec;
+  info.uuid = h.uuid;
+  info.payload_offset = h.payload_bytes();
+  info.master_key_iterations = h.mk_digest_iter;
   info.metadata_bytes = kLuks1HeaderBytes;
   for (unsigned i = 0; i < kLuks1KeySlots; ++i) {
-    auto slot = parse_luks1_slot(head, i, info, available, what);
-    if (!slot) return slot.status();
-    info.metadata_bytes = std::max(info.metadata_bytes, slot->key_offset + slot->key_length);
-    info.slots.push_back(std::move(*slot));
+    const Luks1KeySlot& s = h.slots[i];
+    LuksKeySlotInfo slot;
+    slot.index = i;
+    slot.active = s.enabled();
+    slot.iterations = s.iterations;
+    slot.stripes = s.stripes;
+    slot.key_offset = uint64_t{s.key_material_offset} * kLuks1SectorBytes;
+    slot.key_length = h.material_bytes(s);
+    slot.pbkdf = "pbkdf2";
+    slot.hash = h.hash_spec;
+    if (slot.active) info.metadata_bytes = std::max(info.metadata_bytes, slot.key_offset + slot.key_length);
+    info.slots.push_back(std::move(slot));
   }
-  QCOWFS_TRY(check_luks1_overlaps(info, what));
   return info;
 }
-
-// ---- LUKS2 (binary header only) -------------------------------------------------------------------
 
 Result<LuksInfo> parse_luks2(std::span<const std::byte> head, uint64_t available, std::string_view what) {
   if (head.size() < kLuks2BinaryHeaderBytes)
@@ -373,8 +261,12 @@ Status check_slot_key_material(const LuksKeySlotInfo& slot, std::string_view wha
 Result<LuksInfo> parse_luks_header(std::span<const std::byte> head, uint64_t available, std::string_view what) {
   if (head.size() < kLuksMagic.size() + 2 || !std::equal(kLuksMagic.begin(), kLuksMagic.end(), head.begin()))
     return Status::errorf(EINVAL, "{}: not a LUKS header", what);
-  const uint16_t version = be16(head, kL1Version);
-  if (version == kLuksVersion1) return parse_luks1(head, available, what);
+  const uint16_t version = be16(head, kVersionAt);
+  if (version == kLuksVersion1) {
+    auto h = parse_luks1(head, available, what);
+    if (!h) return h.status();
+    return luks1_info(*h);
+  }
   if (version == kLuksVersion2) return parse_luks2(head, available, what);
   return Status::errorf(ENOTSUP, "{}: LUKS version {} is not supported (1 and 2 are)", what, version);
 }
@@ -522,7 +414,7 @@ void fill_from_library(crypt_device* cd, LuksInfo& info) {
   if (const char* c = crypt_get_cipher(cd)) info.cipher_name = c;
   if (const char* m = crypt_get_cipher_mode(cd)) info.cipher_mode = m;
   if (const int k = crypt_get_volume_key_size(cd); k > 0) info.key_bytes = static_cast<size_t>(k);
-  info.payload_offset = crypt_get_data_offset(cd) * kLuksSectorBytes;
+  info.payload_offset = crypt_get_data_offset(cd) * kLuks1SectorBytes;
   if (const int s = crypt_get_sector_size(cd); s > 0) info.sector_size = static_cast<uint32_t>(s);
   if (const char* u = crypt_get_uuid(cd)) info.uuid = u;
   const char* type = info.version == kLuksVersion1 ? CRYPT_LUKS1 : CRYPT_LUKS2;
@@ -598,7 +490,7 @@ Result<SecretBuffer> LuksVolume::unlock(std::span<const std::byte> passphrase) c
     if (!refused.is_ok()) return refused;
     return Status::errorf(ENOKEY, "{}: the LUKS header has no active key slot", what_);
   }
-  auto key = SecretBuffer::allocate(info_.key_bytes > 0 ? info_.key_bytes : kLuksMaxKeyBytes);
+  auto key = SecretBuffer::allocate(info_.key_bytes > 0 ? info_.key_bytes : kLuks1MaxKeyBytes);
   if (!key) return key.status();
   const char* pass = passphrase.empty() ? "" : reinterpret_cast<const char*>(passphrase.data());
   for (int index : usable) {
@@ -626,24 +518,22 @@ namespace {
 constexpr std::string_view kFormatWhat = "new LUKS1 header";
 
 Status check_format_params(const LuksFormatParams& p) {
-  if (p.key_bytes == 0 || p.key_bytes > kLuksMaxKeyBytes)
+  if (p.key_bytes == 0 || p.key_bytes > kLuks1MaxKeyBytes)
     return Status::errorf(EINVAL, "{}: key length {} bytes is outside 1..{}", kFormatWhat, p.key_bytes,
-                          kLuksMaxKeyBytes);
-  if (p.payload_align == 0 || p.payload_align % kLuksSectorBytes != 0 || p.payload_align > kMaxLuksHeaderBytes)
+                          kLuks1MaxKeyBytes);
+  if (p.payload_align == 0 || p.payload_align % kLuks1SectorBytes != 0 || p.payload_align > kMaxLuksHeaderBytes)
     return Status::errorf(EINVAL, "{}: payload alignment {} is not a multiple of {} up to {}", kFormatWhat,
-                          p.payload_align, kLuksSectorBytes, kMaxLuksHeaderBytes);
+                          p.payload_align, kLuks1SectorBytes, kMaxLuksHeaderBytes);
   if (p.iter_time_ms == 0) return Status::errorf(EINVAL, "{}: iter-time must be at least 1 ms", kFormatWhat);
-  LuksInfo info;
-  info.cipher_name = p.cipher_name;
-  info.cipher_mode = p.cipher_mode;
-  info.hash = p.hash;
-  info.key_bytes = p.key_bytes;
-  return check_luks1_algorithms(info, kFormatWhat);
+  if (!parse_hash_alg(p.hash)) return Status::errorf(EINVAL, "{}: unknown hash '{}'", kFormatWhat, p.hash);
+  auto spec = spec_from_luks(p.cipher_name, p.cipher_mode, p.key_bytes);
+  if (!spec) return spec.status().with_context(kFormatWhat);
+  return Status::ok();
 }
 
 // The memfd's size: the header and eight slots of the largest key, then the alignment (sparse: no cost).
 uint64_t format_device_bytes(const LuksFormatParams& p) {
-  const uint64_t material = 4096 + kLuks1KeySlots * qemu_split_sectors(p.key_bytes, kLuks1Stripes) * kLuksSectorBytes;
+  const uint64_t material = 4096 + kLuks1KeySlots * qemu_split_sectors(p.key_bytes, kLuks1Stripes) * kLuks1SectorBytes;
   return div_round_up(material, p.payload_align) * p.payload_align + p.payload_align;
 }
 
@@ -667,7 +557,7 @@ Result<LuksFormatted> format_luks1(const LuksFormatParams& params, std::span<con
     return library_error(r, kFormatWhat, "setting the key derivation");
   crypt_params_luks1 luks1{};
   luks1.hash = params.hash.c_str();
-  luks1.data_alignment = params.payload_align / kLuksSectorBytes;
+  luks1.data_alignment = params.payload_align / kLuks1SectorBytes;
   if (const int r = crypt_format(cd.get(), CRYPT_LUKS1, params.cipher_name.c_str(), params.cipher_mode.c_str(), nullptr,
                                  nullptr, params.key_bytes, &luks1);
       r < 0)
@@ -683,7 +573,7 @@ Result<LuksFormatted> format_luks1(const LuksFormatParams& params, std::span<con
   if (const int r = crypt_keyslot_add_by_volume_key(cd.get(), 0, nullptr, 0, pass, passphrase.size()); r < 0)
     return library_error(r, kFormatWhat, "adding key slot 0");
   LuksFormatted out;
-  out.payload_offset = crypt_get_data_offset(cd.get()) * kLuksSectorBytes;
+  out.payload_offset = crypt_get_data_offset(cd.get()) * kLuks1SectorBytes;
   cd.reset();  // everything written
   auto header = (*memfd)->read_all(out.payload_offset, kFormatWhat);
   if (!header) return header.status();

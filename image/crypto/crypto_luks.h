@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "image/crypto/crypto_luks1.h"
 #include "image/crypto/crypto_secret.h"
 #include "io/status.h"
 
@@ -44,14 +45,9 @@ inline constexpr std::array<std::byte, 6> kLuksMagic = {std::byte{'L'}, std::byt
 inline constexpr int kLuksVersion1 = 1;
 inline constexpr int kLuksVersion2 = 2;
 
-// LUKS1 on-disk layout (big-endian; cryptsetup's docs/on-disk-format.pdf).
-inline constexpr size_t kLuks1HeaderBytes = 592;
-inline constexpr unsigned kLuks1KeySlots = 8;
-inline constexpr uint32_t kLuks1SlotActive = 0x00AC71F3;
-inline constexpr uint32_t kLuks1SlotDisabled = 0x0000DEAD;
-inline constexpr uint32_t kLuks1Stripes = 4000;    // the only value cryptsetup and QEMU write (QEMU refuses others)
-inline constexpr uint32_t kLuksSectorBytes = 512;  // LUKS1 offsets are in these
-inline constexpr size_t kLuksMaxKeyBytes = 512;    // volume key length limit (QEMU and cryptsetup)
+// LUKS1's on-disk layout and limits are in crypto_luks1.h (one parser for both
+// this header's view and the key-slot fallback).
+inline constexpr uint32_t kLuks1Stripes = 4000;  // what cryptsetup and QEMU write (format_luks1 too)
 // LUKS2 binary header (the first 4096 bytes of each of the two header copies).
 inline constexpr size_t kLuks2BinaryHeaderBytes = 4096;
 inline constexpr uint64_t kLuks2MinHeaderBytes = 16 << 10;  // hdr_size: 16 KiB .. 4 MiB, a power of two
@@ -62,7 +58,6 @@ inline constexpr size_t kLuksProbeBytes = kLuks2BinaryHeaderBytes;
 // Refusal limits, checked before any key derivation (EINVAL "... exceeds the limit of ...").
 // PBKDF2: cryptsetup's 2 s benchmark gives about 2-4 million SHA-256 iterations on a fast CPU today;
 // 2^26 is 16-30 times that (some 30 s of derivation at worst), far beyond any header a real tool made.
-inline constexpr uint32_t kMaxPbkdf2Iterations = 1u << 26;
 inline constexpr uint32_t kMaxArgon2MemoryKiB = 4u << 20;  // 4 GiB, cryptsetup's own maximum
 inline constexpr uint32_t kMaxArgon2Iterations = 1000;
 inline constexpr uint32_t kMaxArgon2Parallel = 16;

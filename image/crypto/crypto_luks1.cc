@@ -167,10 +167,10 @@ Status check_algorithms(Luks1Header &h, std::string_view what) {
   if (!spec)
     return spec.status().with_context(what);
   h.spec = *spec;
-  if (h.mk_digest_iter == 0 || h.mk_digest_iter > kLuks1MaxIterations)
+  if (h.mk_digest_iter == 0 || h.mk_digest_iter > kMaxPbkdf2Iterations)
     return Status::errorf(
         EINVAL, "{}: LUKS1 master key digest iterations {} (expected 1 to {})",
-        what, h.mk_digest_iter, kLuks1MaxIterations);
+        what, h.mk_digest_iter, kMaxPbkdf2Iterations);
   return Status::ok();
 }
 
@@ -199,11 +199,10 @@ Status check_slot(const Luks1Header &h, size_t i, uint64_t available,
                           "{}: LUKS1 key slot {} has {} stripes (expected 1 "
                           "to {})",
                           what, i, s.stripes, kLuks1MaxStripes);
-  if (s.enabled() && (s.iterations == 0 || s.iterations > kLuks1MaxIterations))
-    return Status::errorf(EINVAL,
-                          "{}: LUKS1 key slot {} has {} iterations (expected "
-                          "1 to {})",
-                          what, i, s.iterations, kLuks1MaxIterations);
+  // Iterations over the limit make the slot unusable, not the header:
+  // unlock_luks1 skips it and tries the others.
+  if (s.enabled() && s.iterations == 0)
+    return Status::errorf(EINVAL, "{}: LUKS1 key slot {} has 0 iterations", what, i);
   const SectorRange r = material_sectors(h, s);
   if (r.first < kFirstMaterialSector)
     return Status::errorf(EINVAL,
@@ -407,15 +406,26 @@ Result<SecretBuffer> unlock_luks1(const Luks1Header &h,
                                   const ReadBytesFn &material,
                                   std::string_view what) {
   ensure_gcrypt();
-  for (const Luks1KeySlot &s : h.slots) {
+  std::string skipped;  // slots over the derivation limit, never tried
+  bool tried = false;
+  for (size_t i = 0; i < h.slots.size(); ++i) {
+    const Luks1KeySlot &s = h.slots[i];
     if (!s.enabled())
       continue;
+    if (s.iterations > kMaxPbkdf2Iterations) {
+      skipped = fmt::format("{}: LUKS key slot {}: pbkdf2 iterations {} exceeds the limit of {}", what, i,
+                            s.iterations, kMaxPbkdf2Iterations);
+      continue;
+    }
+    tried = true;
     auto key = try_slot(h, s, passphrase, material, what);
     if (!key || !key->empty())
       return key;
   }
-  return Status::errorf(
-      EACCES, "wrong passphrase for {} (no key slot accepts it)", what);
+  if (!tried && !skipped.empty())
+    return Status::error(EINVAL, skipped);
+  return Status::errorf(EACCES, "wrong passphrase for {} (no key slot accepts it{})", what,
+                        skipped.empty() ? "" : "; not tried: " + skipped);
 }
 
 } // namespace qcowfs::image::crypto

@@ -167,12 +167,25 @@ Result<SecretBuffer> prompt_secret(int tty_fd, std::string_view prompt) {
   return buf;
 }
 
+Status KeyProvider::keep(Result<SecretBuffer> secret) {
+  if (!secret) return secret.status();
+  cached_ = std::make_shared<const SecretBuffer>(std::move(*secret));
+  return Status::ok();
+}
+
 std::shared_ptr<KeyProvider> KeyProvider::from_file(std::string path) {
-  return std::shared_ptr<KeyProvider>(new KeyProvider(Source::file, std::move(path)));
+  auto p = std::shared_ptr<KeyProvider>(new KeyProvider(Source::file, std::move(path)));
+  if (p->path_ == "-") p->read_error_ = p->keep(read_secret_fd(STDIN_FILENO, "the passphrase on standard input"));
+  return p;
 }
 
 std::shared_ptr<KeyProvider> KeyProvider::from_terminal() {
-  return std::shared_ptr<KeyProvider>(new KeyProvider(Source::terminal, ""));
+  auto p = std::shared_ptr<KeyProvider>(new KeyProvider(Source::terminal, ""));
+  if (isatty(STDIN_FILENO)) {
+    p->tty_ = io::UniqueFd(::open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY));
+    if (p->tty_.get() < 0) p->tty_ = io::UniqueFd(::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3));
+  }
+  return p;
 }
 
 std::shared_ptr<KeyProvider> KeyProvider::from_bytes(std::span<const std::byte> bytes) {
@@ -185,6 +198,7 @@ std::shared_ptr<KeyProvider> KeyProvider::from_bytes(std::span<const std::byte> 
 Result<std::shared_ptr<const SecretBuffer>> KeyProvider::passphrase(std::string_view image) {
   std::lock_guard lock(mu_);
   if (cached_) return cached_;
+  if (!read_error_) return read_error_;
   if (source_ == Source::fixed) return Status::error(ENOMEM, "the passphrase could not be kept in memory");
   auto secret = read_source(image);
   if (!secret) return secret.status();
@@ -199,12 +213,10 @@ Result<SecretBuffer> KeyProvider::read_source(std::string_view image) const {
     if (fd.get() < 0) return Status::from_errno(errno, fmt::format("opening the key file {}", path_));
     return read_secret_fd(fd.get(), fmt::format("the key file {}", path_));
   }
-  if (!isatty(STDIN_FILENO))
+  if (tty_.get() < 0)
     return Status::errorf(ENOKEY, "{} is encrypted: give its passphrase with -o key-file=PATH (or key-file=- "
                                   "for standard input)", image);
-  io::UniqueFd tty(::open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY));
-  const int fd = tty.get() >= 0 ? tty.get() : STDIN_FILENO;
-  return prompt_secret(fd, fmt::format("Passphrase for {}: ", image));
+  return prompt_secret(tty_.get(), fmt::format("Passphrase for {}: ", image));
 }
 
 }  // namespace qcowfs::image::crypto

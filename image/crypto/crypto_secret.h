@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "io/fd.h"
 #include "io/status.h"
 
 namespace qcowfs::image::crypto {
@@ -56,10 +57,13 @@ inline constexpr size_t kMaxPassphraseBytes = 8 << 20;
 class KeyProvider {
  public:
   // -o key-file=PATH: the passphrase is the file's whole content (as QEMU's
-  // secret file=, no newline stripped); "-" reads standard input to its end.
+  // secret file=, no newline stripped); "-" reads standard input to its end
+  // at once (before the daemon lets go of its standard input).
   static std::shared_ptr<KeyProvider> from_file(std::string path);
   // No key given: prompts on the controlling terminal (without echo) when
   // standard input is a terminal; otherwise passphrase() fails with ENOKEY.
+  // The terminal is opened now and kept, so that a daemon that has left its
+  // session can still ask on it.
   static std::shared_ptr<KeyProvider> from_terminal();
   // A fixed passphrase (tests, tools that already hold one).
   static std::shared_ptr<KeyProvider> from_bytes(std::span<const std::byte> bytes);
@@ -73,11 +77,14 @@ class KeyProvider {
   enum class Source { file, terminal, fixed };
   KeyProvider(Source source, std::string path) : source_(source), path_(std::move(path)) {}
   Result<SecretBuffer> read_source(std::string_view image) const;
+  Status keep(Result<SecretBuffer> secret);
 
   Source source_;
   std::string path_;
+  io::UniqueFd tty_;  // Source::terminal: the terminal to prompt on (none: ENOKEY)
   std::mutex mu_;
   std::shared_ptr<const SecretBuffer> cached_;
+  Status read_error_;  // key-file=-: why standard input gave no passphrase
 };
 
 // Reads all of fd (up to kMaxPassphraseBytes; EFBIG beyond) into a SecretBuffer.

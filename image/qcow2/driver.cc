@@ -3,11 +3,14 @@
 #include "image/qcow2/driver.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "image/host_holes.h"
 #include "image/qcow2/status.h"
 #include "image/qcow2/writer.h"
 #include "image/shrink.h"
+#include "io/align.h"
+#include "io/buffer.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {
@@ -61,7 +64,22 @@ Task<Status> Qcow2Driver::enable_writes(const ImageOptions& opts) {
   co_return Status::ok();
 }
 
-Task<Status> Qcow2Driver::read(uint64_t guest, std::span<std::byte> buf) { return read_path_.read(guest, buf); }
+Task<Status> Qcow2Driver::read(uint64_t guest, std::span<std::byte> buf) {
+  if (!image_->legacy_cipher || (is_aligned(guest, crypto::kCryptSectorSize) && is_aligned(buf.size(), crypto::kCryptSectorSize)))
+    return read_path_.read(guest, buf);
+  return read_whole_sectors(guest, buf);
+}
+
+// Legacy AES decrypts whole 512-byte sectors by guest offset: a request that
+// cuts one reads the sectors around it.
+Task<Status> Qcow2Driver::read_whole_sectors(uint64_t guest, std::span<std::byte> buf) {
+  const uint64_t start = align_down(guest, crypto::kCryptSectorSize);
+  const uint64_t end = std::min(align_up(guest + buf.size(), crypto::kCryptSectorSize), align_up(size(), crypto::kCryptSectorSize));
+  io::AlignedBuffer bounce(static_cast<size_t>(end - start), mem_align(), false);
+  QCOWFS_CO_TRY(co_await read_path_.read(start, bounce.span()));
+  std::memcpy(buf.data(), bounce.data() + (guest - start), buf.size());
+  co_return Status::ok();
+}
 
 Task<Result<BlockStatus>> Qcow2Driver::block_status(uint64_t guest, uint64_t len) {
   len = std::min(len, size() - std::min(guest, size()));
@@ -85,11 +103,13 @@ Task<Result<BlockStatus>> Qcow2Driver::block_status(uint64_t guest, uint64_t len
   b.present = first.kind != RunKind::unallocated;
   b.data = first.kind == RunKind::data || first.kind == RunKind::compressed;
   b.zero = first.kind == RunKind::zero || first.kind == RunKind::unallocated;
-  if (first.mapped) {
+  // Encrypted clusters have no host offset a reader could use (QEMU sets no
+  // BDRV_BLOCK_OFFSET_VALID for them either).
+  if (first.mapped && !image_->crypt_file && !image_->legacy_cipher) {
     b.file = image_->data_file;
     b.host_offset = first.host_offset;
   }
-  if (first.kind == RunKind::data && co_await metadata_preallocated(*image_))
+  if (first.kind == RunKind::data && b.file && co_await metadata_preallocated(*image_))
     QCOWFS_CO_TRY(co_await apply_host_holes(*image_->data_file, b));
   co_return b;
 }

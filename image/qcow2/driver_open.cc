@@ -52,6 +52,7 @@ Task<Result<std::vector<Snapshot>>> read_snapshots(io::HostFile& f, const Header
 Task<Status> open_data_file(Qcow2Image& img, const ImageOptions& opts) {
   if (!img.header.has_external_data_file()) {
     img.data_file = img.file.get();
+    img.data_io = img.data_file;
     co_return Status::ok();
   }
   std::string dpath = resolve_relative(img.path, img.header.data_file);
@@ -59,6 +60,38 @@ Task<Status> open_data_file(Qcow2Image& img, const ImageOptions& opts) {
   if (!f) co_return f.status().with_context(fmt::format("opening external data file of {}", img.path));
   img.data_file_owned = std::move(*f);
   img.data_file = img.data_file_owned.get();
+  img.data_io = img.data_file;
+  co_return Status::ok();
+}
+
+// crypt_method 2: the LUKS area unlocked, data through a CryptFile (IVs from
+// the host offset, as QEMU's crypt_physical_offset). crypt_method 1: QEMU's
+// legacy AES, read-only, IVs from the guest offset (ReadPath::read_data).
+Task<Status> open_encryption(Qcow2Image& img, const ImageOptions& opts) {
+  const Header& h = img.header;
+  if (h.crypt_method == kCryptNone) co_return Status::ok();
+  auto keys = crypto::key_provider_or_terminal(opts.keys);
+  if (h.crypt_method == kCryptAes) {
+    log::warn("{}: qcow2's built-in AES encryption is weak and deprecated (QEMU: \"it is not recommended for use "
+              "for data integrity\"); opened read-only. Convert the data to a LUKS-encrypted image.", img.path);
+    auto pass = keys->passphrase(img.path);
+    if (!pass) co_return pass.status();
+    auto c = crypto::SectorCipher::legacy_qcow_aes((*pass)->span());
+    if (!c) co_return c.status();
+    img.legacy_cipher = std::move(*c);
+    co_return Status::ok();
+  }
+  if (h.crypto->length > crypto::kMaxLuksHeaderBytes)
+    co_return Status::errorf(EINVAL, "LUKS area of {} bytes is larger than the limit of {}", h.crypto->length,
+                             crypto::kMaxLuksHeaderBytes);
+  auto area = co_await read_exact(*img.file, h.crypto->offset, static_cast<size_t>(h.crypto->length), false,
+                                  "LUKS area");
+  if (!area) co_return area.status();
+  auto luks = crypto::unlock_luks_area(area->span(), *keys, img.path);
+  if (!luks) co_return luks.status();
+  img.crypt_file = std::make_unique<crypto::CryptFile>(*img.data_file, luks->cipher);
+  img.data_io = img.crypt_file.get();
+  img.luks = std::move(*luks);
   co_return Status::ok();
 }
 
@@ -120,6 +153,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFil
   if (!sn) co_return sn.status();
   (*img)->snapshots = std::move(*sn);
   QCOWFS_CO_TRY(co_await open_data_file(**img, opts));
+  QCOWFS_CO_TRY(co_await open_encryption(**img, opts));
   QCOWFS_CO_TRY(co_await open_backing(**img, opts));
   const uint64_t size = (*img)->header.size;
   auto drv = std::make_unique<Qcow2Driver>(std::move(*img), std::move(*l1), size, false);

@@ -125,6 +125,24 @@ Status check_overlaps(const Header& h) {
   return Status::ok();
 }
 
+// The LUKS area (full disk encryption header extension): whole clusters
+// inside the file, clear of the header cluster and the tables the header names.
+Status check_crypto_area(const Header& h, uint64_t file_size) {
+  if (h.crypt_method == kCryptLuks && !h.crypto)
+    return invalid("LUKS encryption (crypt_method 2) without the encryption header extension");
+  if (!h.crypto) return Status::ok();
+  if (h.crypt_method != kCryptLuks) return invalid("encryption header extension without LUKS encryption");
+  const uint64_t off = h.crypto->offset, len = h.crypto->length;
+  if (len == 0 || (off & (h.cluster_size() - 1)) != 0 || !range_inside_file(off, len, h.cluster_size(), file_size))
+    return invalid(fmt::format("LUKS area at {:#x} ({} bytes) is not whole clusters inside the file", off, len));
+  const uint64_t l1_bytes = uint64_t{h.l1_size} * kL1EntrySize;
+  const uint64_t rt_bytes = uint64_t{h.refcount_table_clusters} << h.cluster_bits;
+  if (ranges_overlap(off, len, h.l1_table_offset, l1_bytes) || ranges_overlap(off, len, h.refcount_table_offset, rt_bytes) ||
+      (h.nb_snapshots > 0 && ranges_overlap(off, len, h.snapshots_offset, sizeof(SnapshotHeaderLayout) * h.nb_snapshots)))
+    return invalid(fmt::format("LUKS area at {:#x} ({} bytes) overlaps the L1, refcount or snapshot table", off, len));
+  return Status::ok();
+}
+
 Status parse_feature_table(std::span<const std::byte> d, Header& h) {
   for (size_t at = 0; at + kFeatureNameEntrySize <= d.size(); at += kFeatureNameEntrySize) {
     FeatureName f;
@@ -354,6 +372,7 @@ Result<Header> parse_header(std::span<const std::byte> b, uint64_t file_size) {
   QCOWFS_TRY(check_overlaps(h));
   QCOWFS_TRY(parse_backing_name(b, h));
   QCOWFS_TRY(parse_extensions(b, h, file_size));
+  QCOWFS_TRY(check_crypto_area(h, file_size));
   if (h.data_file_raw() && !h.has_external_data_file())
     return invalid("raw external data bit set without an external data file");
   if (h.has_external_data_file() && (!h.has_data_file_name || h.data_file.empty()))
@@ -362,10 +381,11 @@ Result<Header> parse_header(std::span<const std::byte> b, uint64_t file_size) {
 }
 
 Status check_features(const Header& h, bool writable) {
-  if (h.crypt_method != kCryptNone)
-    return Status::errorf(ENOTSUP, "encrypted qcow2 images are not supported (crypt_method {}: {})",
-                          h.crypt_method, h.crypt_method == kCryptAes ? "AES" :
-                                          h.crypt_method == kCryptLuks ? "LUKS" : "unknown");
+  if (h.crypt_method > kCryptLuks)
+    return Status::errorf(ENOTSUP, "unknown qcow2 encryption method {} (1 is AES, 2 is LUKS)", h.crypt_method);
+  if (h.crypt_method == kCryptAes && writable)
+    return Status::error(EROFS, "qcow2's legacy AES encryption is weak and deprecated: such images open read-only "
+                                "(convert the data to a LUKS-encrypted image to change it)");
   uint64_t unknown = h.incompatible_features & ~kIncompatKnown;
   if (unknown != 0) {
     std::string names;

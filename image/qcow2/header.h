@@ -102,8 +102,9 @@ Result<uint64_t> header_cluster_size(std::span<const std::byte> first_bytes);
 // of the file (zero-filled past end of file); `file_size` is the image file's size.
 Result<Header> parse_header(std::span<const std::byte> cluster0, uint64_t file_size);
 
-// Refuses what this driver cannot open: encryption, unknown incompatible
-// features, a corrupt image opened writable. Messages name the feature.
+// Refuses what this driver cannot open: unknown encryption methods, legacy
+// AES opened writable, unknown incompatible features, a corrupt image opened
+// writable. Messages name the feature.
 Status check_features(const Header& h, bool writable);
 
 // Whether [host, host + len) lies inside a file of file_size bytes and out of

@@ -12,11 +12,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "image/block_driver.h"
 #include "image/cluster_cache.h"
+#include "image/crypto/crypto_file.h"
+#include "image/crypto/crypto_unlock.h"
 #include "image/qcow2/compress.h"
 #include "image/qcow2/corruption.h"
 #include "image/qcow2/header.h"
@@ -55,6 +58,13 @@ struct Qcow2Image {
   std::unique_ptr<io::HostFile> file;
   std::unique_ptr<io::HostFile> data_file_owned;  // external data file, if any
   io::HostFile* data_file = nullptr;               // where data clusters live
+  // Where guest data is read and written: data_file, or on a LUKS-encrypted
+  // image the CryptFile over it (IVs from the host offset).
+  io::HostFile* data_io = nullptr;
+  std::unique_ptr<crypto::CryptFile> crypt_file;
+  std::optional<crypto::UnlockedLuks> luks;  // crypt_method 2: the header (for info)
+  // crypt_method 1 (legacy AES, read-only): decrypts data runs by guest offset.
+  std::shared_ptr<const crypto::SectorCipher> legacy_cipher;
   std::unique_ptr<BlockDriver> backing;
   std::vector<Snapshot> snapshots;
   std::unique_ptr<TableCache> l2_cache;

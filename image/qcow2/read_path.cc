@@ -157,12 +157,21 @@ Task<Status> ReadPath::plan_reads(GuestOffset start, std::span<std::byte> buf, s
 
 Task<Status> ReadPath::run_sub_read(SubRead r) {
   switch (r.kind) {
-    case RunKind::data: co_return co_await read_host(*img_.data_file, r.host, r.dst);
+    case RunKind::data: co_return co_await read_data(r);
     case RunKind::unallocated: co_return co_await read_backing(r.guest, r.dst);
     case RunKind::compressed: co_return co_await read_compressed(r.compressed, r.host, r.dst);
     case RunKind::zero: break;
   }
   std::memset(r.dst.data(), 0, r.dst.size());
+  co_return Status::ok();
+}
+
+// Guest data from its host clusters: through the cipher on an encrypted
+// image (LUKS: data_io decrypts with the host offset; legacy AES here with
+// the guest offset, the request whole sectors: Qcow2Driver::read aligns it).
+Task<Status> ReadPath::read_data(const SubRead& r) {
+  QCOWFS_CO_TRY(co_await read_host(*img_.data_io, r.host, r.dst));
+  if (img_.legacy_cipher) co_return co_await crypto::decrypt_async(*img_.legacy_cipher, r.guest, r.dst);
   co_return Status::ok();
 }
 

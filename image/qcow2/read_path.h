@@ -74,6 +74,7 @@ class ReadPath {
   Status corrupt(GuestOffset guest, const Status& why) const;
   Task<Status> plan_reads(GuestOffset guest, std::span<std::byte> buf, std::vector<SubRead>& plan);
   Task<Status> run_sub_read(SubRead r);
+  Task<Status> read_data(const SubRead& r);
   Task<Status> read_host(io::HostFile& f, HostOffset host, std::span<std::byte> dst);
   Task<Status> read_backing(GuestOffset guest, std::span<std::byte> dst);
   Task<Status> read_compressed(CompressedCluster c, uint64_t in_cluster, std::span<std::byte> dst);

@@ -84,7 +84,7 @@ Task<Status> Qcow2Writer::fill_cow(Plan& plan, GuestOffset start, std::span<cons
 // QEMU's overlap check: guest data must never land on metadata. Returns the
 // metadata range [host, host + len) overlaps, or null.
 const MetadataRange* Qcow2Writer::data_overlap(HostOffset host, uint64_t len) const {
-  if (img_.data_file != img_.file.get()) return nullptr;
+  if (img_.header.has_external_data_file()) return nullptr;
   const MetadataRange* m = img_.layout.overlap(host, len);
   // The layout is taken at open; the writer moves the L1 and refcount
   // tables when they grow and frees the old ones, which may then hold data.
@@ -109,10 +109,10 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, GuestOffset guest, std::span<co
     const Slot& s = plan.slots[0];
     const HostOffset host = s.host + s.wr_start;
     if (const MetadataRange* m = data_overlap(host, s.rq_end - s.rq_start)) co_return co_await data_overlap_error(guest, host, *m);
-    co_return co_await img_.data_file->write(host, buf);
+    co_return co_await img_.data_io->write(host, buf);
   }
   std::vector<HostRun> runs = host_runs(plan, guest, buf);
-  io::HostFile& f = *img_.data_file;
+  io::HostFile& f = *img_.data_io;
   for (const HostRun& r : runs)
     if (const MetadataRange* m = data_overlap(r.host, r.len)) co_return co_await data_overlap_error(guest, r.host, *m);
   std::vector<Task<Status>> writes;

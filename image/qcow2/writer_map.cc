@@ -156,7 +156,8 @@ Task<Status> Qcow2Writer::allocate_run(Plan& plan) {
   bool partial_fresh = false;
   for (Slot& s : plan.slots) {
     if (s.kind != Kind::allocate) continue;
-    if (next_hc >= zero_from_hc && old_reads_zero(s)) {
+    // Host zeros decrypt to noise: an encrypted image writes whole clusters.
+    if (!img_.crypt_file && next_hc >= zero_from_hc && old_reads_zero(s)) {
       write_only_request(s);
       partial_fresh = partial_fresh || s.wr_start != 0 || s.wr_end != img_.geometry.cluster_size();
     }
@@ -196,7 +197,7 @@ bool Qcow2Writer::old_reads_zero(const Slot& s) const {
 // zeros: only the request goes to the host, padded to the host's alignment.
 void Qcow2Writer::write_only_request(Slot& s) const {
   const uint64_t cs = img_.geometry.cluster_size();
-  const uint64_t a = std::max<uint64_t>(img_.data_file->offset_align(), 1);
+  const uint64_t a = std::max<uint64_t>(img_.data_io->offset_align(), 1);
   s.fresh = true;
   s.wr_start = align_down(s.rq_start, a);
   s.wr_end = std::min(align_up(s.rq_end, a), cs);

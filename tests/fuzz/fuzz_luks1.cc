@@ -46,7 +46,7 @@ void check_parsed(const c::Luks1Header &h, uint64_t available) {
     check(s.stripes >= 1 && s.stripes <= c::kLuks1MaxStripes, "stripes");
     if (!s.enabled())
       continue;
-    check(s.iterations >= 1 && s.iterations <= c::kLuks1MaxIterations,
+    check(s.iterations >= 1 && s.iterations <= c::kMaxPbkdf2Iterations,
           "iterations");
     check(uint64_t{s.key_material_offset} * c::kLuks1SectorBytes +
                   h.material_bytes(s) <=

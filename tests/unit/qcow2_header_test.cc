@@ -258,14 +258,27 @@ TEST(Qcow2Header, EncryptionHeaderExtensionOfWrongSizeIsRefused) {
 
 // ---- features ----
 
-TEST(Qcow2Header, EncryptedImageIsRefusedNamingTheMethod) {
+TEST(Qcow2Header, LuksWithoutItsHeaderExtensionIsRefused) {
   HeaderBuilder b;
   put32(b.bytes, 32, kCryptLuks);
+  expect_refused(b, "without the encryption header extension");
+}
+
+TEST(Qcow2Header, EncryptionMethodsAreCheckedForWhatTheDriverCanDo) {
+  HeaderBuilder b;
+  put32(b.bytes, 32, 3);
   auto h = parse(b);
   ASSERT_TRUE(h.is_ok());
   Status st = check_features(*h, false);
   EXPECT_EQ(st.code(), ENOTSUP);
-  EXPECT_NE(st.message().find("LUKS"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("unknown qcow2 encryption method 3"), std::string::npos) << st.message();
+  put32(b.bytes, 32, kCryptAes);
+  h = parse(b);
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_TRUE(check_features(*h, false));
+  st = check_features(*h, true);
+  EXPECT_EQ(st.code(), EROFS);
+  EXPECT_NE(st.message().find("weak"), std::string::npos) << st.message();
 }
 
 TEST(Qcow2Header, UnknownIncompatibleBitIsRefusedWithItsTableName) {

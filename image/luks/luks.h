@@ -1,0 +1,54 @@
+// LuksDriver: a raw LUKS image (qemu-img's `-f luks`, cryptsetup's LUKS1 and
+// LUKS2 on a file or block device) seen as its decrypted payload: guest byte
+// x is payload byte x, at host offset payload_offset + x, encrypted per
+// sector with IVs counted from the payload's start (CryptFile). Read-write;
+// write_zeroes writes encrypted zeros, discard is dropped (a discarded
+// range of a LUKS disk reads as noise, never as zeros), growth writes
+// encrypted zeros, shrinking refuses to drop data (image/shrink.h).
+// block_status reports every byte as data, as QEMU's crypto driver does.
+//
+// Thread-safety: as BlockDriver; the size changes only in truncate().
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "image/block_driver.h"
+#include "image/crypto/crypto_file.h"
+#include "image/crypto/crypto_unlock.h"
+
+namespace qcowfs::image {
+
+class LuksDriver final : public BlockDriver {
+ public:
+  LuksDriver(std::unique_ptr<io::HostFile> file, crypto::UnlockedLuks luks);
+
+  std::string_view format_name() const override { return "luks"; }
+  uint64_t size() const override;
+  bool read_only() const override { return !file_->writable(); }
+  size_t mem_align() const override { return file_->mem_align(); }
+
+  Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
+  Task<Status> flush() override { return file_->flush(); }
+  Task<Status> discard(uint64_t off, uint64_t len) override;
+  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override;
+  Task<Status> truncate(uint64_t new_size) override;
+  Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
+  uint64_t allocated_bytes() const override { return file_->allocated_bytes(); }
+  Task<Status> close() override;
+  ImageDetails details() const override;
+
+ private:
+  std::unique_ptr<io::HostFile> file_;
+  crypto::UnlockedLuks luks_;
+  crypto::CryptFile crypt_;
+  uint64_t payload_;
+};
+
+// The registry's entry point (image/format.h).
+Task<Result<std::unique_ptr<BlockDriver>>> open_luks(std::unique_ptr<io::HostFile> file, std::string path,
+                                                     ImageOptions opts);
+
+}  // namespace qcowfs::image
