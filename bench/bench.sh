@@ -76,7 +76,8 @@ key=$work/bench.key
 printf benchpw > "$key"
 if [[ " ${sets[*]} " == *" qcow2-enc-full "* ]]; then
   qemu-img create -q --object secret,id=s0,data=benchpw -f qcow2 \
-    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=100 "$work/full.qcow2-enc" 1G
+    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=100,encrypt.hash-alg=sha512 \
+    "$work/full.qcow2-enc" 1G
   qemu-io --object secret,id=s0,data=benchpw --image-opts -c 'write -P 0x5a 0 1G' \
     "driver=qcow2,encrypt.key-secret=s0,file.filename=$work/full.qcow2-enc" >/dev/null
 fi

@@ -21,7 +21,8 @@ if [ "$fmt" = qcow2 ]; then
 elif [ "$fmt" = qcow2-enc ]; then
   printf benchpw > "$work/key"
   qemu-img create -q --object secret,id=s0,data=benchpw -f qcow2 \
-    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=100 "$work/img" 256M
+    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=100,encrypt.hash-alg=sha512 \
+    "$work/img" 256M
   qemu-io --object secret,id=s0,data=benchpw --image-opts -c 'write -P 0x5a 0 256M' \
     "driver=qcow2,encrypt.key-secret=s0,file.filename=$work/img" >/dev/null
   fmt=qcow2 keyopt=",key-file=$work/key"

@@ -35,6 +35,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_backing_file(const std::string& 
   b.file = overlay_opts.file;
   b.file.writable = false;
   b.l2_cache_size = overlay_opts.l2_cache_size;
+  b.keys = overlay_opts.keys;  // one passphrase for the chain
   b.backing_chain = overlay_opts.backing_chain;
   b.backing_chain.push_back(real_path(overlay_path));
   b.backing_of = overlay_path;

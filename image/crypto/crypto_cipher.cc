@@ -18,18 +18,6 @@ namespace {
 // key schedules; a handle per thread and cipher is a few KiB.
 constexpr size_t kSecureMemoryBytes = 1 << 20;
 
-void init_gcrypt() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (gcry_control(GCRYCTL_INITIALIZATION_FINISHED_P)) return;  // another library set it up
-    gcry_check_version(nullptr);
-    gcry_control(GCRYCTL_SUSPEND_SECMEM_WARN);
-    gcry_control(GCRYCTL_INIT_SECMEM, kSecureMemoryBytes, 0);
-    gcry_control(GCRYCTL_RESUME_SECMEM_WARN);
-    gcry_control(GCRYCTL_INITIALIZATION_FINISHED, 0);
-  });
-}
-
 struct AlgRow {
   CipherAlg alg;
   std::string_view name;       // QEMU's cipher-alg
@@ -125,6 +113,19 @@ std::string_view name_of(CipherMode m) { return kModeNames[static_cast<size_t>(m
 std::string_view name_of(IvGenAlg g) { return kIvGenNames[static_cast<size_t>(g)]; }
 std::string_view name_of(HashAlg h) { return row(h).name; }
 size_t digest_bytes(HashAlg h) { return row(h).digest; }
+int gcrypt_md(HashAlg h) { return row(h).gcry; }
+
+void init_gcrypt() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (gcry_control(GCRYCTL_INITIALIZATION_FINISHED_P)) return;  // another library set it up
+    gcry_check_version(nullptr);
+    gcry_control(GCRYCTL_SUSPEND_SECMEM_WARN);
+    gcry_control(GCRYCTL_INIT_SECMEM, kSecureMemoryBytes, 0);
+    gcry_control(GCRYCTL_RESUME_SECMEM_WARN);
+    gcry_control(GCRYCTL_INITIALIZATION_FINISHED, 0);
+  });
+}
 
 std::optional<CipherAlg> parse_cipher_alg(std::string_view s) {
   for (const AlgRow &r : kAlgs)

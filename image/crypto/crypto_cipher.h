@@ -75,6 +75,13 @@ std::optional<CipherMode> parse_cipher_mode(std::string_view s);
 std::optional<IvGenAlg> parse_ivgen_alg(std::string_view s);
 std::optional<HashAlg> parse_hash_alg(std::string_view s);
 size_t digest_bytes(HashAlg h);
+// libgcrypt's number for the hash (GCRY_MD_*).
+int gcrypt_md(HashAlg h);
+
+// Sets libgcrypt up once per process (secure memory for cipher handles, key
+// schedules and PBKDF2 state) unless another library already has; every user
+// of libgcrypt here calls it first. Thread-safe.
+void init_gcrypt();
 
 // The spec a LUKS header describes: cipher name ("aes"), mode string
 // ("xts-plain64", "cbc-essiv:sha256", "ecb") and volume key length select

@@ -9,7 +9,6 @@
 
 namespace qcowfs::image::crypto {
 
-
 namespace {
 // write_zeroes() encrypts zeros in pieces of this size.
 constexpr size_t kZeroChunkBytes = 1 << 20;
@@ -22,7 +21,8 @@ size_t CryptFile::offset_align() const { return std::max<size_t>(sector_, inner_
 
 Status CryptFile::check_range(uint64_t off, uint64_t len) const {
   if (off < iv_origin_ || off + len < off)
-    return Status::errorf(EINVAL, "{}: encrypted I/O at {:#x}+{:#x} outside the encrypted area", inner_.path(), off, len);
+    return Status::errorf(EINVAL, "{}: encrypted I/O at {:#x}+{:#x} outside the encrypted area", inner_.path(), off,
+                          len);
   return Status::ok();
 }
 

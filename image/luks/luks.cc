@@ -8,7 +8,9 @@
 namespace qcowfs::image {
 
 LuksDriver::LuksDriver(std::unique_ptr<io::HostFile> file, crypto::UnlockedLuks luks)
-    : file_(std::move(file)), luks_(std::move(luks)), crypt_(*file_, luks_.cipher, luks_.info.payload_offset),
+    : file_(std::move(file)),
+      luks_(std::move(luks)),
+      crypt_(*file_, luks_.cipher, luks_.info.payload_offset),
       payload_(luks_.info.payload_offset) {}
 
 uint64_t LuksDriver::size() const {

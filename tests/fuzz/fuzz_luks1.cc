@@ -32,11 +32,9 @@ void check(bool ok, const char *what) {
 }
 
 bool cheap_to_unlock(const c::Luks1Header &h) {
-  if (h.mk_digest_iter > kMaxFuzzIterations)
-    return false;
-  return std::none_of(h.slots.begin(), h.slots.end(), [](const auto &s) {
-    return s.enabled() && s.iterations > kMaxFuzzIterations;
-  });
+  if (h.mk_digest_iter > kMaxFuzzIterations) return false;
+  return std::none_of(h.slots.begin(), h.slots.end(),
+                      [](const auto &s) { return s.enabled() && s.iterations > kMaxFuzzIterations; });
 }
 
 void check_parsed(const c::Luks1Header &h, uint64_t available) {
@@ -44,22 +42,17 @@ void check_parsed(const c::Luks1Header &h, uint64_t available) {
   check(h.spec.key_bytes() == h.key_bytes, "spec key length");
   for (const auto &s : h.slots) {
     check(s.stripes >= 1 && s.stripes <= c::kLuks1MaxStripes, "stripes");
-    if (!s.enabled())
-      continue;
-    check(s.iterations >= 1 && s.iterations <= c::kMaxPbkdf2Iterations,
-          "iterations");
-    check(uint64_t{s.key_material_offset} * c::kLuks1SectorBytes +
-                  h.material_bytes(s) <=
-              available,
+    if (!s.enabled()) continue;
+    check(s.iterations >= 1 && s.iterations <= c::kMaxPbkdf2Iterations, "iterations");
+    check(uint64_t{s.key_material_offset} * c::kLuks1SectorBytes + h.material_bytes(s) <= available,
           "key material past the image");
   }
 }
 
-} // namespace
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  std::span<const std::byte> in(reinterpret_cast<const std::byte *>(data),
-                                size);
+  std::span<const std::byte> in(reinterpret_cast<const std::byte *>(data), size);
   const uint64_t available = size + kSlackBytes;
   auto h = c::parse_luks1(in, available, "fuzz");
   if (!h) {
@@ -67,11 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   check_parsed(*h, available);
-  if (!cheap_to_unlock(*h))
-    return 0;
-  c::ReadBytesFn read =
-      [in](uint64_t offset,
-           size_t length) -> qcowfs::Result<std::vector<std::byte>> {
+  if (!cheap_to_unlock(*h)) return 0;
+  c::ReadBytesFn read = [in](uint64_t offset, size_t length) -> qcowfs::Result<std::vector<std::byte>> {
     std::vector<std::byte> out(length, std::byte{0});
     if (offset < in.size()) {
       const size_t n = std::min<uint64_t>(length, in.size() - offset);
@@ -80,9 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return out;
   };
   const char pass = 'x';
-  auto key =
-      c::unlock_luks1(*h, std::as_bytes(std::span(&pass, 1)), read, "fuzz");
-  if (key)
-    check(key->size() == h->key_bytes, "volume key length");
+  auto key = c::unlock_luks1(*h, std::as_bytes(std::span(&pass, 1)), read, "fuzz");
+  if (key) check(key->size() == h->key_bytes, "volume key length");
   return 0;
 }

@@ -174,7 +174,7 @@ def luks_header_seeds(tmp: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     l1 = tmp / "seed.luks"
     run("qemu-img", "create", "-q", "--object", "secret,id=s0,data=pw", "-f", "luks", "-o",
-        "key-secret=s0,iter-time=10,cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256",
+        "key-secret=s0,iter-time=10,hash-alg=sha512,cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256",
         l1, "64K")
     data = l1.read_bytes()
     payload_sectors = struct.unpack(">I", data[104:108])[0]

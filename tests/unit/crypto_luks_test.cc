@@ -4,6 +4,8 @@
 // by cryptsetup and qemu-img, and damaged headers refused with a clear Status.
 #include "image/crypto/crypto_luks.h"
 
+#include "crypto_test_util.h"
+
 #include <gcrypt.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -138,14 +140,11 @@ class Images {
   fs::path qemu_luks1(const std::string& opts = "") {
     const std::string name = "q1" + std::to_string(std::hash<std::string>{}(opts)) + ".luks";
     if (!made_.contains(name)) {
-      const std::string cmd =
-          fmt::format("qemu-img create -q --object secret,id=s0,data={} -f luks -o key-secret=s0,iter-time=10{} {} 4M",
-                      kPass, opts.empty() ? "" : "," + opts, (tmp_ / name).string());
-      // qemu-img's PBKDF benchmark starts with 2^15 iterations and fails when they take under 1 ms of
-      // thread CPU time ("Unable to get accurate CPU usage"): about every other run with hash-alg=sha1 on
-      // this machine (so not used here), now and then for sha256 under load. Try again.
-      for (int i = 0; i < 4 && run(cmd).status != 0; ++i) {
-      }
+      std::string out;
+      const int rc = testing::qemu_img_create_luks((tmp_ / name).string(),
+                                                   "key-secret=s0,iter-time=10" + (opts.empty() ? "" : "," + opts), &out,
+                                                   "4M");
+      if (rc != 0) ADD_FAILURE() << out;
       must_run("test -s " + (tmp_ / name).string());
       made_[name] = true;
     }

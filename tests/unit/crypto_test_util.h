@@ -4,6 +4,9 @@
 // Thread-safety: test helpers, call from one thread.
 #pragma once
 
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -12,17 +15,13 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
 #include "io_test_util.h"
 
 namespace qcowfs::image::crypto::testing {
 
 inline std::vector<std::byte> read_file(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)),
-                std::istreambuf_iterator<char>());
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::byte> v(s.size());
   std::memcpy(v.data(), s.data(), s.size());
   return v;
@@ -37,51 +36,47 @@ struct Dump {
 inline Dump dump_luks(const std::string &image, const std::string &pass_file) {
   std::string out;
   const int rc = io::testing::run_command(
-      fmt::format("cryptsetup luksDump -q --dump-master-key --key-file {} {}",
-                  pass_file, image),
-      &out);
+      fmt::format("cryptsetup luksDump -q --dump-master-key --key-file {} {}", pass_file, image), &out);
   EXPECT_EQ(rc, 0) << out;
   Dump d;
   std::istringstream in(out);
   std::string line;
   bool in_key = false;
   while (std::getline(in, line)) {
-    if (line.rfind("Payload offset:", 0) == 0)
-      d.payload_offset = std::stoull(line.substr(15)) * 512;
+    if (line.rfind("Payload offset:", 0) == 0) d.payload_offset = std::stoull(line.substr(15)) * 512;
     if (line.rfind("MK dump:", 0) == 0) {
       in_key = true;
       line = line.substr(8);
     } else if (in_key && (line.empty() || line[0] != '\t')) {
       in_key = false;
     }
-    if (!in_key)
-      continue;
+    if (!in_key) continue;
     std::istringstream hex(line);
     std::string b;
-    while (hex >> b)
-      d.key.push_back(static_cast<std::byte>(std::stoul(b, nullptr, 16)));
+    while (hex >> b) d.key.push_back(static_cast<std::byte>(std::stoul(b, nullptr, 16)));
   }
   return d;
 }
 
-// qemu-img create -f luks (passphrase "pw", 1 MiB) with opts such as
-// "key-secret=s0,iter-time=10,cipher-alg=aes-256". It times PBKDF2 with the
-// thread's CPU clock and on a loaded VM sometimes fails with "Unable to get
-// accurate CPU usage" (QEMU's benchmark, not the image): that one error is
-// retried.
-inline int qemu_img_create_luks(const std::string &path,
-                                const std::string &opts, std::string *out) {
+// qemu-img create -f luks (passphrase "pw", `size`) with opts such as
+// "key-secret=s0,iter-time=10,cipher-alg=aes-256". qemu-img times PBKDF2
+// starting with 2^15 iterations and fails with "Unable to get accurate CPU
+// usage" when they take less than a tick of thread CPU time: with SHA-NI
+// (sha256, sha1) that is most runs here, so the PBKDF2 hash is sha512 unless
+// opts name one (ripemd160, sha384 and sha512 never failed in tests), and
+// that one error is retried.
+inline int qemu_img_create_luks(const std::string &path, std::string opts, std::string *out,
+                                const std::string &size = "1M") {
+  if (opts.find(",hash-alg=") == std::string::npos && opts.rfind("hash-alg=", 0) != 0) opts += ",hash-alg=sha512";
   int rc = -1;
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    rc = io::testing::run_command(
-        fmt::format("qemu-img create -q --object "
-                    "secret,id=s0,data=pw -f luks -o {} {} 1M",
-                    opts, path),
-        out);
-    if (rc == 0 || out->find("accurate CPU usage") == std::string::npos)
-      break;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    rc = io::testing::run_command(fmt::format("qemu-img create -q --object "
+                                              "secret,id=s0,data=pw -f luks -o {} {} {}",
+                                              opts, path, size),
+                                  out);
+    if (rc == 0 || out->find("accurate CPU usage") == std::string::npos) break;
   }
   return rc;
 }
 
-} // namespace qcowfs::image::crypto::testing
+}  // namespace qcowfs::image::crypto::testing
