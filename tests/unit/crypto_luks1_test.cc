@@ -83,12 +83,12 @@ struct Combo {
   const char *mode;
   const char *ivgen;
   const char *ivhash;  // essiv only
-  const char *hash;    // hash-alg (PBKDF2 and AF); "" is QEMU's sha256
+  const char *hash;    // hash-alg (PBKDF2 and AF); "": sha512, what qemu_img_create_luks adds
   const char *luks_mode;
 };
 
 void PrintTo(const Combo &c, std::ostream *os) {
-  *os << c.alg << " " << c.luks_mode << " " << (*c.hash ? c.hash : "sha256");
+  *os << c.alg << " " << c.luks_mode << " " << (*c.hash ? c.hash : "sha512");
 }
 
 class CryptoLuks1Qemu : public ::testing::TestWithParam<Combo> {};
@@ -104,7 +104,7 @@ TEST_P(CryptoLuks1Qemu, UnlocksTheVolumeKeyQemuWrote) {
   auto h = parse_luks1(file, file.size(), img.image.path());
   ASSERT_TRUE(h) << h.status().to_string();
   EXPECT_EQ(h->cipher_mode, c.luks_mode);
-  EXPECT_EQ(h->hash_spec, *c.hash ? c.hash : "sha256");
+  EXPECT_EQ(h->hash_spec, *c.hash ? c.hash : "sha512");
   EXPECT_EQ(name_of(h->spec.alg), c.alg);
 
   const auto start = std::chrono::steady_clock::now();
@@ -133,7 +133,7 @@ INSTANTIATE_TEST_SUITE_P(CryptoLuks1Images, CryptoLuks1Qemu,
                                            Combo{"aes-192", "xts", "plain64", "", "", "xts-plain64"}),
                          [](const ::testing::TestParamInfo<Combo> &i) {
                            std::string n = fmt::format("{}_{}_{}{}_{}", i.param.alg, i.param.mode, i.param.ivgen,
-                                                       i.param.ivhash, *i.param.hash ? i.param.hash : "sha256");
+                                                       i.param.ivhash, *i.param.hash ? i.param.hash : "sha512");
                            for (char &ch : n)
                              if (ch == '-') ch = '_';
                            return n;
