@@ -94,6 +94,8 @@ Status parse_common_image_arg(std::span<const std::string> args, size_t& i, Imag
     a.json = v == "json";
   } else if (take_option(args, i, "--format", "-f", v)) {
     a.format = v;
+  } else if (take_option(args, i, "--key-file", "", v)) {
+    a.key_file = v;
   } else if (args[i].size() > 1 && args[i][0] == '-') {
     return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
   } else if (a.image.empty()) {

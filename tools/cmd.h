@@ -90,6 +90,7 @@ bool take_option(std::span<const std::string> args, size_t& i, std::string_view 
 struct ImageCommandArgs {
   std::string image;
   std::string format;
+  std::string key_file;  // --key-file: an encrypted image's passphrase (the file's content, "-": stdin)
   bool json = false;
   bool help = false;
 };

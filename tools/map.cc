@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "image/block_driver.h"
+#include "image/crypto/crypto_secret.h"
 #include "tools/cmd.h"
 #include "image/json.h"
 
@@ -42,6 +43,7 @@ bool mergeable(const Extent& cur, const Extent& next) {
 Task<Result<std::vector<Extent>>> build_map(const MapArgs& a) {
   image::ImageOptions o;
   o.format = a.format;
+  if (!a.key_file.empty()) o.keys = image::crypto::KeyProvider::from_file(a.key_file);
   auto d = co_await image::open_image(a.image, o);
   if (!d) co_return d.status();
   std::vector<Extent> out;
@@ -103,7 +105,7 @@ int print_human(const std::vector<Extent>& map) {
 }  // namespace
 
 std::string_view map_usage() {
-  return "usage: qcowfs map [--json] [-f FORMAT] IMAGE\n"
+  return "usage: qcowfs map [--json] [-f FORMAT] [--key-file PATH] IMAGE\n"
          "\n"
          "Prints the allocation map of the guest disk as qemu-img map does. The default\n"
          "form lists the ranges holding data with their host offset and the file that\n"
@@ -113,6 +115,8 @@ std::string_view map_usage() {
          "\n"
          "  --json               one JSON object per range (--output=json)\n"
          "  -f, --format=FMT     image format (default: probed)\n"
+         "  --key-file=PATH      passphrase of an encrypted image (the file's content, - for\n"
+         "                       standard input; default: asked on the terminal)\n"
          "  -h, --help           show this text\n";
 }
 
