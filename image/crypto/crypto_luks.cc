@@ -3,6 +3,7 @@
 #include "image/crypto/crypto_luks.h"
 
 #include <fcntl.h>
+#include <json-c/json.h>
 #include <libcryptsetup.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
@@ -119,103 +120,43 @@ Result<LuksInfo> parse_luks2(std::span<const std::byte> head, uint64_t available
   return info;
 }
 
-// ---- A small reader of the JSON libcryptsetup hands back (crypt_dump_json) ------------------------
-// The text has been parsed and validated by libcryptsetup already: this only finds members and
-// skips values, with bounded nesting, so a malformed text means "not found", never a crash.
+// ---- The JSON libcryptsetup hands back (crypt_dump_json) ----------------------------------------
 
-constexpr int kMaxJsonDepth = 32;
+// LUKS2's JSON as libcryptsetup hands it over (crypt_dump_json, after its own
+// validation), read with json-c. Owned by one json_object tree.
+struct JsonPut {
+  void operator()(json_object* o) const { json_object_put(o); }
+};
+using JsonTree = std::unique_ptr<json_object, JsonPut>;
 
-size_t skip_ws(std::string_view s, size_t at) {
-  while (at < s.size() && (s[at] == ' ' || s[at] == '\n' || s[at] == '\t' || s[at] == '\r')) ++at;
-  return at;
+json_object* json_member(json_object* obj, const char* key) {
+  json_object* out = nullptr;
+  if (obj == nullptr || !json_object_is_type(obj, json_type_object) || !json_object_object_get_ex(obj, key, &out))
+    return nullptr;
+  return out;
 }
 
-size_t skip_string(std::string_view s, size_t at) {  // at: the opening quote; returns past the closing one
-  for (++at; at < s.size(); ++at) {
-    if (s[at] == '\\')
-      ++at;
-    else if (s[at] == '"')
-      return at + 1;
+// The first member's value of an object (the first digest), or null.
+json_object* json_first_member(json_object* obj) {
+  if (obj == nullptr || !json_object_is_type(obj, json_type_object)) return nullptr;
+  json_object_object_foreach(obj, key, value) {
+    (void)key;
+    return value;
   }
-  return std::string_view::npos;
+  return nullptr;
 }
 
-size_t skip_value(std::string_view s, size_t at, int depth) {
-  at = skip_ws(s, at);
-  if (at >= s.size() || depth > kMaxJsonDepth) return std::string_view::npos;
-  if (s[at] == '"') return skip_string(s, at);
-  if (s[at] != '{' && s[at] != '[') {
-    while (at < s.size() && s[at] != ',' && s[at] != '}' && s[at] != ']' && skip_ws(s, at) == at) ++at;
-    return at;
-  }
-  const char close = s[at] == '{' ? '}' : ']';
-  const bool object = close == '}';
-  at = skip_ws(s, at + 1);
-  if (at < s.size() && s[at] == close) return at + 1;
-  while (at < s.size()) {
-    if (object) {
-      if (s[at] != '"') return std::string_view::npos;
-      at = skip_ws(s, skip_string(s, at));
-      if (at >= s.size() || s[at] != ':') return std::string_view::npos;
-      ++at;
-    }
-    at = skip_ws(s, skip_value(s, at, depth + 1));
-    if (at >= s.size()) return std::string_view::npos;
-    if (s[at] == close) return at + 1;
-    if (s[at] != ',') return std::string_view::npos;
-    at = skip_ws(s, at + 1);
-  }
-  return std::string_view::npos;
-}
-
-// The value of member key in the object obj (its text), or empty.
-std::string_view json_member(std::string_view obj, std::string_view key) {
-  size_t at = skip_ws(obj, 0);
-  if (at >= obj.size() || obj[at] != '{') return {};
-  at = skip_ws(obj, at + 1);
-  while (at < obj.size() && obj[at] == '"') {
-    const size_t name_end = skip_string(obj, at);
-    if (name_end == std::string_view::npos) return {};
-    const std::string_view name = obj.substr(at + 1, name_end - at - 2);
-    at = skip_ws(obj, name_end);
-    if (at >= obj.size() || obj[at] != ':') return {};
-    const size_t value_at = skip_ws(obj, at + 1);
-    const size_t value_end = skip_value(obj, value_at, 1);
-    if (value_end == std::string_view::npos) return {};
-    if (name == key) return obj.substr(value_at, value_end - value_at);
-    at = skip_ws(obj, value_end);
-    if (at >= obj.size() || obj[at] != ',') return {};
-    at = skip_ws(obj, at + 1);
-  }
-  return {};
-}
-
-// The first member's value of an object (the first digest), or empty.
-std::string_view json_first_member(std::string_view obj) {
-  size_t at = skip_ws(obj, 0);
-  if (at >= obj.size() || obj[at] != '{') return {};
-  at = skip_ws(obj, at + 1);
-  if (at >= obj.size() || obj[at] != '"') return {};
-  const size_t name_end = skip_string(obj, at);
-  if (name_end == std::string_view::npos) return {};
-  return json_member(obj, obj.substr(at + 1, name_end - at - 2));
-}
-
-std::string json_string(std::string_view v) {
-  if (v.size() < 2 || v.front() != '"' || v.back() != '"') return {};
-  return std::string(v.substr(1, v.size() - 2));
+std::string json_text(json_object* v) {
+  return v != nullptr && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : std::string();
 }
 
 // An unsigned number, bare or as a string (LUKS2 writes 64-bit values as strings); 0 when neither.
-uint64_t json_uint(std::string_view v) {
-  if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
-  uint64_t n = 0;
-  if (v.empty() || v.size() > 19) return 0;
-  for (char c : v) {
-    if (c < '0' || c > '9') return 0;
-    n = n * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return n;
+uint64_t json_uint(json_object* v) {
+  if (v == nullptr) return 0;
+  if (json_object_is_type(v, json_type_int)) return json_object_get_uint64(v);
+  const std::string t = json_text(v);
+  if (t.empty() || t.size() > 19 || t.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stoull(t);
 }
 
 // ---- libcryptsetup set-up, logging and errors -------------------------------------------------------
@@ -396,14 +337,16 @@ LuksKeySlotInfo slot_from_library(crypt_device* cd, int index, LuksKeySlotInfo s
 void fill_from_json(crypt_device* cd, LuksInfo& info) {
   const char* text = nullptr;
   if (crypt_dump_json(cd, &text, 0) < 0 || text == nullptr) return;
-  const std::string_view json(text);
-  const std::string_view keyslots = json_member(json, "keyslots");
+  const JsonTree tree(json_tokener_parse(text));
+  json_object* json = tree.get();
+  if (json == nullptr) return;
+  json_object* keyslots = json_member(json, "keyslots");
   for (auto& slot : info.slots) {
-    const std::string_view ks = json_member(keyslots, std::to_string(slot.index));
+    json_object* ks = json_member(keyslots, std::to_string(slot.index).c_str());
     slot.stripes =
         static_cast<uint32_t>(std::min<uint64_t>(json_uint(json_member(json_member(ks, "af"), "stripes")), UINT32_MAX));
   }
-  info.hash = json_string(json_member(json_first_member(json_member(json, "digests")), "hash"));
+  info.hash = json_text(json_member(json_first_member(json_member(json, "digests")), "hash"));
   const uint64_t keyslots_size = json_uint(json_member(json_member(json, "config"), "keyslots_size"));
   const uint64_t json_size = json_uint(json_member(json_member(json, "config"), "json_size"));
   if (keyslots_size > 0 && json_size > 0)
