@@ -8,7 +8,7 @@
 set -euo pipefail
 
 build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev libzstd-dev
-            libfmt-dev libgtest-dev libgcrypt20-dev libcryptsetup-dev libjson-c-dev)
+            libfmt-dev libgtest-dev libgcrypt20-dev libcryptsetup-dev libjson-c-dev nettle-dev)
 # cryptsetup-bin: cryptsetup (LUKS2 images, key dumps for the cipher tests); qemu-utils: qemu-img/qemu-io (the referee); qemu-system-common: qemu-storage-daemon (bench); python3-cryptography: the independent AES-XTS decryption that checks LUKS2 images;
 # util-linux: losetup; fdisk: sfdisk for the demo disk; e2fsprogs/dosfstools: filesystems on
 # mounted images; kmod: modprobe fuse/loop; file: file -s on partitions; clang and

@@ -1,6 +1,10 @@
 #include "image/crypto/crypto_cipher.h"
 
 #include <gcrypt.h>
+#include <nettle/cbc.h>
+#include <nettle/ctr.h>
+#include <nettle/twofish.h>
+#include <nettle/xts.h>
 
 #include <algorithm>
 #include <array>
@@ -35,7 +39,7 @@ constexpr std::array kAlgs = {
     AlgRow{CipherAlg::serpent_192, "serpent-192", "serpent", 24, 16, GCRY_CIPHER_SERPENT192},
     AlgRow{CipherAlg::serpent_256, "serpent-256", "serpent", 32, 16, GCRY_CIPHER_SERPENT256},
     AlgRow{CipherAlg::twofish_128, "twofish-128", "twofish", 16, 16, GCRY_CIPHER_TWOFISH128},
-    AlgRow{CipherAlg::twofish_192, "twofish-192", "twofish", 24, 16, 0},
+    AlgRow{CipherAlg::twofish_192, "twofish-192", "twofish", 24, 16, 0},  // nettle
     AlgRow{CipherAlg::twofish_256, "twofish-256", "twofish", 32, 16, GCRY_CIPHER_TWOFISH},
     AlgRow{CipherAlg::cast5_128, "cast5-128", "cast5", 16, 8, GCRY_CIPHER_CAST5},
 };
@@ -205,9 +209,6 @@ std::string luks_cipher_mode(const CipherSpec &spec) {
 
 Status check_spec(const CipherSpec &s) {
   const AlgRow &r = row(s.alg);
-  if (r.gcry == 0)
-    return Status::errorf(ENOTSUP, "cipher {} is not available (libgcrypt has no {}-bit {})", r.name, r.key_bytes * 8,
-                          r.luks_name);
   if (s.mode == CipherMode::xts && r.block_bytes != 16)
     return Status::errorf(ENOTSUP, "cipher mode xts needs a 16-byte block cipher, {} has {}", r.name, r.block_bytes);
   if (s.ivgen == IvGenAlg::essiv) {
@@ -215,7 +216,8 @@ Status check_spec(const CipherSpec &s) {
     if (!e)
       return Status::errorf(ENOTSUP, "essiv with {} needs a {} key of {} bytes, which does not exist",
                             name_of(s.ivgen_hash), r.luks_name, digest_bytes(s.ivgen_hash));
-    if (row(*e).gcry == 0) return Status::errorf(ENOTSUP, "essiv cipher {} is not available", name_of(*e));
+    if (row(*e).gcry == 0)  // an ESSIV cipher of 24 bytes needs a 24-byte hash: none exists
+      return Status::errorf(ENOTSUP, "essiv cipher {} is not available", name_of(*e));
   }
   return Status::ok();
 }
@@ -259,6 +261,59 @@ SectorCipher::SectorCipher(const CipherSpec &spec, SecretBuffer key, SecretBuffe
 
 SectorCipher::~SectorCipher() = default;
 
+namespace {
+// Twofish-192 over nettle: the data key's schedule and, for XTS, the tweak key's.
+struct NettleKeys {
+  twofish_ctx data;
+  twofish_ctx tweak;
+};
+// nettle's mode functions take the block cipher as a nettle_cipher_func.
+void twofish_enc(const void* ctx, size_t n, uint8_t* dst, const uint8_t* src) {
+  twofish_encrypt(static_cast<const twofish_ctx*>(ctx), n, dst, src);
+}
+void twofish_dec(const void* ctx, size_t n, uint8_t* dst, const uint8_t* src) {
+  twofish_decrypt(static_cast<const twofish_ctx*>(ctx), n, dst, src);
+}
+}  // namespace
+
+Status SectorCipher::set_up_nettle() {
+  auto keys = SecretBuffer::allocate(sizeof(NettleKeys));
+  if (!keys) return keys.status();
+  auto* k = new (keys->data()) NettleKeys;
+  const size_t half = row(spec_.alg).key_bytes;
+  twofish_set_key(&k->data, half, reinterpret_cast<const uint8_t*>(key_.data()));
+  if (spec_.mode == CipherMode::xts) twofish_set_key(&k->tweak, half, reinterpret_cast<const uint8_t*>(key_.data() + half));
+  nettle_keys_ = std::move(*keys);
+  return Status::ok();
+}
+
+// One sector in place with nettle; iv is the sector's IV (ignored by ECB).
+void SectorCipher::nettle_sector(std::byte* p, const std::byte* iv, bool encrypting) const {
+  const auto* k = reinterpret_cast<const NettleKeys*>(nettle_keys_.data());
+  auto* u = reinterpret_cast<uint8_t*>(p);
+  const size_t ss = spec_.sector_size;
+  std::array<uint8_t, TWOFISH_BLOCK_SIZE> v;
+  std::memcpy(v.data(), iv, v.size());
+  nettle_cipher_func* enc = twofish_enc;
+  nettle_cipher_func* dec = twofish_dec;
+  switch (spec_.mode) {
+    case CipherMode::ecb:
+      (encrypting ? enc : dec)(&k->data, ss, u, u);
+      break;
+    case CipherMode::cbc:
+      if (encrypting) cbc_encrypt(&k->data, enc, TWOFISH_BLOCK_SIZE, v.data(), ss, u, u);
+      else cbc_decrypt(&k->data, dec, TWOFISH_BLOCK_SIZE, v.data(), ss, u, u);
+      break;
+    case CipherMode::ctr:
+      ctr_crypt(&k->data, enc, TWOFISH_BLOCK_SIZE, v.data(), ss, u, u);
+      break;
+    case CipherMode::xts:
+      if (encrypting) xts_encrypt_message(&k->data, &k->tweak, enc, v.data(), ss, u, u);
+      else xts_decrypt_message(&k->data, &k->tweak, dec, enc, v.data(), ss, u, u);
+      break;
+  }
+}
+
 Result<std::unique_ptr<SectorCipher>> SectorCipher::create(const CipherSpec &spec, std::span<const std::byte> key) {
   init_gcrypt();
   QCOWFS_TRY(check_spec(spec));
@@ -277,6 +332,7 @@ Result<std::unique_ptr<SectorCipher>> SectorCipher::create(const CipherSpec &spe
     essiv = std::move(*digest);
   }
   std::unique_ptr<SectorCipher> c(new SectorCipher(spec, std::move(*k), std::move(essiv)));
+  if (c->gcry_alg_ == 0) QCOWFS_TRY(c->set_up_nettle());
   // Opening one handle now reports a key libgcrypt refuses at open, not at the
   // first request.
   auto h = c->open_handle();
@@ -299,10 +355,13 @@ Result<std::unique_ptr<SectorCipher>> SectorCipher::legacy_qcow_aes(std::span<co
 
 Result<std::unique_ptr<SectorCipher::Handle>> SectorCipher::open_handle() const {
   auto h = std::make_unique<Handle>();
-  gcry_error_t e = gcry_cipher_open(&h->data, gcry_alg_, gcry_mode_, GCRY_CIPHER_SECURE);
-  if (e) return gcry_error(e, fmt::format("opening cipher {}-{}", name_of(spec_.alg), name_of(spec_.mode)));
-  e = gcry_cipher_setkey(h->data, key_.data(), key_.size());
-  if (e) return gcry_error(e, fmt::format("setting the {}-{} key", name_of(spec_.alg), name_of(spec_.mode)));
+  gcry_error_t e = 0;
+  if (gcry_alg_ != 0) {
+    e = gcry_cipher_open(&h->data, gcry_alg_, gcry_mode_, GCRY_CIPHER_SECURE);
+    if (e) return gcry_error(e, fmt::format("opening cipher {}-{}", name_of(spec_.alg), name_of(spec_.mode)));
+    e = gcry_cipher_setkey(h->data, key_.data(), key_.size());
+    if (e) return gcry_error(e, fmt::format("setting the {}-{} key", name_of(spec_.alg), name_of(spec_.mode)));
+  }
   if (gcry_essiv_alg_ != 0) {
     e = gcry_cipher_open(&h->essiv, gcry_essiv_alg_, GCRY_CIPHER_MODE_ECB, GCRY_CIPHER_SECURE);
     if (e) return gcry_error(e, "opening the essiv cipher");
@@ -347,10 +406,14 @@ Status SectorCipher::crypt(uint64_t offset, std::span<std::byte> data, bool encr
       for (size_t i = 0; i < 8 && i < iv_len_; ++i) iv[i] = static_cast<std::byte>(n >> (8 * i));  // little-endian
       gcry_error_t e = 0;
       if (spec_.ivgen == IvGenAlg::essiv) e = gcry_cipher_encrypt(h.essiv, iv.data(), block_len_, nullptr, 0);
-      if (!e)
+      if (!e && h.data)
         e = spec_.mode == CipherMode::ctr ? gcry_cipher_setctr(h.data, iv.data(), iv_len_)
                                           : gcry_cipher_setiv(h.data, iv.data(), iv_len_);
       if (e) return gcry_error(e, "setting a sector IV");
+    }
+    if (!h.data) {
+      nettle_sector(p, iv.data(), encrypting);
+      continue;
     }
     const gcry_error_t e =
         encrypting ? gcry_cipher_encrypt(h.data, p, ss, nullptr, 0) : gcry_cipher_decrypt(h.data, p, ss, nullptr, 0);

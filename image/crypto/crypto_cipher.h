@@ -1,6 +1,8 @@
 // SectorCipher: the per-sector data cipher of an encrypted image, over
 // libgcrypt (AES with AES-NI, Serpent, Twofish, CAST5 in ECB, CBC, XTS and CTR
-// mode), with QEMU's and dm-crypt's IV generators (plain, plain64, essiv).
+// mode; Twofish-192, which libgcrypt lacks, over nettle, the library QEMU
+// itself uses), with QEMU's and dm-crypt's IV generators (plain, plain64,
+// essiv).
 // Data is en/decrypted in place, one sector at a time; the byte offset handed
 // in feeds the IV (sector number = offset / sector size): the caller decides
 // which offset that is (QEMU: the host offset for LUKS in qcow2, the guest
@@ -126,12 +128,15 @@ class SectorCipher {
   SectorCipher(const CipherSpec &spec, SecretBuffer key, SecretBuffer essiv_key);
   Result<std::unique_ptr<Handle>> open_handle() const;
   Status crypt(uint64_t offset, std::span<std::byte> data, bool encrypting) const;
+  Status set_up_nettle();
+  void nettle_sector(std::byte* p, const std::byte* iv, bool encrypting) const;
 
   CipherSpec spec_;
   SecretBuffer key_;
   SecretBuffer essiv_key_;  // hash of the key (essiv only), cut to the ESSIV
                             // cipher's key length
-  int gcry_alg_ = 0;
+  int gcry_alg_ = 0;  // 0: the data cipher is nettle's (Twofish-192, which libgcrypt lacks)
+  SecretBuffer nettle_keys_;  // nettle's key schedules (data, XTS tweak): immutable, shared by all threads
   int gcry_essiv_alg_ = 0;
   int gcry_mode_ = 0;
   size_t iv_len_ = 0;

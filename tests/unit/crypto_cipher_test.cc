@@ -147,7 +147,7 @@ TEST(CryptoCipher, LargeSectorsUseOneIvPerSector) {
 
 TEST(CryptoCipher, RefusesWhatQemuAndTheLibraryCannotDo) {
   EXPECT_EQ(check_spec(CipherSpec{CipherAlg::cast5_128, CipherMode::xts}).code(), ENOTSUP);
-  EXPECT_EQ(check_spec(CipherSpec{CipherAlg::twofish_192, CipherMode::xts}).code(), ENOTSUP);
+  EXPECT_TRUE(check_spec(CipherSpec{CipherAlg::twofish_192, CipherMode::xts}));  // through nettle
   EXPECT_EQ(check_spec(CipherSpec{CipherAlg::aes_256, CipherMode::cbc, IvGenAlg::essiv, HashAlg::sha1}).code(),
             ENOTSUP);
   EXPECT_TRUE(check_spec(CipherSpec{CipherAlg::aes_128, CipherMode::cbc, IvGenAlg::essiv, HashAlg::sha256}));
