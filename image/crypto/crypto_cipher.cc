@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -424,6 +425,15 @@ Status SectorCipher::crypt(uint64_t offset, std::span<std::byte> data, bool encr
 
 namespace {
 
+// Requests up to kInlineCryptBytes are en/decrypted on the calling loop thread
+// (a 4 KiB XTS request costs about a microsecond); larger ones go to the
+// worker pool in pieces of kCryptChunkBytes. Measured with 1 MiB reads QD8 of
+// an encrypted qcow2 on the 2-vCPU machines: pieces of 64 KiB (16 wake-ups per
+// request) gave 1.2-1.3 GB/s, 256 KiB and 512 KiB 1.6 GB/s, the whole request
+// as one piece 1.4-1.6 GB/s, against 2.0-2.1 GB/s unencrypted.
+constexpr size_t kInlineCryptBytes = 64 << 10;
+constexpr size_t kCryptChunkBytes = 256 << 10;
+
 Task<Status> crypt_on_worker(const SectorCipher &c, uint64_t offset, std::span<std::byte> data, bool encrypting) {
   Status st;
   const int64_t r = co_await io::offload([&]() -> int64_t {
@@ -435,19 +445,21 @@ Task<Status> crypt_on_worker(const SectorCipher &c, uint64_t offset, std::span<s
 }
 
 Task<Status> crypt_async(const SectorCipher &c, uint64_t offset, std::span<std::byte> data, bool encrypting) {
-  if (data.size() <= kCryptChunkBytes) co_return encrypting ? c.encrypt(offset, data) : c.decrypt(offset, data);
+  if (data.size() <= kInlineCryptBytes) co_return encrypting ? c.encrypt(offset, data) : c.decrypt(offset, data);
   if (offset % c.sector_size() != 0 || data.size() % c.sector_size() != 0)
     co_return encrypting ? c.encrypt(offset, data) : c.decrypt(offset, data);  // the same EINVAL
   std::vector<Task<Status>> parts;
-  parts.reserve((data.size() + kCryptChunkBytes - 1) / kCryptChunkBytes);
-  for (size_t at = 0; at < data.size(); at += kCryptChunkBytes) {
-    const size_t n = std::min(kCryptChunkBytes, data.size() - at);
+  parts.reserve((data.size() + crypt_chunk_bytes() - 1) / crypt_chunk_bytes());
+  for (size_t at = 0; at < data.size(); at += crypt_chunk_bytes()) {
+    const size_t n = std::min(crypt_chunk_bytes(), data.size() - at);
     parts.push_back(crypt_on_worker(c, offset + at, data.subspan(at, n), encrypting));
   }
   co_return co_await io::when_all(std::move(parts));
 }
 
 }  // namespace
+
+size_t crypt_chunk_bytes() { return kCryptChunkBytes; }
 
 Task<Status> encrypt_async(const SectorCipher &cipher, uint64_t offset, std::span<std::byte> data) {
   return crypt_async(cipher, offset, data, true);

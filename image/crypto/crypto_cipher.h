@@ -145,12 +145,12 @@ class SectorCipher {
   mutable std::vector<std::unique_ptr<Handle>> free_;
 };
 
-// Requests larger than this are split over the worker pool (io::offload) in
-// chunks of this size, so a large request does not hold an event loop.
-inline constexpr size_t kCryptChunkBytes = 64 << 10;
+// Requests larger than 64 KiB are split over the worker pool (io::offload) in
+// pieces of crypt_chunk_bytes(), so a large request does not hold an event loop.
+size_t crypt_chunk_bytes();
 
 // encrypt()/decrypt() for a request: inline on the calling thread up to
-// kCryptChunkBytes, otherwise in chunks on the worker pool, concurrently.
+// 64 KiB, otherwise in crypt_chunk_bytes() pieces on the worker pool, at once.
 Task<Status> encrypt_async(const SectorCipher &cipher, uint64_t offset, std::span<std::byte> data);
 Task<Status> decrypt_async(const SectorCipher &cipher, uint64_t offset, std::span<std::byte> data);
 
