@@ -183,6 +183,7 @@ Json qcow2_specific(const ImageInfo& info) {
     d.set("compat", "0.10");
     d.set("compression-type", compression_name(h.compression_type));
     d.set("refcount-bits", uint64_t{h.refcount_bits()});
+    if (info.encrypted) d.set("encrypt", info.encrypt);
     return d;
   }
   d.set("compat", "1.1");
@@ -265,6 +266,12 @@ void print_snapshots(const std::vector<q::Snapshot>& snapshots) {
 
 void print_specific(const Json& j, int level);
 
+void print_qcow2_encrypt(const ImageInfo& info) {
+  if (!info.encrypted) return;
+  fmt::print("    encrypt:\n");
+  print_specific(info.encrypt, 2);
+}
+
 void print_qcow2_specific(const ImageInfo& info) {
   const q::Header& h = info.header;
   fmt::print("Format specific information:\n");
@@ -272,6 +279,7 @@ void print_qcow2_specific(const ImageInfo& info) {
   fmt::print("    compression type: {}\n", compression_name(h.compression_type));
   if (h.version == 2) {
     fmt::print("    refcount bits: {}\n", h.refcount_bits());
+    print_qcow2_encrypt(info);
     return;
   }
   fmt::print("    lazy refcounts: {}\n", (h.compatible_features & q::kCompatLazyRefcounts) != 0);
@@ -286,10 +294,7 @@ void print_qcow2_specific(const ImageInfo& info) {
     }
   }
   fmt::print("    refcount bits: {}\n", h.refcount_bits());
-  if (info.encrypted) {
-    fmt::print("    encrypt:\n");
-    print_specific(info.encrypt, 2);
-  }
+  print_qcow2_encrypt(info);
   if (h.has_data_file_name) fmt::print("    data file: {}\n", h.data_file);
   if (h.has_external_data_file()) fmt::print("    data file raw: {}\n", h.data_file_raw());
   fmt::print("    corrupt: {}\n    extended l2: {}\n", h.corrupt(), h.extended_l2());
