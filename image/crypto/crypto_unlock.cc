@@ -100,11 +100,12 @@ Json luks_details(const LuksInfo& info, bool in_qcow2) {
     ivgen = name_of(spec->ivgen);
   }
   Json j = Json::object();
+  // The order qemu-img prints (its QDict's).
   if (!ivgen.empty()) j.set("ivgen-alg", ivgen);
-  if (spec && spec->ivgen == IvGenAlg::essiv) j.set("ivgen-hash-alg", std::string(name_of(spec->ivgen_hash)));
   j.set("hash-alg", info.hash);
   j.set("cipher-alg", alg);
   j.set("uuid", info.uuid);
+  if (spec && spec->ivgen == IvGenAlg::essiv) j.set("ivgen-hash-alg", std::string(name_of(spec->ivgen_hash)));
   if (in_qcow2) j.set("format", "luks");
   j.set("cipher-mode", mode);
   Json slots = Json::array();
