@@ -1,11 +1,20 @@
-// qcowfs create: makes a new qcow2 (or raw) image, with qemu-img create's
+// qcowfs create: makes a new qcow2, raw or LUKS image, with qemu-img create's
 // command line: -o takes qemu-img's option names, -b/-F name the backing file.
+// Encrypted images (qcow2 -o encrypt.format=luks, -f luks) take the passphrase
+// from a key file (encrypt.key-file / key-file, in place of QEMU's secret
+// objects) or the terminal; it is read before any file is created, and a
+// failed create removes the files it made.
 // Like qemu-img 7.2 it refuses a backing file without its format (-F or
 // backing_fmt): the format is written into the image, and a probed one lets a
 // raw backing file that starts like a qcow2 header pass itself off as one.
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "image/block_driver.h"
+#include "image/crypto/crypto_luks.h"
+#include "image/crypto/crypto_secret.h"
+#include "image/luks/luks.h"
 #include "image/path.h"
 #include "image/qcow2/qcow2_create.h"
 #include "image/raw/raw.h"
@@ -26,6 +35,7 @@ struct CreateArgs {
   bool unsafe = false;  // -u: do not open the backing file
   bool help = false;
   q::CreateOptions create_options;  // the above as qcow2 create options (not with help)
+  image::LuksCreateOptions luks;    // -f luks: the -o list as LUKS options
 };
 
 Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
@@ -46,7 +56,8 @@ Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
     } else if (take_option(args, i, "--backing-format", "-F", v)) {
       a.backing_format = v;
     } else if (take_option(args, i, "--format", "-f", v)) {
-      if (v != "qcow2" && v != "raw") return Status::errorf(EINVAL, "unknown format '{}' (qcow2 or raw)", v);
+      if (v != "qcow2" && v != "raw" && v != "luks")
+        return Status::errorf(EINVAL, "unknown format '{}' (qcow2, raw or luks)", v);
       a.format = v;
     } else if (args[i].size() > 1 && args[i][0] == '-') {
       return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
@@ -62,9 +73,30 @@ Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
   return a;
 }
 
-Result<q::CreateOptions> build_options(const CreateArgs& a) {
+// -f luks: size= and the LUKS options by their unprefixed names, as qemu-img create -f luks.
+Status apply_luks_options(CreateArgs& a, q::CreateOptions& o) {
+  for (std::string_view list = a.option_list; !list.empty();) {
+    const size_t comma = list.find(',');
+    const std::string_view opt = list.substr(0, comma);
+    const size_t eq = opt.find('=');
+    if (eq == std::string_view::npos) return Status::errorf(EINVAL, "option '{}' needs a value (key=value)", opt);
+    const std::string_view key = opt.substr(0, eq), value = opt.substr(eq + 1);
+    if (key == "size")
+      QCOWFS_TRY(q::apply_create_option(o, key, value));
+    else
+      QCOWFS_TRY(image::apply_luks_create_option(a.luks, key, value));
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return Status::ok();
+}
+
+Result<q::CreateOptions> build_options(CreateArgs& a) {
   q::CreateOptions o;
-  QCOWFS_TRY(q::apply_create_options(o, a.option_list));
+  if (a.format == "luks")
+    QCOWFS_TRY(apply_luks_options(a, o));
+  else
+    QCOWFS_TRY(q::apply_create_options(o, a.option_list));
   if (!a.size.empty()) QCOWFS_TRY(q::apply_create_option(o, "size", a.size));
   if (!a.backing.empty()) o.backing_file = a.backing;
   if (!a.backing_format.empty()) o.backing_format = a.backing_format;
@@ -114,13 +146,33 @@ Task<Status> inspect_backing(const CreateArgs& a, q::CreateOptions& o) {
   co_return Status::ok();
 }
 
+// QEMU's "encrypt.format=luks encrypt.key-secret=..." part: the LUKS options that differ from the defaults.
+std::string luks_formatting(const image::LuksCreateOptions& l, std::string_view prefix) {
+  const image::LuksCreateOptions d;
+  std::string s;
+  auto add = [&](std::string_view key, const auto& v, bool given) {
+    if (given) s += fmt::format(" {}{}={}", prefix, key, v);
+  };
+  add("key-file", l.key_file, !l.key_file.empty());
+  add("cipher-alg", l.cipher_alg, l.cipher_alg != d.cipher_alg);
+  add("cipher-mode", l.cipher_mode, l.cipher_mode != d.cipher_mode);
+  add("ivgen-alg", l.ivgen_alg, l.ivgen_alg != d.ivgen_alg);
+  add("ivgen-hash-alg", l.ivgen_hash_alg, !l.ivgen_hash_alg.empty());
+  add("hash-alg", l.hash_alg, l.hash_alg != d.hash_alg);
+  add("iter-time", l.iter_time_ms, l.iter_time_ms != d.iter_time_ms);
+  return s;
+}
+
 void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
-  if (a.format == "raw") {
-    fmt::print("Formatting '{}', fmt=raw size={}\n", a.image, o.size);
+  if (a.format == "raw" || a.format == "luks") {
+    fmt::print("Formatting '{}', fmt={} size={}{}\n", a.image, a.format, o.size,
+               a.format == "luks" ? luks_formatting(a.luks, "") : "");
     return;
   }
-  fmt::print("Formatting '{}', fmt=qcow2 cluster_size={} extended_l2={} compression_type={} size={}", a.image,
-             o.cluster_size, o.extended_l2 ? "on" : "off", o.compression_type ? "zstd" : "zlib", o.size);
+  fmt::print("Formatting '{}', fmt=qcow2", a.image);
+  if (o.encrypt) fmt::print(" encrypt.format=luks{}", luks_formatting(o.luks, "encrypt."));
+  fmt::print(" cluster_size={} extended_l2={} compression_type={} size={}", o.cluster_size,
+             o.extended_l2 ? "on" : "off", o.compression_type ? "zstd" : "zlib", o.size);
   if (!o.backing_file.empty()) fmt::print(" backing_file={}", o.backing_file);
   if (!o.backing_format.empty()) fmt::print(" backing_fmt={}", o.backing_format);
   if (!o.data_file.empty()) fmt::print(" data_file={} data_file_raw={}", o.data_file, o.data_file_raw ? "on" : "off");
@@ -129,11 +181,65 @@ void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
   fmt::print("\n");
 }
 
+// The files a create made: removed again unless the create succeeded (no
+// half-made image is left behind).
+class CreatedFiles {
+ public:
+  CreatedFiles() = default;
+  CreatedFiles(const CreatedFiles&) = delete;
+  CreatedFiles& operator=(const CreatedFiles&) = delete;
+  ~CreatedFiles() {
+    if (!done_)
+      for (const std::string& p : paths_) ::unlink(p.c_str());
+  }
+  Result<std::unique_ptr<io::HostFile>> create(const std::string& path) {
+    auto f = io::create_host_file(path, io::OpenOptions{});
+    if (f) paths_.push_back(path);
+    return f;
+  }
+  Status finish(Status st) {
+    done_ = st.is_ok();
+    return st;
+  }
+
+ private:
+  std::vector<std::string> paths_;
+  bool done_ = false;
+};
+
+// A new LUKS1 header for the image, its passphrase from the key file or the terminal (before any file exists).
+Result<image::crypto::LuksFormatted> format_new_luks(const image::LuksCreateOptions& l, const std::string& image,
+                                                     std::string_view key_option) {
+  auto params = image::luks_format_params(l);
+  if (!params) return params.status();
+  auto keys = l.key_file.empty() ? image::crypto::KeyProvider::from_terminal()
+                                 : image::crypto::KeyProvider::from_file(l.key_file);
+  auto pass = keys->passphrase(image);
+  if (!pass && pass.status().code() == ENOKEY)
+    return Status::errorf(ENOKEY,
+                          "{}: the new image is encrypted: give its passphrase with -o {}=PATH ({}=- for "
+                          "standard input), or run on a terminal to be asked",
+                          image, key_option, key_option);
+  if (!pass) return pass.status();
+  return image::crypto::format_luks1(*params, (*pass)->span());
+}
+
 Task<Status> create_raw_file(const std::string& path, const q::CreateOptions& o) {
-  auto f = io::create_host_file(path, io::OpenOptions{});
+  CreatedFiles files;
+  auto f = files.create(path);
   if (!f) co_return f.status();
   bool allocate = o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full;
-  co_return co_await image::create_raw(**f, o.size, allocate);
+  co_return files.finish(co_await image::create_raw(**f, o.size, allocate));
+}
+
+Task<Status> create_luks_file(const CreateArgs& a, const q::CreateOptions& o) {
+  auto luks = format_new_luks(a.luks, a.image, "key-file");
+  if (!luks) co_return luks.status();
+  if (!a.quiet) print_formatting(a, o);
+  CreatedFiles files;
+  auto f = files.create(a.image);
+  if (!f) co_return f.status();
+  co_return files.finish(co_await image::create_luks(**f, *luks, o.size));
 }
 
 Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
@@ -141,16 +247,23 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
   QCOWFS_CO_TRY(co_await inspect_backing(a, o));
   auto valid = q::validate_create_options(std::move(o));
   if (!valid) co_return valid.status();
+  image::crypto::LuksFormatted luks;
+  if (valid->encrypt) {
+    auto formatted = format_new_luks(valid->luks, path, "encrypt.key-file");
+    if (!formatted) co_return formatted.status();
+    luks = std::move(*formatted);
+  }
   if (!a.quiet) print_formatting(a, *valid);
+  CreatedFiles files;
   std::unique_ptr<io::HostFile> data;
   if (!valid->data_file.empty()) {
-    auto d = io::create_host_file(image::resolve_relative(path, valid->data_file), io::OpenOptions{});
+    auto d = files.create(image::resolve_relative(path, valid->data_file));
     if (!d) co_return d.status();
     data = std::move(*d);
   }
-  auto f = io::create_host_file(path, io::OpenOptions{});
+  auto f = files.create(path);
   if (!f) co_return f.status();
-  co_return co_await q::write_new_image(**f, data.get(), *valid);
+  co_return files.finish(co_await q::write_new_image(**f, data.get(), *valid, luks.header));
 }
 
 }  // namespace
@@ -158,11 +271,13 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
 std::string_view create_usage() {
   return "usage: qcowfs create [-f FORMAT] [-o OPTIONS] [-b BACKING -F BACKING_FMT [-u]] [-q] IMAGE [SIZE]\n"
          "\n"
-         "Creates a qcow2 v3 image (or a raw one with -f raw). SIZE takes K, M, G, T\n"
-         "suffixes; with a backing file it defaults to the backing file's size. A\n"
-         "backing file needs its format (-F), as with qemu-img 7.2.\n"
+         "Creates a qcow2 v3 image (a raw one with -f raw, raw LUKS1 with -f luks).\n"
+         "SIZE takes K, M, G, T suffixes; with a backing file it defaults to the\n"
+         "backing file's size. A backing file needs its format (-F), as with\n"
+         "qemu-img 7.2. An encrypted image's passphrase is the key file's whole\n"
+         "content (- reads standard input); without one it is asked on the terminal.\n"
          "\n"
-         "  -f, --format=FMT          qcow2 (default) or raw\n"
+         "  -f, --format=FMT          qcow2 (default), raw or luks\n"
          "  -o, --options=OPTS        comma-separated qemu-img options (below)\n"
          "  -b, --backing=FILE        backing file (relative names: to IMAGE's directory)\n"
          "  -F, --backing-format=FMT  backing file format (required with -b)\n"
@@ -182,18 +297,37 @@ std::string_view create_usage() {
          "  data_file=FILE            keep guest data in an external data file\n"
          "  data_file_raw=on|off      the data file is a raw image of the disk\n"
          "  backing_file=FILE         same as -b\n"
-         "  backing_fmt=FMT           same as -F\n";
+         "  backing_fmt=FMT           same as -F\n"
+         "  encrypt.format=luks       encrypt with LUKS1 (legacy AES, encryption=on, is refused)\n"
+         "  encrypt.key-file=PATH     the passphrase (- for standard input; default: ask)\n"
+         "  encrypt.cipher-alg=ALG    aes-128|aes-192|aes-256 (default)|serpent-N|twofish-N|cast5-128\n"
+         "  encrypt.cipher-mode=MODE  xts (default), cbc, ecb or ctr\n"
+         "  encrypt.ivgen-alg=ALG     plain64 (default), plain or essiv\n"
+         "  encrypt.ivgen-hash-alg=H  essiv's hash (default sha256)\n"
+         "  encrypt.hash-alg=H        PBKDF2 hash: sha256 (default), sha1, sha512, ...\n"
+         "  encrypt.iter-time=MS      PBKDF2 time for the key slot (default 2000)\n"
+         "\n"
+         "options (-o) with -f luks: size=SIZE and the encrypt.* options above without\n"
+         "the prefix (key-file=PATH, cipher-alg=ALG, ..., iter-time=MS).\n";
 }
 
 int cmd_create(std::span<const std::string> args) {
   return run_tool("create", create_usage(), parse_create_args(args), [](const CreateArgs& a, io::Engine& engine) {
     const q::CreateOptions& o = a.create_options;
     if (a.format == "raw" && !o.backing_file.empty())
-      return cmd_fail("create", Status::errorf(EINVAL, "{}: Backing file not supported for file format 'raw'", a.image));
+      return cmd_fail("create",
+                      Status::errorf(EINVAL, "{}: Backing file not supported for file format 'raw'", a.image));
+    if (a.format == "raw" && (o.encrypt || o.encrypt_options_given))
+      return usage_error("create", "a raw image cannot be encrypted (use -f luks)");
     if (a.format == "raw" && !o.size_given) return usage_error("create", "a raw image needs a SIZE");
+    if (a.format == "luks" && !o.backing_file.empty())
+      return cmd_fail("create",
+                      Status::errorf(EINVAL, "{}: Backing file not supported for file format 'luks'", a.image));
+    if (a.format == "luks" && !o.size_given) return usage_error("create", "a LUKS image needs a SIZE");
     if (a.format == "raw" && !a.quiet) print_formatting(a, o);
-    Status st = a.format == "raw" ? io::run_sync(engine, create_raw_file(a.image, o))
-                                  : io::run_sync(engine, create_qcow2(a, o));
+    Status st = a.format == "raw"    ? io::run_sync(engine, create_raw_file(a.image, o))
+                : a.format == "luks" ? io::run_sync(engine, create_luks_file(a, o))
+                                     : io::run_sync(engine, create_qcow2(a, o));
     if (!st) return cmd_fail("create", st);
     return 0;
   });

@@ -141,6 +141,41 @@ Status check_combinations(const CreateOptions& o) {
   return Status::ok();
 }
 
+// encryption=on (QEMU's old spelling) and encrypt.format=aes make legacy AES
+// images, which are refused; encrypt.format=luks and the encrypt.* LUKS options.
+Status apply_encrypt_option(CreateOptions& o, std::string_view key, std::string_view v) {
+  constexpr std::string_view kNoAes =
+      "legacy qcow2 AES encryption is weak (QEMU deprecates it) and qcowfs only reads it: use encrypt.format=luks";
+  if (key == "encryption") {
+    auto b = parse_bool(key, v);
+    if (!b) return b.status();
+    if (*b) return Status::errorf(EINVAL, "encryption=on: {}", kNoAes);
+    return Status::ok();
+  }
+  std::string_view name = key.substr(std::string_view("encrypt.").size());
+  if (name == "format") {
+    if (v == "aes") return Status::errorf(EINVAL, "encrypt.format=aes: {}", kNoAes);
+    if (v != "luks") return bad_value(key, v, "luks");
+    o.encrypt = true;
+    return Status::ok();
+  }
+  if (!is_luks_create_option(name)) return Status::errorf(EINVAL, "unknown create option '{}'", key);
+  o.encrypt_options_given = true;
+  return apply_luks_create_option(o.luks, name, v, "encrypt.");
+}
+
+Status check_encryption(const CreateOptions& o) {
+  if (o.encrypt_options_given && !o.encrypt)
+    return Status::error(EINVAL, "Parameter 'encrypt.format' is missing (encrypt.* options need encrypt.format=luks)");
+  // QEMU 7.2 allows it, but its preallocated clusters decrypt to noise (qemu-img map: data, not zero).
+  if (o.encrypt && o.preallocation != Preallocation::off)
+    return Status::errorf(EINVAL,
+                          "preallocation={} cannot be used with encryption (preallocated clusters would read as "
+                          "noise, not zeros)",
+                          to_string(o.preallocation));
+  return Status::ok();
+}
+
 // Feature names QEMU writes into every v3 image's feature name table.
 std::vector<FeatureName> feature_name_table() {
   return {
@@ -161,21 +196,24 @@ struct Layout {
   uint64_t reftable_clusters = 0;
   uint64_t refblocks = 0;
   uint64_t l1_clusters = 0;
+  uint64_t luks_clusters = 0;  // the LUKS area (encrypted images)
   uint64_t l2_tables = 0;
   uint64_t data_clusters = 0;  // in the image file
 
   HostCluster reftable_at() const { return 1; }
   HostCluster refblocks_at() const { return reftable_at() + reftable_clusters; }
   HostCluster l1_at() const { return refblocks_at() + refblocks; }
-  HostCluster l2_at() const { return l1_at() + l1_clusters; }
+  HostCluster luks_at() const { return l1_at() + l1_clusters; }
+  HostCluster l2_at() const { return luks_at() + luks_clusters; }
   HostCluster data_at() const { return l2_at() + l2_tables; }
   uint64_t total() const { return data_at() + data_clusters; }
 };
 
-Result<Layout> plan_layout(const Header& h, const CreateOptions& o) {
+Result<Layout> plan_layout(const Header& h, const CreateOptions& o, uint64_t luks_bytes) {
   uint64_t cs = h.cluster_size();
   Layout l;
   l.l1_clusters = div_round_up(uint64_t{h.l1_size} * kL1EntrySize, cs);
+  l.luks_clusters = div_round_up(luks_bytes, cs);
   if (o.preallocation != Preallocation::off) {
     l.l2_tables = h.l1_size;
     if (o.data_file.empty()) l.data_clusters = div_round_up(h.size, cs);
@@ -296,6 +334,7 @@ Status apply_create_option(CreateOptions& o, std::string_view key, std::string_v
     o.preallocation = *p;
     return Status::ok();
   }
+  if (key == "encryption" || key.starts_with("encrypt.")) return apply_encrypt_option(o, key, v);
   return Status::errorf(EINVAL, "unknown create option '{}'", key);
 }
 
@@ -316,6 +355,7 @@ Result<CreateOptions> validate_create_options(CreateOptions o) {
   QCOWFS_TRY(check_numbers(o));
   QCOWFS_TRY(check_v2_compatible(o));
   QCOWFS_TRY(check_combinations(o));
+  QCOWFS_TRY(check_encryption(o));
   o.size = align_up(o.size, kSectorSize);
   // A raw data file is a complete raw image of the disk: it is full size and
   // every cluster maps onto it.
@@ -342,6 +382,7 @@ Header create_header(const CreateOptions& o) {
   }
   if (o.data_file_raw) h.autoclear_features |= kAutoclearDataFileRaw;
   if (o.lazy_refcounts) h.compatible_features |= kCompatLazyRefcounts;
+  if (o.encrypt) h.crypt_method = kCryptLuks;
   h.backing_file = o.backing_file;
   h.backing_format = o.backing_format;
   if (!o.compat_v2) h.feature_names = feature_name_table();
@@ -349,18 +390,39 @@ Header create_header(const CreateOptions& o) {
   return h;
 }
 
-Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const CreateOptions& o) {
+// The LUKS area in its clusters, zero-filled to the end of the last one (as
+// QEMU's qcow2_crypto_hdr_init_func writes zeros over them first).
+Task<Status> write_luks_area(io::HostFile& f, const Header& h, const Layout& l, std::span<const std::byte> area) {
+  if (area.empty()) co_return Status::ok();
+  io::AlignedBuffer buf(static_cast<size_t>(l.luks_clusters * h.cluster_size()), f.mem_align());
+  std::copy(area.begin(), area.end(), buf.data());
+  co_return co_await f.write(l.luks_at() * h.cluster_size(), buf.span());
+}
+
+Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const CreateOptions& o,
+                             std::span<const std::byte> luks_area) {
+  if (o.encrypt == luks_area.empty())
+    co_return Status::error(EINVAL, o.encrypt ? "an encrypted image needs its LUKS header"
+                                              : "a LUKS header was given for an image without encryption");
   Header h = create_header(o);
-  auto layout = plan_layout(h, o);
+  auto layout = plan_layout(h, o, luks_area.size());
   if (!layout) co_return layout.status();
   uint64_t cs = h.cluster_size();
   h.refcount_table_offset = layout->reftable_at() * cs;
   h.refcount_table_clusters = static_cast<uint32_t>(layout->reftable_clusters);
   h.l1_table_offset = h.l1_size ? layout->l1_at() * cs : 0;
+  if (o.encrypt) h.crypto = CryptoExtension{layout->luks_at() * cs, luks_area.size()};
   auto header = serialize_header(h);
+  // A 512-byte cluster has no room for both the feature name table and the crypto header extension:
+  // QEMU's encrypted images with 512-byte clusters have no feature name table either.
+  if (!header && h.crypto && !h.feature_names.empty()) {
+    h.feature_names.clear();
+    header = serialize_header(h);
+  }
   if (!header) co_return header.status();
   QCOWFS_CO_TRY(co_await write_refcounts(file, h, *layout));
   QCOWFS_CO_TRY(co_await write_l1_and_l2(file, h, *layout, data_file != nullptr));
+  QCOWFS_CO_TRY(co_await write_luks_area(file, h, *layout, luks_area));
   QCOWFS_CO_TRY(co_await size_files(file, data_file, h, *layout, o));
   // The header goes last: until it is written the file is not a qcow2 image.
   io::AlignedBuffer hbuf(header->size(), file.mem_align());

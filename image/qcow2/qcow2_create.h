@@ -6,6 +6,8 @@
 //   next T clusters          refcount table
 //   next B clusters          refcount blocks (covering every cluster below)
 //   next L clusters          L1 table (exactly the entries the size needs)
+//   encrypted only:          the LUKS area (header and key material) in whole
+//                            clusters, as QEMU's qcow2_set_up_encryption places it
 //   preallocation only:      every L2 table, then every data cluster in guest
 //                            order (data clusters go to the external data file
 //                            at their guest offset when there is one)
@@ -13,10 +15,13 @@
 // Thread-safety: pure functions and one coroutine writing files it is given.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
+#include "image/luks/luks.h"
 #include "image/qcow2/header.h"
 #include "io/host_file.h"
 #include "io/status.h"
@@ -40,6 +45,11 @@ struct CreateOptions {
   bool data_file_raw = false;
   std::string backing_file;     // as stored in the header
   std::string backing_format;
+  // encrypt.format=luks: LUKS1 in the image (crypt_method 2); encrypt.* are its
+  // options by QEMU's names (encrypt.cipher-alg, ...; encrypt.key-file is ours).
+  bool encrypt = false;
+  bool encrypt_options_given = false;  // some encrypt.* besides encrypt.format
+  LuksCreateOptions luks;
 };
 
 // Applies one qemu-img style option (key=value; "on"/"off" for booleans).
@@ -58,7 +68,11 @@ Header create_header(const CreateOptions& o);
 
 // Writes a complete image into `file` (empty, writable) for validated options;
 // `data_file` is the external data file when o.data_file is set (else null).
-Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const CreateOptions& o);
+// luks_area: with o.encrypt, the LUKS header and key material (format_luks1's
+// header, payload_offset bytes): written after the L1 table in whole clusters,
+// named by the crypto header extension {offset, luks_area.size()}.
+Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const CreateOptions& o,
+                             std::span<const std::byte> luks_area = {});
 
 std::string_view to_string(Preallocation p);
 

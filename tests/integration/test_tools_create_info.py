@@ -312,3 +312,173 @@ def test_info_errors(workdir: Path, qcowfs: str) -> None:
     assert helpers.run([qcowfs, "info", workdir / "missing.qcow2"], check=False).returncode == 1
     assert helpers.run([qcowfs, "info"], check=False).returncode == 1
     assert helpers.run([qcowfs, "info", "--help"]).stdout.startswith(b"usage: qcowfs info")
+
+
+# ---- encrypted images: qcow2 with LUKS, raw LUKS1
+
+PASS = "create passphrase"
+SECRET = ["--object", f"secret,id=s0,data={PASS}"]
+# Slot and master key iteration counts come from a PBKDF2 benchmark: they differ between two images. The
+# reference images qemu-img makes use sha512 (its benchmark fails now and then with sha256 here), ours the default.
+LUKS_VOLATILE = ("iters", "master-key-iters", "uuid", "hash-alg")
+
+
+def key_file(workdir: Path) -> Path:
+    p = workdir / "pass.txt"
+    p.write_text(PASS)
+    return p
+
+
+def image_opts(image: Path, fmt: str) -> str:
+    if fmt == "luks":
+        return f"driver=luks,key-secret=s0,file.filename={image}"
+    return f"driver=qcow2,encrypt.key-secret=s0,file.filename={image}"
+
+
+def without_iterations(d):
+    if isinstance(d, dict):
+        return {k: without_iterations(v) for k, v in d.items() if k not in LUKS_VOLATILE}
+    if isinstance(d, list):
+        return [without_iterations(v) for v in d]
+    return d
+
+
+def qemu_create_encrypted(fmt: str, image: Path, opts: str, size: str) -> None:
+    """qemu-img's reference image (sha512 PBKDF2: its benchmark fails now and then with sha256 here; the
+    message it fails with is retried)."""
+    for attempt in range(8):
+        r = helpers.run(["qemu-img", "create", "-q", *SECRET, "-f", fmt, "-o", opts, image, size], check=False)
+        if r.returncode == 0:
+            return
+        if b"accurate CPU usage" not in r.stderr + r.stdout or attempt == 7:
+            raise AssertionError((r.stderr + r.stdout).decode(errors="replace"))
+
+
+def assert_qemu_reads_and_writes(workdir: Path, image: Path, fmt: str, qcowfs: str) -> None:
+    """qemu-img check is clean, qemu-io writes a pattern with the secret, qemu-img convert and a
+    qcowfs mount with -o key-file read it back."""
+    if fmt == "qcow2":
+        check = helpers.run(["qemu-img", "check", *SECRET, "--image-opts", image_opts(image, fmt)], check=False)
+        assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+    out = helpers.run(["qemu-io", *SECRET, "--image-opts", "-c", "write -P 0x6b 64k 192k", "-c", "write -P 0x6c 1M 512",
+                       image_opts(image, fmt)]).stdout.decode()
+    assert "error" not in out.lower() and "failed" not in out.lower(), out
+    ref = workdir / "ref.raw"
+    helpers.run(["qemu-img", "convert", *SECRET, "--image-opts", image_opts(image, fmt), "-O", "raw", ref])
+    data = ref.read_bytes()
+    assert data[64 << 10:256 << 10] == b"\x6b" * (192 << 10)
+    assert data[MiB:MiB + 512] == b"\x6c" * 512
+    if fmt == "qcow2":  # unwritten clusters read as zeros; a raw LUKS payload left sparse decrypts to noise
+        assert data[:64 << 10] == bytes(64 << 10)
+    with helpers.mounted(image, workdir / "view.raw", [f"key-file={key_file(workdir)}"]) as m:
+        assert m.path.read_bytes() == data
+    if fmt == "qcow2":
+        helpers.run([qcowfs, "check", image])
+
+
+ENCRYPTED_QCOW2 = [
+    "",
+    "encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv,encrypt.ivgen-hash-alg=sha256",
+    "cluster_size=512",
+    "cluster_size=2M,extended_l2=on",
+    "compat=0.10",
+    "data_file=DATA",
+]
+
+
+@pytest.mark.parametrize("opts", ENCRYPTED_QCOW2,
+                         ids=["default", "aes-128-cbc-essiv", "cluster-512", "subclusters-2M", "v2", "data-file"])
+def test_create_encrypted_qcow2(workdir: Path, qcowfs: str, opts: str) -> None:
+    ours, theirs = workdir / "ours.qcow2", workdir / "qemu.qcow2"
+    o_extra, q_extra = (f",{opts_for(opts, tag, workdir)}" if opts else "" for tag in ("ours", "qemu"))
+    helpers.run([qcowfs, "create", "-q", "-o",
+                 f"encrypt.format=luks,encrypt.key-file={key_file(workdir)},encrypt.iter-time=10{o_extra}", ours, "4M"])
+    qemu_create_encrypted("qcow2", theirs, f"encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,"
+                                           f"encrypt.hash-alg=sha512{q_extra}", "4M")
+    q = info(ours)
+    assert q["encrypted"] is True
+    enc = q["format-specific"]["data"]["encrypt"]
+    assert enc["format"] == "luks" and enc["hash-alg"] == "sha256"
+    expect = ("aes-128", "cbc", "essiv") if "aes-128" in opts else ("aes-256", "xts", "plain64")
+    assert (enc["cipher-alg"], enc["cipher-mode"], enc["ivgen-alg"]) == expect
+    # Laid out as qemu-img lays it out: same header fields, same LUKS area, same file size.
+    assert without_iterations(stable(q)) == without_iterations(stable(info(theirs)))
+    assert ours.stat().st_size == theirs.stat().st_size
+    assert_qemu_reads_and_writes(workdir, ours, "qcow2", qcowfs)
+    if "compat=0.10" in opts and "encrypt" not in our_info(qcowfs, ours)["format-specific"]["data"]:
+        pytest.xfail("qcowfs info leaves out the encrypt block of version 2 images (tools/info.cc, v2 branch)")
+    assert stable(our_info(qcowfs, ours)) == stable(q)
+
+
+def test_create_encrypted_qcow2_over_a_backing_file(workdir: Path, qcowfs: str) -> None:
+    base = workdir / "base.qcow2"
+    helpers.qemu_img("create", "-q", "-f", "qcow2", base, "4M")
+    top = workdir / "top.qcow2"
+    helpers.run([qcowfs, "create", "-q", "-b", "base.qcow2", "-F", "qcow2", "-o",
+                 f"encrypt.format=luks,encrypt.key-file={key_file(workdir)},encrypt.iter-time=10", top])
+    i = info(top)
+    assert i["virtual-size"] == 4 * MiB and i["encrypted"] is True
+    assert_qemu_reads_and_writes(workdir, top, "qcow2", qcowfs)
+
+
+@pytest.mark.parametrize("opts", ["", "cipher-alg=aes-128,cipher-mode=cbc,ivgen-alg=essiv"], ids=["default", "essiv"])
+def test_create_luks(workdir: Path, qcowfs: str, opts: str) -> None:
+    ours, theirs = workdir / "ours.luks", workdir / "qemu.luks"
+    extra = f",{opts}" if opts else ""
+    helpers.run([qcowfs, "create", "-q", "-f", "luks", "-o", f"key-file={key_file(workdir)},iter-time=10{extra}",
+                 ours, "3M"])
+    qemu_create_encrypted("luks", theirs, f"key-secret=s0,iter-time=10,hash-alg=sha512{extra}", "3M")
+    assert ours.stat().st_size == theirs.stat().st_size
+    assert ours.stat().st_blocks * 512 < ours.stat().st_size, "the payload is sparse"
+    q = info(ours)
+    assert q["format"] == "luks" and q["encrypted"] is True and q["virtual-size"] == 3 * MiB
+    data = q["format-specific"]["data"]
+    expect = ("aes-128", "cbc", "essiv") if opts else ("aes-256", "xts", "plain64")
+    assert (data["cipher-alg"], data["cipher-mode"], data["ivgen-alg"]) == expect
+    assert data["hash-alg"] == "sha256"
+    assert without_iterations(stable(q)) == without_iterations(stable(info(theirs)))
+    assert stable(our_info(qcowfs, ours)) == stable(q)
+    assert_qemu_reads_and_writes(workdir, ours, "luks", qcowfs)
+
+
+def test_create_encrypted_key_on_standard_input(workdir: Path, qcowfs: str) -> None:
+    img = workdir / "stdin.qcow2"
+    helpers.run([qcowfs, "create", "-q", "-o", "encrypt.format=luks,encrypt.key-file=-,encrypt.iter-time=10", img,
+                 "2M"], input=PASS.encode())
+    assert_qemu_reads_and_writes(workdir, img, "qcow2", qcowfs)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-o", "encrypt.format=luks"], "encrypt.key-file"),
+    (["-f", "luks"], "key-file"),
+    (["-o", "encryption=on"], "weak"),
+    (["-o", "encrypt.format=aes"], "weak"),
+    (["-o", "encrypt.format=luks,encrypt.key-file=KEY,preallocation=metadata"], "noise"),
+    (["-o", "encrypt.format=luks,encrypt.key-file=KEY,preallocation=falloc"], "noise"),
+    (["-o", "encrypt.format=luks,encrypt.key-file=KEY,preallocation=full"], "noise"),
+    (["-o", "encrypt.cipher-alg=aes-128,encrypt.key-file=KEY"], "encrypt.format"),
+    (["-o", "encrypt.format=luks,encrypt.key-file=KEY,encrypt.cipher-alg=rot13"], "encrypt.cipher-alg"),
+    (["-o", "encrypt.format=luks,encrypt.key-file=KEY,encrypt.cipher-alg=cast5-128"], "XTS"),
+    (["-o", "encrypt.format=luks,encrypt.key-file=NOFILE"], "NOFILE"),
+    (["-f", "luks", "-o", "key-file=KEY,cluster_size=4K"], "cluster_size"),
+    (["-f", "raw", "-o", "encrypt.format=luks"], "luks"),
+], ids=["no-key", "luks-no-key", "encryption-on", "aes", "prealloc-metadata", "prealloc-falloc", "prealloc-full",
+        "no-format", "bad-cipher", "cast5-xts", "missing-key-file", "luks-qcow2-option", "raw"])
+def test_create_encrypted_refusals(workdir: Path, qcowfs: str, args: list[str], message: str) -> None:
+    """Refused with a reason, non-zero exit, and no file left behind (stdin is not a terminal)."""
+    key = key_file(workdir)
+    args = [a.replace("NOFILE", str(workdir / "nofile")).replace("KEY", str(key)) for a in args]
+    img = workdir / "bad.img"
+    proc = subprocess.run([qcowfs, "create", "-q", *args, img, "1M"], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert message.replace("NOFILE", "nofile").lower() in err.lower(), err
+    assert not img.exists()
+
+
+def test_create_help_lists_the_encryption_options(qcowfs: str) -> None:
+    out = helpers.run([qcowfs, "create", "--help"]).stdout.decode()
+    for o in ("encrypt.format=luks", "encrypt.key-file", "encrypt.cipher-alg", "encrypt.cipher-mode",
+              "encrypt.ivgen-alg", "encrypt.ivgen-hash-alg", "encrypt.hash-alg", "encrypt.iter-time", "-f luks"):
+        assert o in out, o

@@ -2,11 +2,13 @@
 // with the header parser and the checker; check/repair on damaged images.
 #include <gtest/gtest.h>
 
+#include "image/crypto/crypto_luks.h"
 #include "image/endian.h"
 #include "image/qcow2/qcow2_check.h"
 #include "image/qcow2/qcow2_create.h"
 #include "image/qcow2/qcow2_inspect.h"
 #include "image/qcow2/status.h"
+#include "io/align.h"
 #include "io/mem_file.h"
 #include "io_test_util.h"
 
@@ -262,6 +264,113 @@ TEST(Check, RepairNeedsAWritableFile) {
   auto r = run_now(check_image(copy, o));
   EXPECT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), EROFS);
+}
+
+// ---- encryption (encrypt.format=luks) ----
+
+TEST(CreateEncryption, LuksOptionsTakeQemuNamesAndDefaults) {
+  auto o = options("size=1M,encrypt.format=luks,encrypt.key-file=/k,encrypt.cipher-alg=aes-128,"
+                   "encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv,encrypt.hash-alg=sha512,encrypt.iter-time=10");
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_TRUE(o->encrypt);
+  EXPECT_EQ(o->luks.key_file, "/k");
+  auto p = luks_format_params(o->luks);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->cipher_name, "aes");
+  EXPECT_EQ(p->cipher_mode, "cbc-essiv:sha256");
+  EXPECT_EQ(p->key_bytes, 16u);
+  EXPECT_EQ(p->hash, "sha512");
+  EXPECT_EQ(p->iter_time_ms, 10u);
+  auto d = luks_format_params(options("size=1M,encrypt.format=luks")->luks);
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(d->cipher_mode, "xts-plain64");
+  EXPECT_EQ(d->key_bytes, 64u);
+  EXPECT_EQ(d->hash, "sha256");
+  EXPECT_EQ(d->iter_time_ms, 2000u);
+  EXPECT_EQ(d->payload_align, 4096u);
+}
+
+TEST(CreateEncryption, RefusesLegacyAesAndBadOptions) {
+  for (std::string_view bad : {"encryption=on", "encrypt.format=aes"}) {
+    auto o = options(fmt::format("size=1M,{}", bad));
+    ASSERT_FALSE(o.is_ok()) << bad;
+    EXPECT_NE(o.status().message().find("weak"), std::string::npos) << o.status().message();
+  }
+  EXPECT_TRUE(options("size=1M,encryption=off").is_ok());
+  EXPECT_FALSE(options("size=1M,encrypt.format=twofish").is_ok());
+  EXPECT_FALSE(options("size=1M,encrypt.cipher-alg=aes-128").is_ok()) << "encrypt.* without encrypt.format";
+  EXPECT_FALSE(options("size=1M,encrypt.format=luks,encrypt.cipher-alg=aes-512").is_ok());
+  EXPECT_FALSE(options("size=1M,encrypt.format=luks,encrypt.cipher-mode=gcm").is_ok());
+  EXPECT_FALSE(options("size=1M,encrypt.format=luks,encrypt.iter-time=0").is_ok());
+  EXPECT_FALSE(options("size=1M,encrypt.format=luks,encrypt.key-secret=s0").is_ok());
+  auto o = options("size=1M,encrypt.format=luks,encrypt.hash-alg=sha3");
+  ASSERT_FALSE(o.is_ok());
+  EXPECT_NE(o.status().message().find("encrypt.hash-alg"), std::string::npos) << o.status().message();
+  // XTS needs a 16-byte block cipher: refused when the parameters are made.
+  auto c = options("size=1M,encrypt.format=luks,encrypt.cipher-alg=cast5-128");
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_FALSE(luks_format_params(c->luks).is_ok());
+}
+
+TEST(CreateEncryption, RefusesPreallocation) {
+  for (std::string_view p : {"metadata", "falloc", "full"}) {
+    auto o = options(fmt::format("size=1M,encrypt.format=luks,preallocation={}", p));
+    ASSERT_FALSE(o.is_ok()) << p;
+    EXPECT_NE(o.status().message().find("noise"), std::string::npos) << o.status().message();
+  }
+}
+
+// The LUKS area follows the L1 table in whole clusters, is refcounted and named
+// by the crypto header extension with the header's own length, as QEMU lays it out.
+TEST(CreateEncryption, LuksAreaFollowsTheL1TableInWholeClusters) {
+  for (std::string_view cs : {"512", "64K", "2M"}) {
+    SCOPED_TRACE(cs);
+    auto o = options(fmt::format("size=1G,cluster_size={},encrypt.format=luks", cs));
+    ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+    std::vector<std::byte> area(2068480, std::byte{0x5a});  // QEMU's payload offset for aes-256-xts
+    io::MemFile f;
+    Status st = run_now(write_new_image(f, nullptr, *o, area));
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    auto h = run_now(read_qcow2_header(f));
+    ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+    EXPECT_EQ(h->crypt_method, kCryptLuks);
+    ASSERT_TRUE(h->crypto.has_value());
+    const uint64_t l1_end = align_up(h->l1_table_offset + uint64_t{h->l1_size} * kL1EntrySize, h->cluster_size());
+    EXPECT_EQ(h->crypto->offset, l1_end);
+    EXPECT_EQ(h->crypto->length, area.size());
+    EXPECT_EQ(f.size(), h->crypto->offset + align_up(area.size(), h->cluster_size()));
+    std::vector<std::byte> back(area.size());
+    ASSERT_TRUE(run_now(f.read(h->crypto->offset, back)).is_ok());
+    EXPECT_EQ(back, area);
+    expect_clean(check(f));
+  }
+}
+
+TEST(CreateEncryption, TheHeaderMustMatchTheOption) {
+  io::MemFile f;
+  std::vector<std::byte> area(4096);
+  EXPECT_FALSE(run_now(write_new_image(f, nullptr, *options("size=1M,encrypt.format=luks"))).is_ok());
+  EXPECT_FALSE(run_now(write_new_image(f, nullptr, *options("size=1M"), area)).is_ok());
+}
+
+TEST(CreateLuks, RawImageIsTheHeaderThenASparsePayload) {
+  LuksCreateOptions l;
+  ASSERT_TRUE(apply_luks_create_option(l, "iter-time", "10").is_ok());
+  ASSERT_TRUE(apply_luks_create_option(l, "hash-alg", "sha512").is_ok());
+  EXPECT_FALSE(apply_luks_create_option(l, "key-secret", "s0").is_ok());
+  auto p = luks_format_params(l);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  const std::string pass = "pw";
+  auto formatted = crypto::format_luks1(*p, std::as_bytes(std::span(pass)));
+  ASSERT_TRUE(formatted.is_ok()) << formatted.status().to_string();
+  EXPECT_EQ(formatted->payload_offset, 2068480u) << "qemu-img create -f luks's payload offset";
+  io::MemFile f;
+  ASSERT_TRUE(run_now(create_luks(f, *formatted, 1000)).is_ok());
+  EXPECT_EQ(f.size(), formatted->payload_offset + 1024);
+  auto parsed = crypto::parse_luks_header(f.content(), f.size(), "new image");
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->payload_offset, formatted->payload_offset);
+  EXPECT_EQ(parsed->hash, "sha512");
 }
 
 }  // namespace
