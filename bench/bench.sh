@@ -94,7 +94,7 @@ measure() {
   case $job in *-ro) mode=ro ;; esac
   local opts="$mode,cache=none,format=${fmt%-enc}" fio_job=${job%-ro} qsd_object= qsd_fmt_opts=
   if [ "$fmt" = qcow2-enc ]; then
-    opts+=",key-file=$key" qsd_object="secret,id=s0,data=benchpw" qsd_fmt_opts=",encrypt.key-secret=s0"
+    opts+=",key-file=$key" qsd_object="secret,id=s0,data=benchpw" qsd_fmt_opts=",encrypt.format=luks,encrypt.key-secret=s0"
   fi
   if [ "$sys" = raw-host ]; then
     "$suite" "$work/raw.img" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"

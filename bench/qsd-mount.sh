@@ -2,7 +2,7 @@
 # qsd-mount.sh IMAGE MOUNTFILE [direct=on|off] -- expose IMAGE (qcow2) as a raw file via
 # qemu-storage-daemon's FUSE export (format from $FMT, default qcow2; writable unless
 # WRITABLE=off) (the reference anchor). Prints the daemon pid. QSD_OBJECT adds an --object
-# (a secret), QSD_FMT_OPTS options of the format node (",encrypt.key-secret=s0").
+# (a secret), QSD_FMT_OPTS options of the format node (",encrypt.format=luks,encrypt.key-secret=s0").
 set -euo pipefail
 img=$1; mnt=$2; direct=${3:-on}
 touch "$mnt"
