@@ -27,10 +27,10 @@ void check_parsed(const c::LuksInfo& info, size_t size) {
   check(info.version == 1 || info.version == 2, "version");
   if (info.version == 1) {
     check(info.slots.size() == c::kLuks1KeySlots, "LUKS1 slot count");
-    check(info.key_bytes > 0 && info.key_bytes <= c::kLuksMaxKeyBytes, "key length");
+    check(info.key_bytes > 0 && info.key_bytes <= c::kLuks1MaxKeyBytes, "key length");
     check(info.master_key_iterations > 0 && info.master_key_iterations <= c::kMaxPbkdf2Iterations, "mk iterations");
     for (const auto& s : info.slots) {
-      check(s.stripes == c::kLuks1Stripes, "stripes");
+      check(s.stripes >= 1 && s.stripes <= c::kLuks1MaxStripes, "stripes");
       check(s.key_offset + s.key_length <= info.payload_offset, "key material before the payload");
       if (s.active) check(s.key_offset + s.key_length <= size, "active key material inside the input");
     }
