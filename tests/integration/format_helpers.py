@@ -155,3 +155,11 @@ def check_image_direct(image: Path, workdir: Path, *, fmt: str | None = None) ->
         with helpers.mounted(moved, host / "disk.raw", opts) as m:
             assert_view_equals(m.path, reference, image)
     reference.unlink()
+
+
+def secret_image_opts(image: Path, fmt: str) -> str:
+    """qemu-img/qemu-io --image-opts for an encrypted image whose passphrase is
+    the secret object s0 (raw LUKS, or qcow2 with LUKS or legacy AES)."""
+    if fmt == "luks":
+        return f"driver=luks,key-secret=s0,file.filename={image}"
+    return f"driver=qcow2,encrypt.key-secret=s0,file.filename={image}"

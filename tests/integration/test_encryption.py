@@ -37,10 +37,7 @@ def key_file(workdir: Path) -> Path:
     return p
 
 
-def image_opts(image: Path, fmt: str) -> str:
-    if fmt == "luks":
-        return f"driver=luks,key-secret=s0,file.filename={image}"
-    return f"driver=qcow2,encrypt.key-secret=s0,file.filename={image}"
+image_opts = fh.secret_image_opts
 
 
 def qemu_img_create(fmt: str, image: Path, size: int, opts: str) -> None:

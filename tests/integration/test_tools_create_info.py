@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import format_helpers as fh
 import helpers
 import qcow2_header
 
@@ -329,10 +330,7 @@ def key_file(workdir: Path) -> Path:
     return p
 
 
-def image_opts(image: Path, fmt: str) -> str:
-    if fmt == "luks":
-        return f"driver=luks,key-secret=s0,file.filename={image}"
-    return f"driver=qcow2,encrypt.key-secret=s0,file.filename={image}"
+image_opts = fh.secret_image_opts
 
 
 def without_iterations(d):
