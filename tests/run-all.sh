@@ -108,5 +108,16 @@ else
   failed=$((failed + 1))
 fi
 
+# The names of the failed tests again, next to the summary, so the end of the
+# log alone tells what failed.
+if [ "$failed" -ne 0 ]; then
+  for log in "$log_dir"/*.log; do
+    [ -e "$log" ] || continue
+    if grep -q 'The following tests FAILED' "$log"; then
+      echo "=== failed in $(basename "$log" .log):"
+      sed -n '/The following tests FAILED/,/^Errors while running/p' "$log" | grep -E '^[[:space:]]+[0-9]+ - ' || true
+    fi
+  done
+fi
 echo "run-all: $passed passed, $failed failed (in ${SECONDS}s)"
 [ "$failed" -eq 0 ]
