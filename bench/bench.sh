@@ -16,6 +16,10 @@
 #   FMT-full     fully written 1 GiB image of FMT (qcow2 vmdk vhdx vdi qed vpc parallels; made by
 #                qemu-img convert from the raw image), read-only mounts: randread4k-ro seqread1m-ro.
 #                With SETS="qcow2-full-ro vmdk-full ..." a second table puts each format beside qcow2.
+#   raw-lat, qcow2-lat  low queue depth on the raw image and the fully written qcow2:
+#                randread4k-qd1 randwrite4k-qd1 (psync) randread4k-qd1u randwrite4k-qd1u
+#                (io_uring QD1) randread4k-qd4 randwrite4k-qd4 (io_uring QD4); a latency table
+#                (mean and p99 beside the raw host file, IOPS beside qemu-storage-daemon).
 #   qcow2-enc-full  fully written 1 GiB qcow2 encrypted with LUKS (aes-256-xts-plain64, the
 #                default): randread4k randwrite4k seqread1m; with qcow2-full in SETS a table puts
 #                it beside the unencrypted image (both mounts and qsd given the key).
@@ -65,7 +69,7 @@ qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/raw.img" >/dev/null
 # virtual size stays exactly 1 GiB instead of its CHS rounding).
 for set in "${sets[@]}"; do
   case $set in
-    qcow2-full|qcow2-full-ro|qcow2-empty|qcow2-enc-full|raw) ;;
+    qcow2-full|qcow2-full-ro|qcow2-empty|qcow2-enc-full|raw|raw-lat|qcow2-lat) ;;
     *-full)
       fmt=${set%-full} opts=
       [ "$fmt" = vpc ] && opts="-o force_size=on"
@@ -129,6 +133,10 @@ for round in $(seq "$rounds"); do
       qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m randwrite4k" ;;
       qcow2-full-ro) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k-ro seqread1m-ro" ;;
       qcow2-enc-full) tmpl=$work/full.qcow2-enc fmt=qcow2-enc jobs="randread4k randwrite4k seqread1m" ;;
+      raw-lat|qcow2-lat)
+        fmt=${set%-lat} tmpl=$work/raw.img
+        [ "$fmt" = qcow2 ] && tmpl=$work/full.qcow2
+        jobs="randread4k-qd1 randwrite4k-qd1 randread4k-qd1u randwrite4k-qd1u randread4k-qd4 randwrite4k-qd4" ;;
       *-full) fmt=${set%-full} tmpl=$work/full.$fmt jobs="randread4k-ro seqread1m-ro"
               [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
       *) echo "unknown set $set" >&2; exit 2 ;;
@@ -144,11 +152,16 @@ import sys, collections, statistics
 # lines: ROUND SET SYSTEM JOB VALUE IOPS MIBS MiB/s  (or ROUND SET SYSTEM JOB FAILED)
 def is_mb(job): return job.removesuffix("-ro").endswith("1m")
 runs = collections.OrderedDict()
+lats = collections.OrderedDict()  # (set, job) -> round -> system -> (IOPS, mean us, p99 us)
 for line in open(sys.argv[1]):
     f = line.split()
     if len(f) < 5: continue
     rnd, s, sys_, job = f[0], f[1], f[2], f[3]
     val = None if f[4] == "FAILED" else (float(f[6]) if is_mb(job) else float(f[4]))
+    if s.endswith("-lat"):
+        lats.setdefault((s, job), collections.defaultdict(dict))[rnd][sys_] = (
+            None if val is None or len(f) < 11 else (val, float(f[8]), float(f[10])))
+        continue
     runs.setdefault((s, job), collections.defaultdict(dict))[rnd][sys_] = val
 def med(xs):
     xs = [x for x in xs if x is not None]
@@ -160,12 +173,31 @@ def ratio(rounds, a, b):
     r = med([v[a] / v[b] for v in rounds.values() if v.get(a) and v.get(b)])
     return "-" if r is None else f"{r:.2f}x"
 print(f"Medians of {sys.argv[2]} rounds; ratios are medians of the per-round ratios.\n")
+def lat_table(systems):
+    # Latency: mean and p99 in microseconds; ratios of means to the raw host file's, IOPS to qsd's.
+    if not lats: return
+    heads = " | ".join(f"{k} mean / p99 us" for k in systems)
+    print(f"| image | job | {heads} | " + " | ".join(f"{k} mean / raw's | {k} IOPS / qsd's" for k in systems[2:]) + " |")
+    print("|---|---|" + "---|" * (len(systems) + 2 * len(systems[2:])))
+    for (s, job), rounds in lats.items():
+        cells = []
+        for k in systems:
+            mean = med([v[k][1] for v in rounds.values() if v.get(k)])
+            p99 = med([v[k][2] for v in rounds.values() if v.get(k)])
+            cells.append("failed" if mean is None else f"{mean:.0f} / {p99:.0f}")
+        for k in systems[2:]:
+            r1 = med([v[k][1] / v["raw-host"][1] for v in rounds.values() if v.get(k) and v.get("raw-host")])
+            r2 = med([v[k][0] / v["qsd"][0] for v in rounds.values() if v.get(k) and v.get("qsd")])
+            cells += ["-" if r1 is None else f"{r1:.2f}x", "-" if r2 is None else f"{r2:.2f}x"]
+        print(f"| {s.removesuffix('-lat')} | {job} | " + " | ".join(cells) + " |")
+    print()
 if sys.argv[3:] == ["compare"]:
     def spread(xs):
         xs = [x for x in xs if x]
         return f"{min(xs) / statistics.median(xs):.2f}-{max(xs) / statistics.median(xs):.2f}" if xs else "-"
     def per_round(rounds):
         return " ".join(f"{v['after'] / v['before']:.2f}" for v in rounds.values() if v.get("after") and v.get("before"))
+    lat_table(["raw-host", "qsd", "before", "after"])
     print("| image | job | raw host file | qsd | before | after | after / before | per round "
           "| raw host file, min-max / median |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -175,6 +207,8 @@ if sys.argv[3:] == ["compare"]:
               f"| {fmt(m['after'], job)} | {ratio(rounds, 'after', 'before')} | {per_round(rounds)} "
               f"| {spread([v.get('raw-host') for v in rounds.values()])} |")
     sys.exit(0)
+lat_table(["raw-host", "qsd", "qcowfs", "qcowfs-ring"])
+if not runs: sys.exit(0)
 print("| image | job | raw host file | qemu-storage-daemon | qcowfs | qcowfs / raw | qcowfs / qsd "
       "| qcowfs, FUSE over io_uring | its / raw | its / qsd |")
 print("|---|---|---|---|---|---|---|---|---|---|")
