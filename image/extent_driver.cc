@@ -236,13 +236,6 @@ Status ExtentDriver::refuse_write() const {
   return Status::errorf(EROFS, "the {} image is open read-only", img_.format);
 }
 
-Task<Status> ExtentDriver::write(uint64_t, std::span<const std::byte>) { co_return refuse_write(); }
-Task<Status> ExtentDriver::flush() { co_return Status::ok(); }
-Task<Status> ExtentDriver::discard(uint64_t, uint64_t) { co_return refuse_write(); }
-Task<Status> ExtentDriver::write_zeroes(uint64_t, uint64_t, bool) { co_return refuse_write(); }
-Task<Status> ExtentDriver::truncate(uint64_t) { co_return refuse_write(); }
-Task<Status> ExtentDriver::close() { co_return Status::ok(); }
-
 uint64_t ExtentDriver::allocated_bytes() const {
   uint64_t n = 0;
   for (const auto& f : img_.files) n += f->allocated_bytes();

@@ -15,7 +15,14 @@
 //     prints them, asking the backing image for unallocated ranges.
 //
 // A host read past the end of its file reads as zeros (as QEMU's file driver
-// does). Writes are refused with EROFS: these formats open read-only.
+// does). Formats that give an ExtentWriter (image/extent_writer.h) are
+// writable: writes into data extents go to the host in place, one host write
+// per host-contiguous run; runs of unallocated or zero units get contiguous
+// host space from the writer and are written with their copy-on-write head and
+// tail (from the backing image, or zeros) in one host write, then published.
+// Allocating writes, publishing and metadata writeback hold one allocation
+// lock; writes into data extents take no lock. Without a writer every change
+// is refused with EROFS.
 //
 // Thread-safety: as BlockDriver. ExtentMap::try_map() is called concurrently
 // from every event-loop thread and must be thread-safe and never suspend; map()
@@ -30,6 +37,8 @@
 
 #include "image/block_driver.h"
 #include "image/cluster_cache.h"
+#include "image/extent_writer.h"
+#include "io/sync.h"
 
 namespace qcowfs::image {
 
@@ -88,6 +97,8 @@ struct ExtentImage {
   // extents point into them.
   std::vector<std::unique_ptr<io::HostFile>> files;
   std::unique_ptr<ExtentMap> map;
+  // nullptr: the image opens read-only. Destroyed before map.
+  std::unique_ptr<ExtentWriter> writer;
   std::unique_ptr<BlockDriver> backing;  // nullptr: unallocated reads as zeros
   ImageDetails details;
   // Decompressed size of the compressed units, if the format has them (sizes
@@ -105,7 +116,7 @@ class ExtentDriver final : public BlockDriver {
 
   std::string_view format_name() const override { return img_.format; }
   uint64_t size() const override { return img_.size; }
-  bool read_only() const override { return true; }
+  bool read_only() const override { return img_.writer == nullptr; }
   size_t mem_align() const override;
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
@@ -117,10 +128,13 @@ class ExtentDriver final : public BlockDriver {
   Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override;
   uint64_t allocated_bytes() const override;
   Task<Status> close() override;
+  Task<Status> idle_writeback() override;
   ImageDetails details() const override { return img_.details; }
 
  private:
   struct SubRead;
+  struct SubWrite;
+  struct Allocation;
 
   Task<Result<Extent>> extent_at(uint64_t guest, uint64_t len);
   Task<Status> plan(uint64_t start, std::span<std::byte> buf, std::vector<SubRead>& out);
@@ -131,8 +145,25 @@ class ExtentDriver final : public BlockDriver {
   Task<Result<BlockStatus>> backing_status(uint64_t guest, uint64_t len);
   Status refuse_write() const;
 
+  // Write side (extent_write.cc).
+  bool reads_zero(const Extent& e, uint64_t guest) const;
+  Task<Status> plan_write(uint64_t start, std::span<const std::byte> buf, std::vector<SubWrite>& in_place,
+                          std::vector<Allocation>& allocs);
+  Task<Status> write_allocating(uint64_t off, std::span<const std::byte> buf);
+  Task<Status> reserve_all(std::vector<Allocation>& allocs);
+  Task<Status> fill_cow(Allocation& a);
+  Task<Status> write_allocation(const Allocation& a);
+  Task<Status> write_zero_extent(const Extent& e, uint64_t guest, bool unmap);
+  Task<Status> write_zero_buffer(uint64_t guest, uint64_t len);
+  Task<Status> flush_files();
+  Task<Status> writeback();
+
   ExtentImage img_;
   ClusterCache units_;
+  io::AsyncMutex alloc_;     // allocation, publishing, metadata writeback
+  io::AsyncMutex flushing_;  // one flush at a time
+  bool changed_ = false;     // ExtentWriter::begin_change() done (alloc_ held)
+  bool closed_ = false;
 };
 
 // EROFS with a message saying to mount read-only when opts asks for write

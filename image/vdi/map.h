@@ -5,8 +5,9 @@
 // as QEMU ignores it); unallocated and discarded blocks read as zeros and are
 // reported "present, zero". An entry QEMU's check calls corrupt (not below
 // blocks_in_image) reads as EIO here.
-// Thread-safety: try_map() may run concurrently on any thread (read-only
-// state). The host file must outlive the map.
+// Entries change only through publish() (VdiWriter, for blocks it allocated).
+// Thread-safety: try_map() may run concurrently on any thread with one
+// publish() at a time (entries are atomic). The host file must outlive the map.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,11 @@ class VdiMap final : public ExtentMap {
   VdiMap(io::HostFile& file, std::string path, const Header& header, std::vector<uint32_t> bmap);
 
   Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) override;
+  // The block map entry of block (< the blocks that map the disk).
+  uint32_t entry(uint64_t block) const;
+  // Block now maps to data block `entry` (allocated, written, not yet on disk).
+  void publish(uint64_t block, uint32_t entry);
+  uint64_t blocks() const { return bmap_.size(); }
 
  private:
   Extent zero_run(uint64_t block, uint64_t guest, uint64_t len) const;

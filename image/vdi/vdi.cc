@@ -9,6 +9,7 @@
 #include "image/vdi/format.h"
 #include "image/vdi/header.h"
 #include "image/vdi/map.h"
+#include "image/vdi/writer.h"
 
 namespace qcowfs::image {
 namespace {
@@ -32,8 +33,10 @@ Task<Result<std::vector<uint32_t>>> read_block_map(io::HostFile& file, const Hea
     co_return Status::errorf(EINVAL, "{}: the VDI block map of {} blocks is larger than qcowfs reads ({} bytes)", path,
                              entries, vdi::kMaxBlockMapBytes);
   if (uint64_t{h.offset_bmap} + bytes > file.size())
-    co_return Status::errorf(EINVAL, "{}: the VDI block map ({} entries at offset_bmap {:#x}) runs past the end of "
-                             "the file", path, entries, h.offset_bmap);
+    co_return Status::errorf(EINVAL,
+                             "{}: the VDI block map ({} entries at offset_bmap {:#x}) runs past the end of "
+                             "the file",
+                             path, entries, h.offset_bmap);
   std::vector<std::byte> raw(static_cast<size_t>(bytes));
   auto st = co_await read_padded(file, h.offset_bmap, raw);
   if (!st) co_return st.with_context(path + ": reading the VDI block map");
@@ -42,11 +45,24 @@ Task<Result<std::vector<uint32_t>>> read_block_map(io::HostFile& file, const Hea
   co_return bmap;
 }
 
+// The writer of a read-write open, with the header and block map bytes it
+// writes back.
+Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, const std::string& path, const Header& h,
+                                                        vdi::VdiMap& map) {
+  const uint64_t base = vdi::VdiWriter::meta_base(h);
+  io::AlignedBuffer meta(static_cast<size_t>(vdi::VdiWriter::meta_end(h) - base), file.mem_align(), true);
+  auto st = co_await read_padded(file, base, meta.span());
+  if (!st) co_return st.with_context(path + ": reading the VDI block map");
+  io::AlignedBuffer header(vdi::kHeaderBytes, file.mem_align(), true);
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, header.span()));
+  co_return std::unique_ptr<ExtentWriter>(
+      std::make_unique<vdi::VdiWriter>(file, path, h, map, std::move(header), std::move(meta)));
+}
+
 }  // namespace
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vdi(std::unique_ptr<io::HostFile> file, std::string path,
                                                     ImageOptions opts) {
-  QCOWFS_CO_TRY(refuse_writable_open("VDI", path, opts));
   auto h = co_await read_header(*file, path);
   if (!h) co_return h.status();
   auto bmap = co_await read_block_map(*file, *h, path);
@@ -58,7 +74,13 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vdi(std::unique_ptr<io::HostFile
   img.size = h->disk_size;
   img.details.cluster_size = h->block_size;
   img.details.dirty = false;  // qemu-img info prints "dirty-flag": false (vdi_get_info)
-  img.map = std::make_unique<vdi::VdiMap>(*file, path, *h, std::move(*bmap));
+  auto map = std::make_unique<vdi::VdiMap>(*file, path, *h, std::move(*bmap));
+  if (opts.file.writable) {
+    auto writer = co_await make_writer(*file, path, *h, *map);
+    if (!writer) co_return writer.status();
+    img.writer = std::move(*writer);
+  }
+  img.map = std::move(map);
   img.files.push_back(std::move(file));
   co_return std::unique_ptr<BlockDriver>(std::make_unique<ExtentDriver>(std::move(img)));
 }

@@ -154,8 +154,9 @@ TEST_F(Vdi, DetailsAndWritableOpen) {
   ImageOptions rw;
   rw.file.writable = true;
   auto w = open(img, rw);
-  ASSERT_FALSE(w.is_ok());
-  EXPECT_EQ(w.status().code(), EROFS);
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_FALSE((*w)->read_only());
+  EXPECT_TRUE(io::run_sync(*engine_, (*w)->close()).is_ok());
 }
 
 }  // namespace

@@ -1,0 +1,268 @@
+// ExtentDriver's write side: in-place writes, allocating writes with their
+// copy-on-write merged into one host write per run, zeroing, flush and close.
+// The rules are in image/extent_driver.h and image/extent_writer.h.
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "image/extent_driver.h"
+#include "io/align.h"
+#include "io/buffer.h"
+#include "io/log.h"
+#include "io/when_all.h"
+
+namespace qcowfs::image {
+namespace {
+
+// Zeros written through the allocating path are written in pieces of this size.
+constexpr uint64_t kZeroChunk = 1 << 20;
+
+iovec iov_of(std::span<const std::byte> s) {
+  return iovec{const_cast<std::byte *>(s.data()), s.size()};  // NOLINT: writev takes non-const iovecs
+}
+
+}  // namespace
+
+// One in-place host write of a request.
+struct ExtentDriver::SubWrite {
+  io::HostFile *file = nullptr;
+  uint64_t host = 0;
+  std::span<const std::byte> src;
+};
+
+// A guest-contiguous run of unallocated or zero units that a request writes:
+// [first_unit, first_unit + units) get new host space; the request covers
+// [guest, guest + src.size()) of them, head and tail hold the old bytes of the
+// rest (copy-on-write).
+struct ExtentDriver::Allocation {
+  uint64_t first_unit = 0;
+  uint64_t units = 0;
+  uint64_t guest = 0;
+  std::span<const std::byte> src;
+  bool old_zero = true;  // the units' old contents read as zeros
+  HostRun run;
+  io::AlignedBuffer head;
+  io::AlignedBuffer tail;
+};
+
+// Whether extent e at guest offset guest reads as zeros.
+bool ExtentDriver::reads_zero(const Extent &e, uint64_t guest) const {
+  if (e.kind == ExtentKind::zero) return true;
+  if (e.kind != ExtentKind::unallocated) return false;
+  return img_.backing == nullptr || guest >= img_.backing->size();
+}
+
+Task<Status> ExtentDriver::write(uint64_t off, std::span<const std::byte> buf) {
+  if (img_.writer == nullptr) co_return refuse_write();
+  if (buf.empty()) co_return Status::ok();
+  std::vector<SubWrite> in_place;
+  std::vector<Allocation> allocs;
+  QCOWFS_CO_TRY(co_await plan_write(off, buf, in_place, allocs));
+  if (!allocs.empty()) co_return co_await write_allocating(off, buf);
+  if (in_place.size() == 1)
+    co_return co_await in_place.front().file->write(in_place.front().host, in_place.front().src);
+  std::vector<Task<Status>> tasks;
+  tasks.reserve(in_place.size());
+  for (const SubWrite &w : in_place) tasks.push_back(w.file->write(w.host, w.src));
+  co_return co_await io::when_all(std::move(tasks));
+}
+
+// Splits [start, start + buf.size()) into in-place writes (data extents,
+// coalesced where host-contiguous) and allocations (runs of other extents,
+// widened to whole units).
+Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte> buf, std::vector<SubWrite> &in_place,
+                                      std::vector<Allocation> &allocs) {
+  const uint64_t end = start + buf.size();
+  const uint64_t us = img_.writer->unit_size();
+  uint64_t guest = start;
+  while (guest < end) {
+    auto e = co_await extent_at(guest, end - guest);
+    if (!e) co_return e.status();
+    if (e->length == 0 || e->length > end - guest)
+      co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e->length, guest);
+    std::span<const std::byte> src = buf.subspan(guest - start, e->length);
+    if (e->kind == ExtentKind::data) {
+      SubWrite *last = in_place.empty() ? nullptr : &in_place.back();
+      if (last && last->file == e->file && last->host + last->src.size() == e->host_offset &&
+          last->src.data() + last->src.size() == src.data()) {
+        last->src = std::span<const std::byte>(last->src.data(), last->src.size() + src.size());
+      } else {
+        in_place.push_back(SubWrite{e->file, e->host_offset, src});
+      }
+    } else {
+      Allocation *last = allocs.empty() ? nullptr : &allocs.back();
+      if (last && last->guest + last->src.size() == guest) {
+        last->src = std::span<const std::byte>(last->src.data(), last->src.size() + src.size());
+        last->old_zero = last->old_zero && reads_zero(*e, guest);
+      } else {
+        allocs.push_back(Allocation{});
+        allocs.back().guest = guest;
+        allocs.back().src = src;
+        allocs.back().old_zero = reads_zero(*e, guest);
+      }
+    }
+    guest += e->length;
+  }
+  for (Allocation &a : allocs) {
+    a.first_unit = a.guest / us;
+    a.units = (a.guest + a.src.size() + us - 1) / us - a.first_unit;
+  }
+  co_return Status::ok();
+}
+
+// A request that allocates: planned again under the allocation lock (another
+// request may have allocated some of its units meanwhile), every host write
+// issued together, the new units published once all succeeded.
+Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::byte> buf) {
+  auto lock = co_await alloc_.lock();
+  if (!changed_) {
+    QCOWFS_CO_TRY(co_await img_.writer->begin_change());
+    changed_ = true;
+  }
+  std::vector<SubWrite> in_place;
+  std::vector<Allocation> allocs;
+  QCOWFS_CO_TRY(co_await plan_write(off, buf, in_place, allocs));
+  for (Allocation &a : allocs) QCOWFS_CO_TRY(co_await fill_cow(a));
+  QCOWFS_CO_TRY(co_await reserve_all(allocs));
+  std::vector<Task<Status>> tasks;
+  tasks.reserve(in_place.size() + allocs.size());
+  for (const SubWrite &w : in_place) tasks.push_back(w.file->write(w.host, w.src));
+  for (const Allocation &a : allocs) tasks.push_back(write_allocation(a));
+  Status st = co_await io::when_all(std::move(tasks));
+  if (!st) {
+    for (auto it = allocs.rbegin(); it != allocs.rend(); ++it) img_.writer->unreserve(it->run);
+    co_return st;
+  }
+  for (const Allocation &a : allocs) img_.writer->publish(a.first_unit, a.run);
+  co_return Status::ok();
+}
+
+// Host space for every allocation, in order; on failure the ones already
+// reserved are given back (newest first).
+Task<Status> ExtentDriver::reserve_all(std::vector<Allocation> &allocs) {
+  for (size_t i = 0; i < allocs.size(); ++i) {
+    auto run = co_await img_.writer->reserve(allocs[i].units);
+    if (!run) {
+      while (i-- > 0) img_.writer->unreserve(allocs[i].run);
+      co_return run.status().with_context(img_.path);
+    }
+    allocs[i].run = *run;
+  }
+  co_return Status::ok();
+}
+
+// The old bytes of an allocation's units around the request: read through this
+// driver (backing image, zeros, a compressed unit) unless they are zeros. Past
+// the end of the disk they are zeros.
+Task<Status> ExtentDriver::fill_cow(Allocation &a) {
+  const uint64_t us = img_.writer->unit_size();
+  const uint64_t unit_start = a.first_unit * us;
+  const uint64_t unit_end = (a.first_unit + a.units) * us;
+  const uint64_t req_end = a.guest + a.src.size();
+  const size_t align = mem_align();
+  a.head = io::AlignedBuffer(static_cast<size_t>(a.guest - unit_start), align, true);
+  a.tail = io::AlignedBuffer(static_cast<size_t>(unit_end - req_end), align, true);
+  if (a.old_zero) co_return Status::ok();
+  if (a.head.size() > 0) QCOWFS_CO_TRY(co_await read(unit_start, a.head.span()));
+  const uint64_t tail_in_disk = std::min(unit_end, img_.size) - std::min(req_end, img_.size);
+  if (tail_in_disk > 0) QCOWFS_CO_TRY(co_await read(req_end, a.tail.span().first(tail_in_disk)));
+  co_return Status::ok();
+}
+
+// One host write: the request alone into fresh zero space whose old contents
+// were zeros, else head + request + tail over the whole units.
+Task<Status> ExtentDriver::write_allocation(const Allocation &a) {
+  const HostRun &r = a.run;
+  if (a.old_zero && r.fresh) co_return co_await r.file->write(r.host + a.head.size(), a.src);
+  std::vector<iovec> iov;
+  if (a.head.size() > 0) iov.push_back(iov_of(a.head.span()));
+  iov.push_back(iov_of(a.src));
+  if (a.tail.size() > 0) iov.push_back(iov_of(a.tail.span()));
+  co_return co_await r.file->writev(r.host, iov);
+}
+
+Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unmap) {
+  if (img_.writer == nullptr) co_return refuse_write();
+  const uint64_t end = off + len;
+  uint64_t guest = off;
+  while (guest < end) {
+    auto e = co_await extent_at(guest, end - guest);
+    if (!e) co_return e.status();
+    if (e->length == 0 || e->length > end - guest)
+      co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e->length, guest);
+    QCOWFS_CO_TRY(co_await write_zero_extent(*e, guest, may_unmap));
+    guest += e->length;
+  }
+  co_return Status::ok();
+}
+
+// Data is zeroed in the host file (punched where allowed and the host reads
+// holes as zeros); ranges that read as zeros already are left; the rest
+// (backing data, compressed units) is overwritten with zeros.
+Task<Status> ExtentDriver::write_zero_extent(const Extent &e, uint64_t guest, bool unmap) {
+  if (reads_zero(e, guest)) co_return Status::ok();
+  if (e.kind != ExtentKind::data) co_return co_await write_zero_buffer(guest, e.length);
+  if (unmap && !e.file->is_block_device()) co_return co_await e.file->discard(e.host_offset, e.length);
+  co_return co_await e.file->write_zeroes(e.host_offset, e.length);
+}
+
+Task<Status> ExtentDriver::write_zero_buffer(uint64_t guest, uint64_t len) {
+  io::AlignedBuffer zeros(static_cast<size_t>(std::min(len, kZeroChunk)), mem_align(), true);
+  for (uint64_t done = 0; done < len;) {
+    const uint64_t n = std::min(len - done, kZeroChunk);
+    QCOWFS_CO_TRY(co_await write(guest + done, zeros.span().first(n)));
+    done += n;
+  }
+  co_return Status::ok();
+}
+
+Task<Status> ExtentDriver::discard(uint64_t off, uint64_t len) { co_return co_await write_zeroes(off, len, true); }
+
+Task<Status> ExtentDriver::truncate(uint64_t new_size) {
+  if (img_.writer == nullptr) co_return refuse_write();
+  if (new_size == img_.size) co_return Status::ok();
+  co_return Status::errorf(EINVAL, "{}: {} images cannot be resized (qemu-img resize refuses them too)", img_.path,
+                           img_.format);
+}
+
+Task<Status> ExtentDriver::flush_files() {
+  for (const auto &f : img_.files) QCOWFS_CO_TRY(co_await f->flush());
+  co_return Status::ok();
+}
+
+// Dirty metadata goes to the host after the data it points at is durable.
+Task<Status> ExtentDriver::writeback() {
+  auto lock = co_await alloc_.lock();
+  if (!img_.writer->dirty()) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await flush_files());
+  Status st = co_await img_.writer->write_metadata();
+  if (!st) log::error("{}: writing back {} metadata: {}", img_.path, img_.format, st.message());
+  co_return st;
+}
+
+Task<Status> ExtentDriver::flush() {
+  if (img_.writer == nullptr) co_return Status::ok();
+  auto one = co_await flushing_.lock();
+  QCOWFS_CO_TRY(co_await writeback());
+  co_return co_await flush_files();
+}
+
+Task<Status> ExtentDriver::idle_writeback() {
+  if (img_.writer == nullptr) co_return Status::ok();
+  co_return co_await writeback();
+}
+
+Task<Status> ExtentDriver::close() {
+  if (img_.writer == nullptr || closed_) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await flush());
+  {
+    auto lock = co_await alloc_.lock();
+    QCOWFS_CO_TRY(co_await img_.writer->close_clean());
+  }
+  QCOWFS_CO_TRY(co_await flush_files());
+  closed_ = true;
+  co_return Status::ok();
+}
+
+}  // namespace qcowfs::image

@@ -1,0 +1,70 @@
+// ExtentWriter: what a writable table format (VDI, ...) adds to its ExtentMap
+// so that ExtentDriver can write it. The driver owns the write path: it plans
+// a request over the map, writes allocated extents in place (one host write
+// per host-contiguous run), and for each guest-contiguous run of unallocated
+// or zero units asks the writer for contiguous host space, writes the request
+// with its copy-on-write head and tail in one host write, and then publishes
+// the new mapping. The writer owns the format's metadata: where new units go,
+// the table entries, and writing them back.
+//
+// Metadata ordering (docs/ARCHITECTURE.md): published entries stay in memory
+// until flush(), idle writeback or close; the driver then flushes the data to
+// the host before write_metadata(), so no entry on disk points at data that is
+// not durable, and flushes again afterwards.
+//
+// Thread-safety: reserve(), unreserve(), publish(), write_metadata() and
+// close_clean() are called with the driver's allocation lock held (one at a
+// time, in any event-loop thread). publish() must make the new entries visible
+// to ExtentMap::try_map() on other threads (atomic stores).
+#pragma once
+
+#include <cstdint>
+
+#include "io/host_file.h"
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::image {
+
+// Host space for n units: [host, host + n * unit_size) in file.
+struct HostRun {
+  io::HostFile *file = nullptr;
+  uint64_t host = 0;
+  uint64_t units = 0;
+  // The space reads as zeros already (past the data written so far): the
+  // driver need not write zero copy-on-write parts.
+  bool fresh = false;
+};
+
+class ExtentWriter {
+ public:
+  virtual ~ExtentWriter() = default;
+  ExtentWriter() = default;
+  ExtentWriter(const ExtentWriter &) = delete;
+  ExtentWriter &operator=(const ExtentWriter &) = delete;
+
+  // The allocation unit in guest bytes (a VDI block); guest unit u is
+  // [u * unit_size(), (u + 1) * unit_size()).
+  virtual uint64_t unit_size() const = 0;
+  // Before the first change of this open: the format's dirty or in-use flag,
+  // durable. Default: the format has none.
+  virtual Task<Status> begin_change() { co_return Status::ok(); }
+  // Contiguous host space for n new units (ENOSPC when the image has none
+  // left).
+  virtual Task<Result<HostRun>> reserve(uint64_t n) = 0;
+  // Gives back the latest reservation (its data write failed).
+  virtual void unreserve(const HostRun &run) = 0;
+  // Guest units [first, first + run.units) now map to run; visible to readers
+  // at once, written back by write_metadata().
+  virtual void publish(uint64_t first, const HostRun &run) = 0;
+  // Whether published entries (or other metadata) wait for write_metadata().
+  virtual bool dirty() const = 0;
+  // Writes back the metadata changed since the last call (the data it points
+  // at is durable already). The caller flushes the host afterwards.
+  virtual Task<Status> write_metadata() = 0;
+  // After the last write_metadata() of a clean close (whether or not anything
+  // was changed): clears the dirty or in-use flag.
+  virtual Task<Status> close_clean() { co_return Status::ok(); }
+};
+
+}  // namespace qcowfs::image
