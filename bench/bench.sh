@@ -16,6 +16,9 @@
 #   FMT-full     fully written 1 GiB image of FMT (qcow2 vmdk vhdx vdi qed vpc parallels; made by
 #                qemu-img convert from the raw image), read-only mounts: randread4k-ro seqread1m-ro.
 #                With SETS="qcow2-full-ro vmdk-full ..." a second table puts each format beside qcow2.
+#   FMT-rw       the fully written FMT image, read-write: randwrite4k (overwrite); FMT-empty an
+#                empty 1 GiB FMT image (qemu-img create): seqwrite1m. With qcow2-full and
+#                qcow2-empty in SETS a table puts each writable format beside qcow2.
 #   raw-lat, qcow2-lat  low queue depth on the raw image and the fully written qcow2:
 #                randread4k-qd1 randwrite4k-qd1 (psync) randread4k-qd1u randwrite4k-qd1u
 #                (io_uring QD1) randread4k-qd4 randwrite4k-qd4 (io_uring QD4); a latency table
@@ -70,10 +73,13 @@ qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/raw.img" >/dev/null
 for set in "${sets[@]}"; do
   case $set in
     qcow2-full|qcow2-full-ro|qcow2-empty|qcow2-enc-full|raw|raw-lat|qcow2-lat) ;;
-    *-full)
-      fmt=${set%-full} opts=
+    *-full|*-rw)
+      fmt=${set%-full} fmt=${fmt%-rw} opts=
       [ "$fmt" = vpc ] && opts="-o force_size=on"
-      qemu-img convert -f raw -O "$fmt" $opts "$work/raw.img" "$work/full.$fmt" ;;
+      [ -f "$work/full.$fmt" ] || qemu-img convert -f raw -O "$fmt" $opts "$work/raw.img" "$work/full.$fmt" ;;
+    *-empty)
+      fmt=${set%-empty}
+      qemu-img create -q -f "$fmt" "$work/empty.$fmt" 1G ;;
   esac
 done
 key=$work/bench.key
@@ -139,6 +145,10 @@ for round in $(seq "$rounds"); do
         jobs="randread4k-qd1 randwrite4k-qd1 randread4k-qd1u randwrite4k-qd1u randread4k-qd4 randwrite4k-qd4" ;;
       *-full) fmt=${set%-full} tmpl=$work/full.$fmt jobs="randread4k-ro seqread1m-ro"
               [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
+      *-rw) fmt=${set%-rw} tmpl=$work/full.$fmt jobs="randwrite4k"
+            [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
+      *-empty) fmt=${set%-empty} tmpl=$work/empty.$fmt jobs="seqwrite1m"
+               [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
       *) echo "unknown set $set" >&2; exit 2 ;;
     esac
     for job in $jobs; do
@@ -232,6 +242,22 @@ if others:
         print(f"| {s.removesuffix('-full')} | {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
               f"| {'-' if r is None else f'{r:.2f}x'} | {ratio(rounds, 'qcowfs', 'qsd')} "
               f"| {ratio(rounds, 'qcowfs', 'raw-host')} |")
+# Each writable format beside qcow2: overwrites against qcow2-full, allocating writes against
+# qcow2-empty, ratios taken within a round.
+wref = {(s, job): rounds for (s, job), rounds in runs.items() if s in ("qcow2-full", "qcow2-empty")}
+writers = [(s, job, rounds) for (s, job), rounds in runs.items()
+           if (s.endswith("-rw") or s.endswith("-empty")) and s != "qcow2-empty"]
+if writers:
+    print("\n| format | job | qcowfs | qcowfs / qcow2 | qsd (same image) | qcowfs / qsd | qcowfs / raw host file |")
+    print("|---|---|---|---|---|---|---|")
+    for s, job, rounds in writers:
+        q = wref.get(("qcow2-full" if s.endswith("-rw") else "qcow2-empty", job), {})
+        r = med([v["qcowfs"] / q[k]["qcowfs"] for k, v in rounds.items()
+                 if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
+        name = s.removesuffix("-rw").removesuffix("-empty")
+        print(f"| {name} | {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
+              f"| {'-' if r is None else f'{r:.2f}x'} | {fmt(med([v.get('qsd') for v in rounds.values()]), job)} "
+              f"| {ratio(rounds, 'qcowfs', 'qsd')} | {ratio(rounds, 'qcowfs', 'raw-host')} |")
 # The encrypted qcow2 beside the same image unencrypted (qcow2-full), ratios within a round.
 plain = {job: rounds for (s, job), rounds in runs.items() if s == "qcow2-full"}
 enc = [(job, rounds) for (s, job), rounds in runs.items() if s == "qcow2-enc-full" and job in plain]

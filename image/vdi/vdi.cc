@@ -1,6 +1,7 @@
 // open_vdi(): header, block map, then an ExtentDriver.
 #include "image/vdi/vdi.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "image/endian.h"
@@ -45,10 +46,37 @@ Task<Result<std::vector<uint32_t>>> read_block_map(io::HostFile& file, const Hea
   co_return bmap;
 }
 
+// A new block goes at index blocks_allocated (as in QEMU): refused where that
+// could overwrite a block in use, i.e. an entry at or past blocks_allocated,
+// two blocks naming one data block, or more blocks allocated than the image
+// has. QEMU writes such images anyway; qemu-img check calls them corrupt.
+Status check_allocation(const Header& h, const vdi::VdiMap& map, const std::string& path) {
+  const auto refuse = [&](std::string what) {
+    return Status::errorf(EIO, "{}: {}; qcowfs does not write to this VDI image (mount it read-only)", path, what);
+  };
+  if (h.blocks_allocated > h.blocks_in_image)
+    return refuse(fmt::format("blocks_allocated {} is above blocks_in_image {}", h.blocks_allocated,
+                              h.blocks_in_image));
+  std::vector<uint32_t> named;  // no larger than the block map already read
+  for (uint64_t block = 0; block < map.blocks(); ++block) {
+    const uint32_t e = map.entry(block);
+    if (!vdi::is_allocated(e)) continue;
+    if (e >= h.blocks_allocated)
+      return refuse(fmt::format("block {} names data block {}, not below blocks_allocated {}", block, e,
+                                h.blocks_allocated));
+    named.push_back(e);
+  }
+  std::sort(named.begin(), named.end());
+  auto twice = std::adjacent_find(named.begin(), named.end());
+  if (twice != named.end()) return refuse(fmt::format("data block {} is named by two blocks", *twice));
+  return Status::ok();
+}
+
 // The writer of a read-write open, with the header and block map bytes it
 // writes back.
 Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, const std::string& path, const Header& h,
                                                         vdi::VdiMap& map) {
+  QCOWFS_CO_TRY(check_allocation(h, map, path));
   const uint64_t base = vdi::VdiWriter::meta_base(h);
   io::AlignedBuffer meta(static_cast<size_t>(vdi::VdiWriter::meta_end(h) - base), file.mem_align(), true);
   auto st = co_await read_padded(file, base, meta.span());

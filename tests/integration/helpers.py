@@ -136,9 +136,9 @@ def qemu_img_map(image: str | os.PathLike, *, fmt: str | None = None) -> list[di
     return json.loads(qemu_img("map", "--output=json", "-f", fmt, image))
 
 
-def qemu_img_check(image: str | os.PathLike) -> dict:
+def qemu_img_check(image: str | os.PathLike, fmt: str = "qcow2") -> dict:
     """Asserts `qemu-img check` finds no corruptions, leaks or check errors."""
-    proc = run(["qemu-img", "check", "--output=json", "-f", "qcow2", image], check=False)
+    proc = run(["qemu-img", "check", "--output=json", "-f", fmt, image], check=False)
     text = proc.stdout.decode()
     try:
         report = json.loads(text)

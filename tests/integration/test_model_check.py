@@ -5,9 +5,10 @@ a shared mapping, msync, punch hole, zero range, grow, shrink, fsync, and
 close-and-reopen, and checks the view against an in-memory model of the disk
 after every operation (the bytes the operation touched, and the whole disk
 every FULL_CHECK_EVERY operations). At the end the image is checked against
-the model with `qemu-img convert -O raw` and, for qcow2, `qemu-img check`.
+the model with `qemu-img convert -O raw` and `qemu-img check`.
 
-Runs: raw and qcow2 images, buffered and O_DIRECT opens, a fixed seed and a
+Runs: raw, qcow2 and VDI images (VDI cannot be resized: every grow and
+shrink must fail with EINVAL), buffered and O_DIRECT opens, a fixed seed and a
 random one (printed, and named in every failure, so a failure can be replayed
 with QCOWFS_MODEL_SEED=N)."""
 
@@ -57,9 +58,10 @@ def fallocate(fd: int, mode: int, off: int, length: int) -> None:
 class Checker:
     """The view, its model, and one open (plus a shared mapping of it)."""
 
-    def __init__(self, path: Path, direct: bool, rng: random.Random, seed: int) -> None:
+    def __init__(self, path: Path, direct: bool, rng: random.Random, seed: int, resizable: bool = True) -> None:
         self.path = path
         self.direct = direct
+        self.resizable = resizable  # False: every size change must fail with EINVAL
         self.rng = rng
         self.seed = seed
         self.align = 512 if direct else 1
@@ -206,6 +208,16 @@ class Checker:
         if size >= MAX_SIZE:
             return
         new = min(MAX_SIZE, size + self.rng.randint(1, 64) * 4 * KiB)
+        if not self.resizable:
+            try:
+                os.ftruncate(self.fd, new)
+            except OSError as e:
+                self.expect(e.errno == errno.EINVAL, f"grow to {new}: {e}")
+            else:
+                self.expect(False, f"grow to {new} of a format that cannot be resized succeeded")
+            size_now = os.fstat(self.fd).st_size
+            self.expect(size_now == size, f"size {size_now} after a refused grow, model {size}")
+            return
         os.ftruncate(self.fd, new)
         self.model.extend(bytes(new - size))
         self.remap()
@@ -225,6 +237,7 @@ class Checker:
             self.expect(e.errno == errno.EINVAL, f"shrink to {new}: {e}")
             self.counts["shrink refused"] = self.counts.get("shrink refused", 0) + 1
         else:
+            self.expect(self.resizable, f"shrink to {new} of a format that cannot be resized succeeded")
             self.expect(not any(self.model[new:]), f"shrink to {new} dropped data")
             del self.model[new:]
             self.counts["shrink done"] = self.counts.get("shrink done", 0) + 1
@@ -253,14 +266,18 @@ class Checker:
         os.fsync(self.fd)
 
 
+# Formats whose images cannot be resized (qemu-img resize refuses them).
+FIXED_SIZE = {"vdi"}
+
+
 def make_image(workdir: Path, fmt: str) -> Path:
     if fmt == "raw":
         image = workdir / "disk.raw"
         with open(image, "wb") as f:
             f.truncate(START_SIZE)
         return image
-    image = workdir / "disk.qcow2"
-    helpers.qemu_img("create", "-q", "-f", "qcow2", image, str(START_SIZE))
+    image = workdir / f"disk.{fmt}"
+    helpers.qemu_img("create", "-q", "-f", fmt, image, str(START_SIZE))
     return image
 
 
@@ -275,8 +292,8 @@ def check_one(workdir: Path, fmt: str, direct: bool, seed: int) -> dict[str, int
     """One run: OPS operations on a fresh image, then QEMU's verdict."""
     workdir.mkdir()
     image = make_image(workdir, fmt)
-    with helpers.mounted(image, workdir / "view", ["rw", "discard=unmap"]) as m:
-        checker = Checker(m.path, direct, random.Random(seed), seed)
+    with helpers.mounted(image, workdir / "view", ["rw", "discard=unmap", f"format={fmt}"]) as m:
+        checker = Checker(m.path, direct, random.Random(seed), seed, resizable=fmt not in FIXED_SIZE)
         try:
             checker.run(OPS)
         finally:
@@ -289,13 +306,13 @@ def check_one(workdir: Path, fmt: str, direct: bool, seed: int) -> dict[str, int
     if ref != bytes(checker.model):
         at = helpers.first_difference(ref, bytes(checker.model))
         raise AssertionError(f"seed {seed}: qemu-img convert differs from the model at byte {at}")
-    if fmt == "qcow2":
-        helpers.qemu_img_check(image)
+    if fmt != "raw":
+        helpers.qemu_img_check(image, fmt)
     return checker.counts
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["buffered", "o_direct"])
-@pytest.mark.parametrize("fmt", ["raw", "qcow2"])
+@pytest.mark.parametrize("fmt", ["raw", "qcow2", "vdi"])
 def test_model_check(workdir: Path, fmt: str, direct: bool) -> None:
     """The fixed-seed and the random-seed run, side by side on two mounts
     (each waits on FUSE and the disk most of the time)."""

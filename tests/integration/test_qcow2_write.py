@@ -16,14 +16,13 @@ import contextlib
 import os
 import random
 import shutil
-import signal
 import struct
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+import format_helpers as fh
 import helpers
 import qcow2_header
 from qcow2_poke import Qcow2
@@ -333,79 +332,10 @@ def test_enospc_leaves_image_consistent(workdir: Path):
                 assert a.read(MiB) == b.read(MiB), f"MiB {i} differs"
 
 
-WRITER = r"""
-import os, sys
-fd = os.open(sys.argv[1], os.O_RDWR)
-base = int(sys.argv[2])
-i = 0
-while True:
-    os.pwrite(fd, (b"%08d" % i) * 8192, base + (i % 256) * 65536)
-    i += 1
-    if i % 8 == 0:
-        os.fsync(fd)
-        print(i, flush=True)
-"""
-
-
 def test_kill9_under_write_load(workdir: Path):
-    if shutil.which("fio") is None:
-        pytest.fail("fio is not installed (tests/setup-deps.sh)")
     img = workdir / "k.qcow2"
     helpers.qemu_img("create", "-q", "-f", "qcow2", img, str(SIZE))
-    view = workdir / "view.raw"
-    view.touch()
-    proc = subprocess.Popen([helpers.qcowfs_bin(), "-f", "-o", "rw", img, view],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    fio = writer = None
-    synced = 0
-    try:
-        deadline = time.monotonic() + 10
-        while not helpers.is_fuse_mounted(view):
-            assert time.monotonic() < deadline and proc.poll() is None, "mount failed"
-            time.sleep(0.05)
-        fio = subprocess.Popen(["fio", "--name=k", f"--filename={view}", "--rw=randwrite", "--bs=4k",
-                                "--size=32M", "--offset=0", "--time_based", "--runtime=30",
-                                "--fsync=16", "--ioengine=psync"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        writer = subprocess.Popen(["python3", "-c", WRITER, str(view), str(40 * MiB)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        start = time.monotonic()
-        while time.monotonic() - start < 3:
-            line = writer.stdout.readline()
-            if not line:
-                break
-            synced = int(line)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        for p in (fio, writer):
-            if p and p.poll() is None:
-                p.kill()
-                with contextlib.suppress(Exception):
-                    p.wait(timeout=10)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        helpers.run(["fusermount3", "-u", "-z", view], check=False)
-    assert synced >= 8, "the writer never completed an fsync before the kill"
-    report = helpers.run(["qemu-img", "check", "--output=json", "-f", "qcow2", img], check=False)
-    assert report.returncode in (0, 3), (  # 3: leaks only, allowed after a crash
-        f"qemu-img check after kill -9: exit {report.returncode}\n{report.stdout.decode()}")
-    out = workdir / "out.raw"
-    helpers.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", img, out])
-    with open(out, "rb") as f:
-        # Every slot's last write acknowledged before the last completed fsync.
-        for slot in range(min(synced, 256)):
-            last = max(i for i in range(synced) if i % 256 == slot)
-            f.seek(40 * MiB + slot * 65536)
-            got = f.read(65536)
-            # A later (unsynced) write may also have landed, even partly: every
-            # 8-byte stamp must be that write or a newer one, never older or garbage.
-            for k in range(0, 65536, 8):
-                stamp = got[k:k + 8]
-                assert stamp.isdigit(), f"slot {slot} holds garbage at +{k}: {stamp!r}"
-                assert int(stamp) >= last and int(stamp) % 256 == slot, (
-                    f"slot {slot} lost fsynced write {last} (has {int(stamp)} at +{k})")
+    fh.kill9_under_write_load(img, "qcow2", workdir)
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,129 @@
+"""Read-write mounts of the table formats (VDI so far), with QEMU as the
+referee. For each writable variant: fio random and sequential writes with
+--verify through the mount (QD32, 512 B to 1 MiB, cache=none and writeback),
+punched and zeroed ranges, unaligned writes and the partly used last block,
+growth (refused where QEMU cannot resize the format); after a clean unmount
+`qemu-img check` is clean, `qemu-img convert -O raw` equals the view as read
+back, and a remount shows the same bytes. Plus kill -9 under a write load with
+fsync (format_helpers.kill9_under_write_load)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+import format_helpers as fh
+import helpers
+
+KiB, MiB = 1 << 10, 1 << 20
+
+# variant -> (format, qemu-img create options, allocation unit)
+VARIANTS = {
+    "vdi-dynamic": ("vdi", "", MiB),
+    "vdi-static": ("vdi", "static=on", MiB),
+}
+# Formats qemu-img resize can grow.
+RESIZABLE: set[str] = set()
+
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def fallocate(fd: int, mode: int, off: int, length: int) -> None:
+    if _libc.fallocate(fd, mode, off, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def make(workdir: Path, variant: str, size: int) -> tuple[Path, str]:
+    fmt, opts, unit = VARIANTS[variant]
+    image = fh.make_image(workdir, fmt, f"disk.{fmt}", size, opts, fh.scattered_writes(size, unit, seed=3))
+    return image, fmt
+
+
+def fio_verify(path: Path, *args: str) -> None:
+    if shutil.which("fio") is None:
+        pytest.fail("fio is not installed (tests/setup-deps.sh)")
+    proc = helpers.run(["fio", "--name=rw", f"--filename={path}", "--ioengine=io_uring", "--iodepth=32",
+                        "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--randrepeat=0",
+                        "--output-format=terse", *args], check=False, timeout=300)
+    assert proc.returncode == 0, (
+        f"fio {' '.join(args)} failed:\n{proc.stdout.decode()}{proc.stderr.decode(errors='replace')}")
+
+
+def edit_view(path: Path, size: int, resizable: bool) -> None:
+    """Punch, zero, unaligned writes, the last bytes, growth; checked at once."""
+    rng = random.Random(size)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 3 * MiB + 512, 2 * MiB + 4096)
+        fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 9 * MiB - 777, 1 * MiB + 1554)
+        assert os.pread(fd, 2 * MiB + 4096, 3 * MiB + 512) == bytes(2 * MiB + 4096), "punched range not zero"
+        assert os.pread(fd, MiB + 1554, 9 * MiB - 777) == bytes(MiB + 1554), "zeroed range not zero"
+        for _ in range(20):
+            off = rng.randrange(size - 70000)
+            data = rng.randbytes(rng.choice([1, 3, 511, 4097, 65537]))
+            assert os.pwrite(fd, data, off) == len(data)
+            assert os.pread(fd, len(data), off) == data, f"unaligned write at {off} reads back wrong"
+        tail = rng.randbytes(1000)
+        assert os.pwrite(fd, tail + b"x", size - 1000) == 1000, "a write across the end is short"
+        if resizable:
+            os.ftruncate(fd, size + MiB)
+            assert os.fstat(fd).st_size == size + MiB
+        else:
+            with pytest.raises(OSError) as e:
+                os.ftruncate(fd, size + MiB)
+            assert e.value.errno == errno.EINVAL, e.value
+            assert os.fstat(fd).st_size == size, "a refused resize changed the size"
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("cache", ["none", "writeback"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_writes_verify_and_qemu_reads_them(workdir: Path, variant: str, cache: str) -> None:
+    size = 48 * MiB + 3 * 512  # the last unit is used in part
+    image, fmt = make(workdir, variant, size)
+    copy = workdir / "copy.raw"
+    with helpers.mounted(image, workdir / "view.raw", ["rw", f"cache={cache}", f"format={fmt}"]) as m:
+        fio_verify(m.path, "--rw=randwrite", "--bsrange=512-1M", "--offset=0", "--size=24M", "--direct=1")
+        fio_verify(m.path, "--rw=write", "--bs=1M", "--offset=24M", "--size=16M", "--direct=1")
+        fio_verify(m.path, "--rw=randrw", "--bs=4k", "--offset=40M", "--size=8M")
+        edit_view(m.path, size, fmt in RESIZABLE)
+        shutil.copyfile(m.path, copy)
+    helpers.qemu_img_check(image, fmt)
+    reference = helpers.convert_to_raw(image, workdir / "qemu.raw", fmt=fmt)
+    assert helpers.files_equal(reference, copy), (
+        f"{variant}: qemu-img convert differs from the view at byte "
+        f"{helpers.first_difference(reference.read_bytes(), copy.read_bytes())}")
+    with helpers.mounted(image, workdir / "again.raw", [f"format={fmt}"]) as m:
+        fh.assert_view_equals(m.path, copy, image)
+
+
+@pytest.mark.parametrize("variant", ["vdi-dynamic"])
+def test_kill9_under_write_load(workdir: Path, variant: str) -> None:
+    fmt, opts, _ = VARIANTS[variant]
+    image = fh.make_image(workdir, fmt, f"k.{fmt}", 64 * MiB, opts)
+    fh.kill9_under_write_load(image, fmt, workdir)
+
+
+def test_vdi_block_map_that_could_overwrite_a_block_is_refused_for_writing(workdir: Path) -> None:
+    """blocks_allocated below a block in use: a new block would overwrite it."""
+    image = fh.make_image(workdir, "vdi", "bad.vdi", 8 * MiB, "", ["write -P 1 0 4k", "write -P 2 1M 4k"])
+    with open(image, "r+b") as f:
+        f.seek(388)  # blocks_allocated
+        f.write((1).to_bytes(4, "little"))
+    before = helpers.sha256_file(image)
+    code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
+    assert code != 0 and "not below blocks_allocated" in text and "read-only" in text, text
+    assert helpers.sha256_file(image) == before
