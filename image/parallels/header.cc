@@ -57,6 +57,7 @@ Result<Header> parse_header(std::span<const std::byte, kHeaderSize> b, const std
   if (h.nb_sectors > (uint64_t{INT64_MAX} >> 9))
     return Status::errorf(EFBIG, "{}: Parallels disk size of {} sectors is too large", path, h.nb_sectors);
   h.inuse = load_le32(&b[kInuseOff]) == kInuseMagic;
+  h.data_off = load_le32(&b[kDataOffOff]);
   h.ext_off = load_le64(&b[kExtOffOff]);
   return h;
 }

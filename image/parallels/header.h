@@ -20,6 +20,7 @@ struct Header {
   uint32_t bat_entries = 0;
   uint64_t nb_sectors = 0;      // guest size
   bool inuse = false;           // not closed cleanly (read-only opens ignore it, as QEMU's do)
+  uint32_t data_off = 0;        // first data sector; 0: right after the BAT
   uint64_t ext_off = 0;         // format extension, in sectors; 0: none
   uint64_t cluster_size() const { return uint64_t{tracks} * kSector; }
 };

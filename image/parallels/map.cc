@@ -1,6 +1,7 @@
 #include "image/parallels/map.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "image/parallels/format.h"
 #include "io/log.h"
@@ -11,6 +12,16 @@ ClusterMap::ClusterMap(io::HostFile* file, std::string path, uint64_t cluster_si
                        std::vector<uint32_t> bat)
     : file_(file), path_(std::move(path)), cluster_size_(cluster_size), unit_(off_multiplier * kSector),
       bat_(std::move(bat)) {}
+
+// Entries are read while ParallelsWriter publishes new ones from another thread.
+uint32_t ClusterMap::entry(uint64_t cluster) const {
+  if (cluster >= bat_.size()) return 0;
+  return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(bat_[cluster])).load(std::memory_order_acquire);
+}
+
+void ClusterMap::publish(uint64_t cluster, uint32_t entry) {
+  std::atomic_ref<uint32_t>(bat_[cluster]).store(entry, std::memory_order_release);
+}
 
 Result<std::optional<Extent>> ClusterMap::try_map(uint64_t guest, uint64_t len) {
   uint64_t cluster = guest / cluster_size_;

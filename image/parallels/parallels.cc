@@ -15,6 +15,7 @@
 #include "image/parallels/header.h"
 #include "image/parallels/map.h"
 #include "image/parallels/md5.h"
+#include "image/parallels/writer.h"
 
 namespace qcowfs::image {
 namespace {
@@ -82,11 +83,54 @@ Task<Status> check_extension(io::HostFile& file, const parallels::Header& h, con
   co_return parallels::check_extension(ext, h.cluster_size(), h.nb_sectors, path);
 }
 
+// Read-write opens: refused where QEMU refuses them (not closed cleanly),
+// where a write would spoil something (the format extension's bitmaps), or
+// where a cluster write could land on the header, the BAT or another cluster.
+Status check_writable(const parallels::Header& h, const parallels::ClusterMap& map, uint64_t clusters,
+                      const std::string& path) {
+  auto refuse = [&](std::string why) {
+    return Status::errorf(EROFS, "{}: {}; qcowfs opens this Parallels image read-only (mount it with ro)", path, why);
+  };
+  if (h.inuse)
+    return refuse("parallels: Image was not closed correctly; cannot be opened read/write (qemu-img check -r all "
+                  "repairs it)");
+  if (h.ext_off != 0) return refuse("its format extension (dirty bitmaps) would go stale");
+  if (map.entries() < clusters) return refuse("its BAT does not cover the disk");
+  const uint64_t meta_end = parallels::ParallelsWriter::meta_end(clusters);
+  const uint64_t unit = h.off_multiplier * kSector;
+  std::vector<uint64_t> hosts;
+  for (uint64_t c = 0; c < map.entries(); ++c) {
+    const uint32_t e = map.entry(c);
+    if (e == 0) continue;
+    if (uint64_t{e} * unit < meta_end)
+      return refuse(fmt::format("BAT entry {} names host offset {:#x}, on the header and BAT", c, uint64_t{e} * unit));
+    hosts.push_back(uint64_t{e} * unit);
+  }
+  std::sort(hosts.begin(), hosts.end());
+  for (size_t i = 1; i < hosts.size(); ++i)
+    if (hosts[i] - hosts[i - 1] < h.cluster_size())
+      return refuse(fmt::format("two BAT entries name overlapping clusters (host offset {:#x})", hosts[i]));
+  return Status::ok();
+}
+
+// The writer of a read-write open: `inuse` set on disk before any request.
+Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, const std::string& path,
+                                                        const parallels::Header& h, parallels::ClusterMap& map) {
+  const uint64_t clusters = (h.nb_sectors * kSector + h.cluster_size() - 1) / h.cluster_size();
+  QCOWFS_CO_TRY(check_writable(h, map, clusters, path));
+  io::AlignedBuffer meta(static_cast<size_t>(parallels::ParallelsWriter::meta_end(clusters)), file.mem_align(),
+                         true);
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, meta.span(), "header and BAT", path));
+  auto w = std::make_unique<parallels::ParallelsWriter>(file, path, h, map, std::move(meta));
+  Status st = co_await w->mark_in_use();
+  if (!st) co_return st.with_context(path + ": marking the Parallels image in use");
+  co_return std::unique_ptr<ExtentWriter>(std::move(w));
+}
+
 }  // namespace
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_parallels(std::unique_ptr<io::HostFile> file, std::string path,
                                                           ImageOptions opts) {
-  QCOWFS_CO_TRY(refuse_writable_open("Parallels", path, opts));
   if (!opts.snapshot.empty()) co_return Status::errorf(EINVAL, "{}: Parallels images have no snapshots", path);
   std::array<std::byte, parallels::kHeaderSize> b;
   QCOWFS_CO_TRY(co_await read_padded(*file, 0, b, "header", path));
@@ -94,13 +138,21 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_parallels(std::unique_ptr<io::Ho
   if (!h) co_return h.status();
   auto bat = co_await read_bat(*file, *h, path);
   if (!bat) co_return bat.status();
-  QCOWFS_CO_TRY(co_await check_extension(*file, *h, path));
+  // A read-write open ignores the extension, as QEMU's does, and is refused
+  // for having one (check_writable).
+  if (!opts.file.writable) QCOWFS_CO_TRY(co_await check_extension(*file, *h, path));
   ExtentImage img;
   img.format = "parallels";
   img.path = path;
   img.size = h->nb_sectors * kSector;
-  img.map = std::make_unique<parallels::ClusterMap>(file.get(), path, h->cluster_size(), h->off_multiplier,
-                                                    std::move(*bat));
+  auto map = std::make_unique<parallels::ClusterMap>(file.get(), path, h->cluster_size(), h->off_multiplier,
+                                                     std::move(*bat));
+  if (opts.file.writable) {
+    auto writer = co_await make_writer(*file, path, *h, *map);
+    if (!writer) co_return writer.status();
+    img.writer = std::move(*writer);
+  }
+  img.map = std::move(map);
   img.files.push_back(std::move(file));
   std::unique_ptr<BlockDriver> d = std::make_unique<ExtentDriver>(std::move(img));
   co_return d;

@@ -2,7 +2,7 @@
 (format_helpers.check_image): the default 1 MiB clusters, 64 KiB and 4 MiB
 clusters, sizes that are not a multiple of the cluster, scattered data, the old
 "WithoutFreeSpace" magic (BAT entries in sectors), an image left "in use"
-(QEMU opens it read-only as it is), and a refused read-write mount."""
+(QEMU opens it read-only as it is). Writing: tests/integration/test_rw_formats.py."""
 
 from __future__ import annotations
 
@@ -69,14 +69,6 @@ def test_image_left_in_use_reads(workdir: Path) -> None:
     image = make_image(workdir, "parallels", "inuse.hds", 8 * MiB, cmds=["write -P 0x71 2M 1M"])
     patch(image, 44, "<I", 0x746F6E59)
     check_image(image, workdir, fmt="parallels")
-
-
-def test_read_write_mount_is_refused(workdir: Path) -> None:
-    image = make_image(workdir, "parallels", "rw.hds", 8 * MiB, cmds=["write -P 0x12 0 4k"])
-    before = helpers.sha256_file(image)
-    code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
-    assert code != 0 and "read-only" in text, text
-    assert helpers.sha256_file(image) == before
 
 
 def add_extension(image: Path, corrupt: bool = False) -> None:

@@ -7,8 +7,8 @@ after every operation (the bytes the operation touched, and the whole disk
 every FULL_CHECK_EVERY operations). At the end the image is checked against
 the model with `qemu-img convert -O raw` and `qemu-img check`.
 
-Runs: raw, qcow2 and VDI images (VDI cannot be resized: every grow and
-shrink must fail with EINVAL), buffered and O_DIRECT opens, a fixed seed and a
+Runs: raw, qcow2, VDI and Parallels images (the last two cannot be resized:
+every grow and shrink must fail with EINVAL), buffered and O_DIRECT opens, a fixed seed and a
 random one (printed, and named in every failure, so a failure can be replayed
 with QCOWFS_MODEL_SEED=N)."""
 
@@ -267,7 +267,7 @@ class Checker:
 
 
 # Formats whose images cannot be resized (qemu-img resize refuses them).
-FIXED_SIZE = {"vdi"}
+FIXED_SIZE = {"vdi", "parallels"}
 
 
 def make_image(workdir: Path, fmt: str) -> Path:
@@ -312,7 +312,7 @@ def check_one(workdir: Path, fmt: str, direct: bool, seed: int) -> dict[str, int
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["buffered", "o_direct"])
-@pytest.mark.parametrize("fmt", ["raw", "qcow2", "vdi"])
+@pytest.mark.parametrize("fmt", ["raw", "qcow2", "vdi", "parallels"])
 def test_model_check(workdir: Path, fmt: str, direct: bool) -> None:
     """The fixed-seed and the random-seed run, side by side on two mounts
     (each waits on FUSE and the disk most of the time)."""
