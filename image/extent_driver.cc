@@ -57,7 +57,7 @@ struct ExtentDriver::SubRead {
 };
 
 ExtentDriver::ExtentDriver(ExtentImage image)
-    : img_(std::move(image)), units_(cluster_cache_capacity(img_.compressed_unit_size)) {}
+    : img_(std::move(image)), units_(cluster_cache_capacity(img_.compressed_unit_size)), size_(img_.size) {}
 
 ExtentDriver::~ExtentDriver() = default;
 
@@ -184,7 +184,8 @@ Task<Result<ClusterCache::Cluster>> ExtentDriver::load_unit(const Extent& e) {
 }
 
 Task<Result<BlockStatus>> ExtentDriver::block_status(uint64_t off, uint64_t len) {
-  len = std::min(len, img_.size - std::min(off, img_.size));
+  const uint64_t disk = size();
+  len = std::min(len, disk - std::min(off, disk));
   if (len == 0) co_return Status::errorf(EINVAL, "block status query at {:#x} is beyond the end of the image", off);
   if (!img_.reports_status) {
     BlockStatus b;

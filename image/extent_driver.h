@@ -29,6 +29,7 @@
 // may suspend (it loads metadata through a TableCache).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -115,7 +116,7 @@ class ExtentDriver final : public BlockDriver {
   ~ExtentDriver() override;
 
   std::string_view format_name() const override { return img_.format; }
-  uint64_t size() const override { return img_.size; }
+  uint64_t size() const override { return size_.load(std::memory_order_acquire); }
   bool read_only() const override { return img_.writer == nullptr; }
   size_t mem_align() const override;
 
@@ -164,6 +165,7 @@ class ExtentDriver final : public BlockDriver {
   io::AsyncMutex flushing_;  // one flush at a time
   bool changed_ = false;     // ExtentWriter::begin_change() done (alloc_ held)
   bool closed_ = false;
+  std::atomic<uint64_t> size_;  // guest bytes: img_.size, then what truncate() grew it to
 };
 
 // EROFS with a message saying to mount read-only when opts asks for write

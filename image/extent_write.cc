@@ -19,14 +19,14 @@ namespace {
 constexpr uint64_t kZeroChunk = 1 << 20;
 
 iovec iov_of(std::span<const std::byte> s) {
-  return iovec{const_cast<std::byte *>(s.data()), s.size()};  // NOLINT: writev takes non-const iovecs
+  return iovec{const_cast<std::byte*>(s.data()), s.size()};  // NOLINT: writev takes non-const iovecs
 }
 
 }  // namespace
 
 // One in-place host write of a request.
 struct ExtentDriver::SubWrite {
-  io::HostFile *file = nullptr;
+  io::HostFile* file = nullptr;
   uint64_t host = 0;
   std::span<const std::byte> src;
 };
@@ -47,7 +47,7 @@ struct ExtentDriver::Allocation {
 };
 
 // Whether extent e at guest offset guest reads as zeros.
-bool ExtentDriver::reads_zero(const Extent &e, uint64_t guest) const {
+bool ExtentDriver::reads_zero(const Extent& e, uint64_t guest) const {
   if (e.kind == ExtentKind::zero) return true;
   if (e.kind != ExtentKind::unallocated) return false;
   return img_.backing == nullptr || guest >= img_.backing->size();
@@ -64,15 +64,15 @@ Task<Status> ExtentDriver::write(uint64_t off, std::span<const std::byte> buf) {
     co_return co_await in_place.front().file->write(in_place.front().host, in_place.front().src);
   std::vector<Task<Status>> tasks;
   tasks.reserve(in_place.size());
-  for (const SubWrite &w : in_place) tasks.push_back(w.file->write(w.host, w.src));
+  for (const SubWrite& w : in_place) tasks.push_back(w.file->write(w.host, w.src));
   co_return co_await io::when_all(std::move(tasks));
 }
 
 // Splits [start, start + buf.size()) into in-place writes (data extents,
 // coalesced where host-contiguous) and allocations (runs of other extents,
 // widened to whole units).
-Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte> buf, std::vector<SubWrite> &in_place,
-                                      std::vector<Allocation> &allocs) {
+Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte> buf, std::vector<SubWrite>& in_place,
+                                      std::vector<Allocation>& allocs) {
   const uint64_t end = start + buf.size();
   const uint64_t us = img_.writer->unit_size();
   uint64_t guest = start;
@@ -83,7 +83,7 @@ Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte>
       co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e->length, guest);
     std::span<const std::byte> src = buf.subspan(guest - start, e->length);
     if (e->kind == ExtentKind::data) {
-      SubWrite *last = in_place.empty() ? nullptr : &in_place.back();
+      SubWrite* last = in_place.empty() ? nullptr : &in_place.back();
       if (last && last->file == e->file && last->host + last->src.size() == e->host_offset &&
           last->src.data() + last->src.size() == src.data()) {
         last->src = std::span<const std::byte>(last->src.data(), last->src.size() + src.size());
@@ -91,7 +91,7 @@ Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte>
         in_place.push_back(SubWrite{e->file, e->host_offset, src});
       }
     } else {
-      Allocation *last = allocs.empty() ? nullptr : &allocs.back();
+      Allocation* last = allocs.empty() ? nullptr : &allocs.back();
       if (last && last->guest + last->src.size() == guest) {
         last->src = std::span<const std::byte>(last->src.data(), last->src.size() + src.size());
         last->old_zero = last->old_zero && reads_zero(*e, guest);
@@ -104,7 +104,7 @@ Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte>
     }
     guest += e->length;
   }
-  for (Allocation &a : allocs) {
+  for (Allocation& a : allocs) {
     a.first_unit = a.guest / us;
     a.units = (a.guest + a.src.size() + us - 1) / us - a.first_unit;
   }
@@ -123,24 +123,27 @@ Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::b
   std::vector<SubWrite> in_place;
   std::vector<Allocation> allocs;
   QCOWFS_CO_TRY(co_await plan_write(off, buf, in_place, allocs));
-  for (Allocation &a : allocs) QCOWFS_CO_TRY(co_await fill_cow(a));
+  for (Allocation& a : allocs) {
+    QCOWFS_CO_TRY(co_await fill_cow(a));
+    QCOWFS_CO_TRY(co_await img_.writer->prepare(a.first_unit, a.units));
+  }
   QCOWFS_CO_TRY(co_await reserve_all(allocs));
   std::vector<Task<Status>> tasks;
   tasks.reserve(in_place.size() + allocs.size());
-  for (const SubWrite &w : in_place) tasks.push_back(w.file->write(w.host, w.src));
-  for (const Allocation &a : allocs) tasks.push_back(write_allocation(a));
+  for (const SubWrite& w : in_place) tasks.push_back(w.file->write(w.host, w.src));
+  for (const Allocation& a : allocs) tasks.push_back(write_allocation(a));
   Status st = co_await io::when_all(std::move(tasks));
   if (!st) {
     for (auto it = allocs.rbegin(); it != allocs.rend(); ++it) img_.writer->unreserve(it->run);
     co_return st;
   }
-  for (const Allocation &a : allocs) img_.writer->publish(a.first_unit, a.run);
+  for (const Allocation& a : allocs) img_.writer->publish(a.first_unit, a.run);
   co_return Status::ok();
 }
 
 // Host space for every allocation, in order; on failure the ones already
 // reserved are given back (newest first).
-Task<Status> ExtentDriver::reserve_all(std::vector<Allocation> &allocs) {
+Task<Status> ExtentDriver::reserve_all(std::vector<Allocation>& allocs) {
   for (size_t i = 0; i < allocs.size(); ++i) {
     auto run = co_await img_.writer->reserve(allocs[i].units);
     if (!run) {
@@ -155,7 +158,7 @@ Task<Status> ExtentDriver::reserve_all(std::vector<Allocation> &allocs) {
 // The old bytes of an allocation's units around the request: read through this
 // driver (backing image, zeros, a compressed unit) unless they are zeros. Past
 // the end of the disk they are zeros.
-Task<Status> ExtentDriver::fill_cow(Allocation &a) {
+Task<Status> ExtentDriver::fill_cow(Allocation& a) {
   const uint64_t us = img_.writer->unit_size();
   const uint64_t unit_start = a.first_unit * us;
   const uint64_t unit_end = (a.first_unit + a.units) * us;
@@ -165,15 +168,16 @@ Task<Status> ExtentDriver::fill_cow(Allocation &a) {
   a.tail = io::AlignedBuffer(static_cast<size_t>(unit_end - req_end), align, true);
   if (a.old_zero) co_return Status::ok();
   if (a.head.size() > 0) QCOWFS_CO_TRY(co_await read(unit_start, a.head.span()));
-  const uint64_t tail_in_disk = std::min(unit_end, img_.size) - std::min(req_end, img_.size);
+  const uint64_t disk = size();
+  const uint64_t tail_in_disk = std::min(unit_end, disk) - std::min(req_end, disk);
   if (tail_in_disk > 0) QCOWFS_CO_TRY(co_await read(req_end, a.tail.span().first(tail_in_disk)));
   co_return Status::ok();
 }
 
 // One host write: the request alone into fresh zero space whose old contents
 // were zeros, else head + request + tail over the whole units.
-Task<Status> ExtentDriver::write_allocation(const Allocation &a) {
-  const HostRun &r = a.run;
+Task<Status> ExtentDriver::write_allocation(const Allocation& a) {
+  const HostRun& r = a.run;
   if (a.old_zero && r.fresh) co_return co_await r.file->write(r.host + a.head.size(), a.src);
   std::vector<iovec> iov;
   if (a.head.size() > 0) iov.push_back(iov_of(a.head.span()));
@@ -200,7 +204,7 @@ Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unm
 // Data is zeroed in the host file (punched where allowed and the host reads
 // holes as zeros); ranges that read as zeros already are left; the rest
 // (backing data, compressed units) is overwritten with zeros.
-Task<Status> ExtentDriver::write_zero_extent(const Extent &e, uint64_t guest, bool unmap) {
+Task<Status> ExtentDriver::write_zero_extent(const Extent& e, uint64_t guest, bool unmap) {
   if (reads_zero(e, guest)) co_return Status::ok();
   if (e.kind != ExtentKind::data) co_return co_await write_zero_buffer(guest, e.length);
   if (unmap && !e.file->is_block_device()) co_return co_await e.file->discard(e.host_offset, e.length);
@@ -219,15 +223,27 @@ Task<Status> ExtentDriver::write_zero_buffer(uint64_t guest, uint64_t len) {
 
 Task<Status> ExtentDriver::discard(uint64_t off, uint64_t len) { co_return co_await write_zeroes(off, len, true); }
 
+// Growth where the format can (ExtentWriter::grow); shrinking never (no
+// format here can shrink in QEMU either).
 Task<Status> ExtentDriver::truncate(uint64_t new_size) {
   if (img_.writer == nullptr) co_return refuse_write();
-  if (new_size == img_.size) co_return Status::ok();
-  co_return Status::errorf(EINVAL, "{}: {} images cannot be resized (qemu-img resize refuses them too)", img_.path,
-                           img_.format);
+  auto lock = co_await alloc_.lock();
+  const uint64_t now = size();
+  if (new_size == now) co_return Status::ok();
+  if (!img_.writer->resizable())
+    co_return Status::errorf(EINVAL, "{}: {} images cannot be resized (qemu-img resize refuses them too)", img_.path,
+                             img_.format);
+  if (new_size < now)
+    co_return Status::errorf(EINVAL, "{}: {} images cannot shrink (QEMU cannot shrink them either)", img_.path,
+                             img_.format);
+  Status st = co_await img_.writer->grow(new_size);
+  if (!st) co_return st.with_context(img_.path);
+  size_.store(new_size, std::memory_order_release);
+  co_return Status::ok();
 }
 
 Task<Status> ExtentDriver::flush_files() {
-  for (const auto &f : img_.files) QCOWFS_CO_TRY(co_await f->flush());
+  for (const auto& f : img_.files) QCOWFS_CO_TRY(co_await f->flush());
   co_return Status::ok();
 }
 

@@ -12,8 +12,8 @@
 // the host before write_metadata(), so no entry on disk points at data that is
 // not durable, and flushes again afterwards.
 //
-// Thread-safety: reserve(), unreserve(), publish(), write_metadata() and
-// close_clean() are called with the driver's allocation lock held (one at a
+// Thread-safety: prepare(), reserve(), unreserve(), publish(), write_metadata(),
+// grow() and close_clean() are called with the driver's allocation lock held (one at a
 // time, in any event-loop thread). publish() must make the new entries visible
 // to ExtentMap::try_map() on other threads (atomic stores).
 #pragma once
@@ -28,7 +28,7 @@ namespace qcowfs::image {
 
 // Host space for n units: [host, host + n * unit_size) in file.
 struct HostRun {
-  io::HostFile *file = nullptr;
+  io::HostFile* file = nullptr;
   uint64_t host = 0;
   uint64_t units = 0;
   // The space reads as zeros already (past the data written so far): the
@@ -40,8 +40,8 @@ class ExtentWriter {
  public:
   virtual ~ExtentWriter() = default;
   ExtentWriter() = default;
-  ExtentWriter(const ExtentWriter &) = delete;
-  ExtentWriter &operator=(const ExtentWriter &) = delete;
+  ExtentWriter(const ExtentWriter&) = delete;
+  ExtentWriter& operator=(const ExtentWriter&) = delete;
 
   // The allocation unit in guest bytes (a VDI block); guest unit u is
   // [u * unit_size(), (u + 1) * unit_size()).
@@ -49,19 +49,27 @@ class ExtentWriter {
   // Before the first change of this open: the format's dirty or in-use flag,
   // durable. Default: the format has none.
   virtual Task<Status> begin_change() { co_return Status::ok(); }
-  // Contiguous host space for n new units (ENOSPC when the image has none
-  // left).
+  // Before units [first, first + n) get host space: whatever publish() will
+  // need (a format's second-level tables loaded, or allocated), so that
+  // publish() cannot fail. Default: nothing.
+  virtual Task<Status> prepare(uint64_t /*first*/, uint64_t /*n*/) { co_return Status::ok(); }
+  // Contiguous host space for n new units (ENOSPC when the image has none left).
   virtual Task<Result<HostRun>> reserve(uint64_t n) = 0;
   // Gives back the latest reservation (its data write failed).
-  virtual void unreserve(const HostRun &run) = 0;
+  virtual void unreserve(const HostRun& run) = 0;
   // Guest units [first, first + run.units) now map to run; visible to readers
   // at once, written back by write_metadata().
-  virtual void publish(uint64_t first, const HostRun &run) = 0;
+  virtual void publish(uint64_t first, const HostRun& run) = 0;
   // Whether published entries (or other metadata) wait for write_metadata().
   virtual bool dirty() const = 0;
   // Writes back the metadata changed since the last call (the data it points
   // at is durable already). The caller flushes the host afterwards.
   virtual Task<Status> write_metadata() = 0;
+  // Whether grow() can change the disk's size (qemu-img resize's rules).
+  virtual bool resizable() const { return false; }
+  // Grows the disk to new_size guest bytes (larger than today's; resizable()
+  // only), durably. Errors: EINVAL for a size the format cannot have.
+  virtual Task<Status> grow(uint64_t /*new_size*/) { co_return Status::error(EINVAL, "the format cannot be resized"); }
   // After the last write_metadata() of a clean close (whether or not anything
   // was changed): clears the dirty or in-use flag.
   virtual Task<Status> close_clean() { co_return Status::ok(); }

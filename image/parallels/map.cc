@@ -10,7 +10,10 @@ namespace qcowfs::image::parallels {
 
 ClusterMap::ClusterMap(io::HostFile* file, std::string path, uint64_t cluster_size, uint64_t off_multiplier,
                        std::vector<uint32_t> bat)
-    : file_(file), path_(std::move(path)), cluster_size_(cluster_size), unit_(off_multiplier * kSector),
+    : file_(file),
+      path_(std::move(path)),
+      cluster_size_(cluster_size),
+      unit_(off_multiplier * kSector),
       bat_(std::move(bat)) {}
 
 // Entries are read while ParallelsWriter publishes new ones from another thread.

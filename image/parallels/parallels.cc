@@ -31,14 +31,13 @@ Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> 
 }
 
 // The BAT entries that lie inside the file, in host order.
-Task<Result<std::vector<uint32_t>>> read_bat(io::HostFile& file, const parallels::Header& h,
-                                             const std::string& path) {
+Task<Result<std::vector<uint32_t>>> read_bat(io::HostFile& file, const parallels::Header& h, const std::string& path) {
   const uint64_t fsize = file.size();
   const uint64_t in_file = fsize > parallels::kBatOff ? (fsize - parallels::kBatOff) / 4 : 0;
   const uint64_t n = std::min<uint64_t>(h.bat_entries, in_file);
   if (n > parallels::kMaxBatInMemory)
-    co_return Status::errorf(EFBIG, "{}: Parallels BAT of {} entries is past qcowfs's limit of {} ({} MiB)", path,
-                             n, parallels::kMaxBatInMemory, parallels::kMaxBatInMemory * 4 >> 20);
+    co_return Status::errorf(EFBIG, "{}: Parallels BAT of {} entries is past qcowfs's limit of {} ({} MiB)", path, n,
+                             parallels::kMaxBatInMemory, parallels::kMaxBatInMemory * 4 >> 20);
   std::vector<uint32_t> bat(n);
   std::span<std::byte> raw(reinterpret_cast<std::byte*>(bat.data()), n * 4);
   QCOWFS_CO_TRY(co_await read_padded(file, parallels::kBatOff, raw, "BAT", path));
@@ -92,8 +91,9 @@ Status check_writable(const parallels::Header& h, const parallels::ClusterMap& m
     return Status::errorf(EROFS, "{}: {}; qcowfs opens this Parallels image read-only (mount it with ro)", path, why);
   };
   if (h.inuse)
-    return refuse("parallels: Image was not closed correctly; cannot be opened read/write (qemu-img check -r all "
-                  "repairs it)");
+    return refuse(
+        "parallels: Image was not closed correctly; cannot be opened read/write (qemu-img check -r all "
+        "repairs it)");
   if (h.ext_off != 0) return refuse("its format extension (dirty bitmaps) would go stale");
   if (map.entries() < clusters) return refuse("its BAT does not cover the disk");
   const uint64_t meta_end = parallels::ParallelsWriter::meta_end(clusters);
@@ -118,8 +118,7 @@ Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, cons
                                                         const parallels::Header& h, parallels::ClusterMap& map) {
   const uint64_t clusters = (h.nb_sectors * kSector + h.cluster_size() - 1) / h.cluster_size();
   QCOWFS_CO_TRY(check_writable(h, map, clusters, path));
-  io::AlignedBuffer meta(static_cast<size_t>(parallels::ParallelsWriter::meta_end(clusters)), file.mem_align(),
-                         true);
+  io::AlignedBuffer meta(static_cast<size_t>(parallels::ParallelsWriter::meta_end(clusters)), file.mem_align(), true);
   QCOWFS_CO_TRY(co_await read_padded(file, 0, meta.span(), "header and BAT", path));
   auto w = std::make_unique<parallels::ParallelsWriter>(file, path, h, map, std::move(meta));
   Status st = co_await w->mark_in_use();
@@ -145,8 +144,8 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_parallels(std::unique_ptr<io::Ho
   img.format = "parallels";
   img.path = path;
   img.size = h->nb_sectors * kSector;
-  auto map = std::make_unique<parallels::ClusterMap>(file.get(), path, h->cluster_size(), h->off_multiplier,
-                                                     std::move(*bat));
+  auto map =
+      std::make_unique<parallels::ClusterMap>(file.get(), path, h->cluster_size(), h->off_multiplier, std::move(*bat));
   if (opts.file.writable) {
     auto writer = co_await make_writer(*file, path, *h, *map);
     if (!writer) co_return writer.status();

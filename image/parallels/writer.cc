@@ -25,7 +25,8 @@ ParallelsWriter::ParallelsWriter(io::HostFile& file, std::string path, const Hea
 // QEMU's s->data_end: data_off (or the end of the BAT), past every cluster a
 // BAT entry names; rounded up to a BAT unit so the next entry is whole.
 uint64_t ParallelsWriter::data_end() const {
-  uint64_t end = h_.data_off != 0 ? uint64_t{h_.data_off} * kSector : align_up(kBatOff + h_.bat_entries * 4ull, kSector);
+  uint64_t end =
+      h_.data_off != 0 ? uint64_t{h_.data_off} * kSector : align_up(kBatOff + h_.bat_entries * 4ull, kSector);
   for (uint64_t c = 0; c < map_.entries(); ++c) {
     const uint32_t e = map_.entry(c);
     if (e != 0) end = std::max(end, uint64_t{e} * unit_ + h_.cluster_size());

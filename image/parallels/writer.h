@@ -49,9 +49,9 @@ class ParallelsWriter final : public ExtentWriter {
   Header h_;
   ClusterMap& map_;
   io::AlignedBuffer meta_;
-  uint64_t unit_;       // bytes a BAT unit
-  uint64_t data_end_;   // host byte where the next cluster goes
-  uint64_t zero_from_;  // host bytes from here on read as zeros (never written)
+  uint64_t unit_;          // bytes a BAT unit
+  uint64_t data_end_;      // host byte where the next cluster goes
+  uint64_t zero_from_;     // host bytes from here on read as zeros (never written)
   uint64_t dirty_lo_ = 0;  // BAT entries [dirty_lo_, dirty_hi_) changed
   uint64_t dirty_hi_ = 0;
 };

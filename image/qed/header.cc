@@ -70,15 +70,15 @@ uint64_t max_image_size(uint32_t cluster_size, uint32_t table_size) {
   return l2_size * entries;  // wraps as QEMU's does
 }
 
-bool Header::valid_cluster_offset(uint64_t host) const {
+bool Header::valid_cluster_offset(uint64_t host, uint64_t file_bytes) const {
   if (host & cluster_mask()) return false;
-  return host >= uint64_t{header_size} * cluster_size && host < file_size;
+  return host >= uint64_t{header_size} * cluster_size && host < (file_bytes & ~cluster_mask());
 }
 
-bool Header::valid_table_offset(uint64_t host) const {
+bool Header::valid_table_offset(uint64_t host, uint64_t file_bytes) const {
   uint64_t end = host + (table_size - 1ull) * cluster_size;
   if (end <= host) return false;  // QEMU's overflow check, true for table_size 1
-  return valid_cluster_offset(host) && valid_cluster_offset(end);
+  return valid_cluster_offset(host, file_bytes) && valid_cluster_offset(end, file_bytes);
 }
 
 Result<Header> parse_header(std::span<const std::byte> bytes, uint64_t file_size, const std::string& path) {

@@ -40,11 +40,15 @@ struct Header {
   // L1 entries that map [0, image_size).
   uint64_t l1_entries() const { return image_size == 0 ? 0 : (image_size - 1) / l1_span() + 1; }
 
-  // QEMU's qed_check_cluster_offset(): cluster-aligned, past the header, in the file.
-  bool valid_cluster_offset(uint64_t host) const;
+  // QEMU's qed_check_cluster_offset(): cluster-aligned, past the header, in
+  // the file (of file_size bytes, rounded down to clusters; default: the
+  // size at open).
+  bool valid_cluster_offset(uint64_t host) const { return valid_cluster_offset(host, file_size); }
+  bool valid_cluster_offset(uint64_t host, uint64_t file_bytes) const;
   // QEMU's qed_check_table_offset(). Like QEMU, never true for one-cluster
   // tables: its overflow check (end <= start) rejects them.
-  bool valid_table_offset(uint64_t host) const;
+  bool valid_table_offset(uint64_t host) const { return valid_table_offset(host, file_size); }
+  bool valid_table_offset(uint64_t host, uint64_t file_bytes) const;
 };
 
 // Parses and checks the header bytes (zero-padded to kHeaderBytes when the

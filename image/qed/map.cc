@@ -1,5 +1,7 @@
 #include "image/qed/map.h"
 
+#include <endian.h>
+
 #include <algorithm>
 
 #include "io/log.h"
@@ -20,7 +22,32 @@ QedMap::QedMap(io::HostFile& file, std::string path, const Header& header, std::
       path_(std::move(path)),
       h_(header),
       l1_(std::move(l1)),
+      file_size_(header.file_size),
       cache_(file, TableCache::kDefaultSliceSize, cache_bytes != 0 ? cache_bytes : default_cache_bytes(header)) {}
+
+uint64_t QedMap::l1_entry(uint64_t i) const {
+  return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(l1_[i])).load(std::memory_order_acquire);
+}
+
+void QedMap::set_l1_entry(uint64_t i, uint64_t l2) {
+  std::atomic_ref<uint64_t>(l1_[i]).store(l2, std::memory_order_release);
+}
+
+uint64_t QedMap::load_entry(const TableCache::Ref& slice, size_t at) {
+  auto* p = reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slice.bytes().data() + at));  // NOLINT: 8-aligned
+  return le64toh(std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire));
+}
+
+void QedMap::store_entry(TableCache::Ref& slice, size_t at, uint64_t entry) {
+  auto* p = reinterpret_cast<uint64_t*>(slice.mutable_bytes().data() + at);  // NOLINT: 8-aligned
+  std::atomic_ref<uint64_t>(*p).store(htole64(entry), std::memory_order_release);
+}
+
+void QedMap::grow_file(uint64_t end) {
+  uint64_t now = file_size_.load(std::memory_order_relaxed);
+  while (end > now && !file_size_.compare_exchange_weak(now, end, std::memory_order_release)) {
+  }
+}
 
 Status QedMap::bad_entry(uint64_t entry, uint64_t guest) const {
   log::error("{}: invalid QED L2 entry {:#x} for guest offset {:#x}", path_, entry, guest);
@@ -30,9 +57,9 @@ Status QedMap::bad_entry(uint64_t entry, uint64_t guest) const {
 Result<uint64_t> QedMap::l2_table(uint64_t guest) const {
   const uint64_t index = guest >> h_.l1_shift;
   if (index >= l1_.size()) return Status::errorf(EIO, "{}: guest offset {:#x} is past the L1 table", path_, guest);
-  const uint64_t l2 = l1_[index];
+  const uint64_t l2 = l1_entry(index);
   if (l2 == kUnallocated) return l2;
-  if (!h_.valid_table_offset(l2)) {
+  if (!h_.valid_table_offset(l2, file_size_.load(std::memory_order_acquire))) {
     log::error("{}: invalid QED L2 table offset {:#x} in L1 entry {} (guest offset {:#x})", path_, l2, index, guest);
     return Status::errorf(EIO, "{}: invalid QED L2 table offset {:#x} in L1 entry {} (guest offset {:#x})", path_, l2,
                           index, guest);
@@ -44,7 +71,7 @@ Result<uint64_t> QedMap::l2_table(uint64_t guest) const {
 Extent QedMap::unallocated_l1_run(uint64_t guest, uint64_t len) const {
   uint64_t index = guest >> h_.l1_shift;
   uint64_t end = (index + 1) << h_.l1_shift;
-  while (end - guest < len && index + 1 < l1_.size() && l1_[index + 1] == kUnallocated) {
+  while (end - guest < len && index + 1 < l1_.size() && l1_entry(index + 1) == kUnallocated) {
     ++index;
     end = (index + 1) << h_.l1_shift;
   }
@@ -64,13 +91,14 @@ QedMap::EntryAt QedMap::entry_at(uint64_t l2, uint64_t guest) const {
 // (equal unallocated or zero entries, or data clusters that follow each other),
 // within len guest bytes from guest.
 Result<Extent> QedMap::scan(const TableCache::Ref& slice, size_t at, uint64_t guest, uint64_t len) const {
-  const uint64_t first = slice.le64(at);
+  const uint64_t first = load_entry(slice, at);
+  const uint64_t file_bytes = file_size_.load(std::memory_order_acquire);
   Extent e;
   if (first == kUnallocated) {
     e.kind = ExtentKind::unallocated;
   } else if (first == kZeroCluster) {
     e.kind = ExtentKind::zero;
-  } else if (h_.valid_cluster_offset(first)) {
+  } else if (h_.valid_cluster_offset(first, file_bytes)) {
     e.kind = ExtentKind::data;
     e.file = &file_;
     e.host_offset = first + (guest & h_.cluster_mask());
@@ -82,8 +110,8 @@ Result<Extent> QedMap::scan(const TableCache::Ref& slice, size_t at, uint64_t gu
   uint64_t expect = first;
   for (size_t i = at + sizeof(uint64_t); i < slice.bytes().size() && length < len; i += sizeof(uint64_t)) {
     if (data) expect += h_.cluster_size;
-    uint64_t next = slice.le64(i);
-    if (next != expect || (data && !h_.valid_cluster_offset(next))) break;
+    uint64_t next = load_entry(slice, i);
+    if (next != expect || (data && !h_.valid_cluster_offset(next, file_bytes))) break;
     length += h_.cluster_size;
   }
   e.length = std::min(len, length);

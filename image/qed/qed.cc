@@ -11,6 +11,7 @@
 #include "image/qed/format.h"
 #include "image/qed/header.h"
 #include "image/qed/map.h"
+#include "image/qed/writer.h"
 
 namespace qcowfs::image {
 namespace {
@@ -34,8 +35,12 @@ Task<Result<std::string>> read_backing_name(io::HostFile& file, const Header& h)
   co_return name;
 }
 
-Task<Result<std::vector<uint64_t>>> read_l1(io::HostFile& file, const Header& h, const std::string& path) {
-  const uint64_t entries = h.l1_entries();
+// The L1 entries that map image_size; for a read-write open the whole table
+// (up to kMaxL1Bytes), so that the disk can grow without reading it again.
+Task<Result<std::vector<uint64_t>>> read_l1(io::HostFile& file, const Header& h, const std::string& path,
+                                            bool writable) {
+  uint64_t entries = h.l1_entries();
+  if (writable) entries = std::max(entries, std::min<uint64_t>(h.table_nelems, qed::kMaxL1Bytes / sizeof(uint64_t)));
   if (entries * sizeof(uint64_t) > qed::kMaxL1Bytes)
     co_return Status::errorf(EINVAL, "{}: the QED L1 table needs {} entries for image_size {}, more than qcowfs reads",
                              path, entries, h.image_size);
@@ -60,17 +65,60 @@ ImageDetails describe(const Header& h, const std::string& backing_name) {
   return d;
 }
 
+// A need-check image opened read-write: QEMU runs its check and repairs what
+// it finds (bdrv_qed_do_open). We check every L1 and L2 entry as QEMU's check
+// does; an image with a bad one is refused read-write (qemu-img check -r all
+// repairs it), one without has the bit cleared (leaked clusters are harmless).
+Task<Status> check_tables(io::HostFile& file, const Header& h, const qed::QedMap& map, const std::string& path) {
+  auto refuse = [&](std::string what) {
+    return Status::errorf(EIO,
+                          "{}: the QED image needs a check and {}; repair it with qemu-img check -r all or "
+                          "mount it read-only",
+                          path, what);
+  };
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<std::byte> piece(static_cast<size_t>(std::min<uint64_t>(h.table_bytes(), kPiece)));
+  for (uint64_t i = 0; i < map.l1_entries(); ++i) {
+    const uint64_t l2 = map.l1_entry(i);
+    if (l2 == qed::kUnallocated) continue;
+    if (!h.valid_table_offset(l2)) co_return refuse(fmt::format("L1 entry {} names an invalid table {:#x}", i, l2));
+    for (uint64_t off = 0; off < h.table_bytes(); off += piece.size()) {
+      QCOWFS_CO_TRY(co_await read_padded(file, l2 + off, piece));
+      for (size_t at = 0; at < piece.size(); at += sizeof(uint64_t)) {
+        const uint64_t e = load_le64(piece.data() + at);
+        if (e != qed::kUnallocated && e != qed::kZeroCluster && !h.valid_cluster_offset(e))
+          co_return refuse(fmt::format("the L2 table at {:#x} has an invalid entry {:#x}", l2, e));
+      }
+    }
+  }
+  co_return Status::ok();
+}
+
+Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, const std::string& path, const Header& h,
+                                                        qed::QedMap& map) {
+  if (h.need_check()) QCOWFS_CO_TRY(co_await check_tables(file, h, map, path));
+  io::AlignedBuffer header(qed::kSectorSize, file.mem_align(), true);
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, header.span()));
+  io::AlignedBuffer l1(static_cast<size_t>(qed::QedWriter::l1_bytes_size(map)), file.mem_align(), true);
+  QCOWFS_CO_TRY(co_await read_padded(file, h.l1_table_offset, l1.span()));
+  auto w = std::make_unique<qed::QedWriter>(file, path, h, map, std::move(header), std::move(l1));
+  if (h.need_check()) {
+    Status st = co_await w->clear_need_check();
+    if (!st) co_return st.with_context(path + ": clearing the QED need-check bit");
+  }
+  co_return std::unique_ptr<ExtentWriter>(std::move(w));
+}
+
 }  // namespace
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_qed(std::unique_ptr<io::HostFile> file, std::string path,
                                                     ImageOptions opts) {
-  QCOWFS_CO_TRY(refuse_writable_open("QED", path, opts));
   if (auto chain = enter_backing_chain(path, opts); !chain) co_return chain.status();
   auto h = co_await read_header(*file, path);
   if (!h) co_return h.status();
   auto backing_name = co_await read_backing_name(*file, *h);
   if (!backing_name) co_return backing_name.status();
-  auto l1 = co_await read_l1(*file, *h, path);
+  auto l1 = co_await read_l1(*file, *h, path, opts.file.writable);
   if (!l1) co_return l1.status();
 
   ExtentImage img;
@@ -78,7 +126,13 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_qed(std::unique_ptr<io::HostFile
   img.path = path;
   img.size = h->image_size;
   img.details = describe(*h, *backing_name);
-  img.map = std::make_unique<qed::QedMap>(*file, path, *h, std::move(*l1), opts.l2_cache_size);
+  auto map = std::make_unique<qed::QedMap>(*file, path, *h, std::move(*l1), opts.l2_cache_size);
+  if (opts.file.writable) {
+    auto writer = co_await make_writer(*file, path, *h, *map);
+    if (!writer) co_return writer.status();
+    img.writer = std::move(*writer);
+  }
+  img.map = std::move(map);
   img.files.push_back(std::move(file));
   if (!backing_name->empty() && !opts.no_backing) {
     auto b = co_await open_backing_file(path, *backing_name, img.details.backing_format, opts);

@@ -55,15 +55,15 @@ Status check_allocation(const Header& h, const vdi::VdiMap& map, const std::stri
     return Status::errorf(EIO, "{}: {}; qcowfs does not write to this VDI image (mount it read-only)", path, what);
   };
   if (h.blocks_allocated > h.blocks_in_image)
-    return refuse(fmt::format("blocks_allocated {} is above blocks_in_image {}", h.blocks_allocated,
-                              h.blocks_in_image));
+    return refuse(
+        fmt::format("blocks_allocated {} is above blocks_in_image {}", h.blocks_allocated, h.blocks_in_image));
   std::vector<uint32_t> named;  // no larger than the block map already read
   for (uint64_t block = 0; block < map.blocks(); ++block) {
     const uint32_t e = map.entry(block);
     if (!vdi::is_allocated(e)) continue;
     if (e >= h.blocks_allocated)
-      return refuse(fmt::format("block {} names data block {}, not below blocks_allocated {}", block, e,
-                                h.blocks_allocated));
+      return refuse(
+          fmt::format("block {} names data block {}, not below blocks_allocated {}", block, e, h.blocks_allocated));
     named.push_back(e);
   }
   std::sort(named.begin(), named.end());

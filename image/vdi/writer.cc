@@ -9,13 +9,13 @@
 
 namespace qcowfs::image::vdi {
 
-uint64_t VdiWriter::meta_base(const Header &h) { return h.offset_bmap <= kMaxJointMetadataGap ? 0 : h.offset_bmap; }
+uint64_t VdiWriter::meta_base(const Header& h) { return h.offset_bmap <= kMaxJointMetadataGap ? 0 : h.offset_bmap; }
 
-uint64_t VdiWriter::meta_end(const Header &h) {
+uint64_t VdiWriter::meta_end(const Header& h) {
   return align_up(uint64_t{h.offset_bmap} + h.blocks_for_disk() * sizeof(uint32_t), uint64_t{kSectorSize});
 }
 
-VdiWriter::VdiWriter(io::HostFile &file, std::string path, const Header &h, VdiMap &map, io::AlignedBuffer header_bytes,
+VdiWriter::VdiWriter(io::HostFile& file, std::string path, const Header& h, VdiMap& map, io::AlignedBuffer header_bytes,
                      io::AlignedBuffer meta)
     : file_(file),
       path_(std::move(path)),
@@ -44,12 +44,12 @@ Task<Result<HostRun>> VdiWriter::reserve(uint64_t n) {
 }
 
 // The run's space may hold part of the failed write now: no longer fresh.
-void VdiWriter::unreserve(const HostRun &run) {
+void VdiWriter::unreserve(const HostRun& run) {
   blocks_allocated_ -= static_cast<uint32_t>(run.units);
   zero_from_ = std::max(zero_from_, run.host + run.units * h_.block_size);
 }
 
-void VdiWriter::publish(uint64_t first, const HostRun &run) {
+void VdiWriter::publish(uint64_t first, const HostRun& run) {
   const uint64_t bmap_at = h_.offset_bmap - meta_base(h_);
   const auto index = static_cast<uint32_t>((run.host - h_.offset_data) / h_.block_size);
   for (uint64_t i = 0; i < run.units; ++i) {
@@ -66,7 +66,7 @@ void VdiWriter::publish(uint64_t first, const HostRun &run) {
   }
 }
 
-void VdiWriter::patch_header(std::byte *header) const {
+void VdiWriter::patch_header(std::byte* header) const {
   store_le32(header + offsetof(HeaderLayout, blocks_allocated), blocks_allocated_);
 }
 

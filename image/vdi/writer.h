@@ -31,30 +31,30 @@ class VdiWriter final : public ExtentWriter {
  public:
   // meta: the file's bytes [meta_base(h), meta_end(h)) (zero-padded past the
   // end of the file); header_bytes: the first kHeaderBytes of the file.
-  VdiWriter(io::HostFile &file, std::string path, const Header &h, VdiMap &map, io::AlignedBuffer header_bytes,
+  VdiWriter(io::HostFile& file, std::string path, const Header& h, VdiMap& map, io::AlignedBuffer header_bytes,
             io::AlignedBuffer meta);
 
   // The metadata region kept in memory: the header through the block map when
   // they go out together, else the block map alone.
-  static uint64_t meta_base(const Header &h);
-  static uint64_t meta_end(const Header &h);
+  static uint64_t meta_base(const Header& h);
+  static uint64_t meta_end(const Header& h);
 
   uint64_t unit_size() const override { return h_.block_size; }
   Task<Result<HostRun>> reserve(uint64_t n) override;
-  void unreserve(const HostRun &run) override;
-  void publish(uint64_t first, const HostRun &run) override;
+  void unreserve(const HostRun& run) override;
+  void publish(uint64_t first, const HostRun& run) override;
   bool dirty() const override { return header_dirty_ || dirty_hi_ > dirty_lo_; }
   Task<Status> write_metadata() override;
 
  private:
   bool joint() const { return meta_base(h_) == 0; }
   Task<Status> cover_allocated_blocks();
-  void patch_header(std::byte *header) const;
+  void patch_header(std::byte* header) const;
 
-  io::HostFile &file_;
+  io::HostFile& file_;
   std::string path_;
   Header h_;
-  VdiMap &map_;
+  VdiMap& map_;
   io::AlignedBuffer header_;  // used when !joint()
   io::AlignedBuffer meta_;
   uint32_t blocks_allocated_;

@@ -107,11 +107,3 @@ def test_need_check_bit_reads_and_info_matches_qemu(workdir: Path) -> None:
     with open(image, "rb") as f:
         f.seek(16)
         assert int.from_bytes(f.read(8), "little") & 0x02
-
-
-def test_rw_mount_is_refused_and_leaves_the_image(workdir: Path) -> None:
-    image = qed(workdir, "rw.qed")
-    before = helpers.sha256_file(image)
-    code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
-    assert code != 0 and "read-only" in text, text
-    assert helpers.sha256_file(image) == before

@@ -7,8 +7,9 @@ after every operation (the bytes the operation touched, and the whole disk
 every FULL_CHECK_EVERY operations). At the end the image is checked against
 the model with `qemu-img convert -O raw` and `qemu-img check`.
 
-Runs: raw, qcow2, VDI and Parallels images (the last two cannot be resized:
-every grow and shrink must fail with EINVAL), buffered and O_DIRECT opens, a fixed seed and a
+Runs: raw, qcow2, VDI, Parallels and QED images (VDI and Parallels cannot be
+resized: every grow and shrink must fail with EINVAL; QED grows, never
+shrinks), buffered and O_DIRECT opens, a fixed seed and a
 random one (printed, and named in every failure, so a failure can be replayed
 with QCOWFS_MODEL_SEED=N)."""
 
@@ -312,7 +313,7 @@ def check_one(workdir: Path, fmt: str, direct: bool, seed: int) -> dict[str, int
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["buffered", "o_direct"])
-@pytest.mark.parametrize("fmt", ["raw", "qcow2", "vdi", "parallels"])
+@pytest.mark.parametrize("fmt", ["raw", "qcow2", "vdi", "parallels", "qed"])
 def test_model_check(workdir: Path, fmt: str, direct: bool) -> None:
     """The fixed-seed and the random-seed run, side by side on two mounts
     (each waits on FUSE and the disk most of the time)."""

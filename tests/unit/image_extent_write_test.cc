@@ -1,5 +1,5 @@
 // ExtentDriver's write path with each format's ExtentWriter (VDI dynamic and
-// static, Parallels): writes into new and allocated units, partial units,
+// static, Parallels, QED): writes into new and allocated units, partial units,
 // zeroing, one host write per contiguous run, and crash consistency. Workloads run over a
 // MemFile that tracks unflushed host writes; at every flush boundary and at
 // random points between, power-loss images (unflushed writes dropped and
@@ -7,10 +7,12 @@
 // before the last completed flush, read back by qemu-img.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <sstream>
 
 #include "image/parallels/parallels.h"
+#include "image/qed/qed.h"
 #include "image/vdi/vdi.h"
 #include "io/mem_file.h"
 #include "qcow2_write_test_util.h"
@@ -77,14 +79,16 @@ class ExtentWrite : public ::testing::TestWithParam<Variant> {
   }
 
   // A writable driver over a MemFile holding the image.
-  std::unique_ptr<BlockDriver> open(io::MemFile **file_out) {
+  std::unique_ptr<BlockDriver> open(io::MemFile** file_out) {
     io::MemFileOptions mo;
     mo.track_unflushed = true;
     auto mem = std::make_unique<io::MemFile>(mo, read_file(path_));
     *file_out = mem.get();
     ImageOptions o;
     o.file.writable = true;
-    auto d = format_ == "vdi" ? run(open_vdi(std::move(mem), path_, o)) : run(open_parallels(std::move(mem), path_, o));
+    auto d = format_ == "vdi"   ? run(open_vdi(std::move(mem), path_, o))
+             : format_ == "qed" ? run(open_qed(std::move(mem), path_, o))
+                                : run(open_parallels(std::move(mem), path_, o));
     EXPECT_TRUE(d) << d.status().to_string();
     return d ? std::move(*d) : nullptr;
   }
@@ -109,8 +113,7 @@ class ExtentWrite : public ::testing::TestWithParam<Variant> {
     return got;
   }
 
-  void check_crash(const std::vector<std::byte>& image, const Model& m, const std::string& where,
-                   bool closed = false) {
+  void check_crash(const std::vector<std::byte>& image, const Model& m, const std::string& where, bool closed = false) {
     auto got = qemu_view(image, where, closed);
     ASSERT_EQ(got.size(), kDisk) << where;
     for (uint64_t b = 0; b < m.touched.size(); ++b) {
@@ -129,7 +132,7 @@ class ExtentWrite : public ::testing::TestWithParam<Variant> {
 };
 
 TEST_P(ExtentWrite, WritesZeroesAndReadsBackAsQemuReadsThem) {
-  io::MemFile *file = nullptr;
+  io::MemFile* file = nullptr;
   auto d = open(&file);
   ASSERT_TRUE(d);
   EXPECT_FALSE(d->read_only());
@@ -137,7 +140,7 @@ TEST_P(ExtentWrite, WritesZeroesAndReadsBackAsQemuReadsThem) {
   std::mt19937_64 rng(7);
   auto write = [&](uint64_t off, uint64_t len) {
     std::vector<std::byte> data(len);
-    for (auto &b : data) b = static_cast<std::byte>(rng());
+    for (auto& b : data) b = static_cast<std::byte>(rng());
     ASSERT_TRUE(run(d->write(off, data)));
     std::memcpy(m.now.data() + off, data.data(), len);
   };
@@ -152,25 +155,63 @@ TEST_P(ExtentWrite, WritesZeroesAndReadsBackAsQemuReadsThem) {
   std::vector<std::byte> back(kDisk);
   ASSERT_TRUE(run(d->read(0, back)));
   EXPECT_TRUE(back == m.now);
-  EXPECT_EQ(run(d->truncate(kDisk + kMiB)).code(), EINVAL);
   ASSERT_TRUE(run(d->close()));
   EXPECT_TRUE(qemu_view(file->content(), "after close", true) == m.now);
 }
 
+// QED grows (qemu-img resize does), never shrinks; VDI and Parallels cannot
+// be resized at all (EINVAL, as qemu-img resize refuses them).
+TEST_P(ExtentWrite, ResizesAsQemuImgResizes) {
+  io::MemFile* file = nullptr;
+  auto d = open(&file);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(run(d->truncate(kDisk - kMiB)).code(), EINVAL);
+  if (format_ != "qed") {
+    EXPECT_EQ(run(d->truncate(kDisk + kMiB)).code(), EINVAL);
+    EXPECT_EQ(d->size(), kDisk);
+    ASSERT_TRUE(run(d->close()));
+    return;
+  }
+  EXPECT_EQ(run(d->truncate(kDisk + 100)).code(), EINVAL);  // not whole sectors
+  const uint64_t grown = kDisk + 64 * kMiB;
+  ASSERT_TRUE(run(d->truncate(grown)));
+  EXPECT_EQ(d->size(), grown);
+  std::vector<std::byte> data(8192, std::byte{0x33});
+  ASSERT_TRUE(run(d->write(grown - 4096, std::span(data).first(4096))));
+  std::vector<std::byte> back(8192);
+  ASSERT_TRUE(run(d->read(grown - 8192, back)));
+  EXPECT_TRUE(std::all_of(back.begin(), back.begin() + 4096, [](std::byte b) { return b == std::byte{0}; }));
+  EXPECT_TRUE(std::equal(back.begin() + 4096, back.end(), data.begin()));
+  ASSERT_TRUE(run(d->close()));
+  const std::string path = path_ + ".grown", raw = path + ".raw";
+  write_file(path, file->content());
+  std::string out;
+  EXPECT_EQ(shell(fmt::format("qemu-img check -f qed {}", path), &out), 0) << out;
+  ASSERT_EQ(shell(fmt::format("qemu-img convert -f qed -O raw {} {}", path, raw), &out), 0) << out;
+  auto got = read_file(raw);
+  ASSERT_EQ(got.size(), grown);
+  EXPECT_TRUE(std::equal(data.begin(), data.begin() + 4096, got.end() - 4096));
+  ::unlink(path.c_str());
+  ::unlink(raw.c_str());
+}
+
 TEST_P(ExtentWrite, ARequestOverNewBlocksIsOneHostWrite) {
-  io::MemFile *file = nullptr;
+  io::MemFile* file = nullptr;
   auto d = open(&file);
   ASSERT_TRUE(d);
   std::vector<std::byte> data(3 * kMiB + 4096, std::byte{0x5a});
+  // The first allocation sets the format's dirty flag and creates its first
+  // second-level table (QED): host writes of their own.
+  ASSERT_TRUE(run(d->write(6 * kMiB, std::span(data).first(512))));
   const uint64_t writes_before = file->counters().writes;
   ASSERT_TRUE(run(d->write(kMiB - 4096, data)));
-  // Dynamic: four new blocks, one host write; static: in place, one write.
+  // Four new units (or, static VDI, in place): one host write.
   EXPECT_EQ(file->counters().writes - writes_before, 1u);
   ASSERT_TRUE(run(d->close()));
 }
 
 TEST_P(ExtentWrite, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
-  io::MemFile *file = nullptr;
+  io::MemFile* file = nullptr;
   auto d = open(&file);
   ASSERT_TRUE(d);
   std::mt19937_64 rng(std::hash<std::string>{}(GetParam().name) & 0xffff);
@@ -182,7 +223,7 @@ TEST_P(ExtentWrite, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
     const uint64_t len = std::min<uint64_t>(kDisk - off, 1 + rng() % (r < 50 ? 200000 : 1500000));
     if (r < 65) {
       std::vector<std::byte> data(len);
-      for (auto &b : data) b = static_cast<std::byte>(rng());
+      for (auto& b : data) b = static_cast<std::byte>(rng());
       ASSERT_TRUE(run(d->write(off, data)));
       std::memcpy(m.now.data() + off, data.data(), len);
       m.change(off, len);
@@ -211,7 +252,8 @@ TEST_P(ExtentWrite, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
 INSTANTIATE_TEST_SUITE_P(Images, ExtentWrite,
                          ::testing::Values(Variant{"vdi_dynamic", "vdi", ""}, Variant{"vdi_static", "vdi", "static=on"},
                                            Variant{"parallels", "parallels", ""},
-                                           Variant{"parallels_4k", "parallels", "cluster_size=4096"}),
+                                           Variant{"parallels_4k", "parallels", "cluster_size=4096"},
+                                           Variant{"qed", "qed", ""}, Variant{"qed_4k", "qed", "cluster_size=4096"}),
                          [](const ::testing::TestParamInfo<Variant>& p) { return std::string(p.param.name); });
 
 }  // namespace

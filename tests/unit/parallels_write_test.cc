@@ -21,7 +21,8 @@ class ParallelsWrite : public ::testing::Test {
     engine_ = std::move(*io::make_engine(io::EngineKind::threads));
     path_ = fmt::format("/var/tmp/qcowfs-parallels-write-{}.hds", ::getpid());
     std::string out;
-    ASSERT_EQ(shell(fmt::format("qemu-img create -q -f parallels -o cluster_size=4096 {} 8M && qemu-io -f parallels -c 'write -P 1 0 4k' "
+    ASSERT_EQ(shell(fmt::format("qemu-img create -q -f parallels -o cluster_size=4096 {} 8M && qemu-io -f parallels -c "
+                                "'write -P 1 0 4k' "
                                 "-c 'write -P 2 1M 4k' {}",
                                 path_, path_),
                     &out),

@@ -32,11 +32,10 @@ TEST(VdiWrite, AllocationThatCouldOverwriteABlockIsRefused) {
     uint32_t value;
     const char* message;
   };
-  for (const Case& c : {Case{"duplicate", bmap + 4, 0, "named by two blocks"},
-                        Case{"past blocks_allocated", offsetof(vdi::HeaderLayout, blocks_allocated), 1,
-                             "not below blocks_allocated"},
-                        Case{"above blocks_in_image", offsetof(vdi::HeaderLayout, blocks_allocated), 1000,
-                             "above blocks_in_image"}}) {
+  for (const Case& c :
+       {Case{"duplicate", bmap + 4, 0, "named by two blocks"},
+        Case{"past blocks_allocated", offsetof(vdi::HeaderLayout, blocks_allocated), 1, "not below blocks_allocated"},
+        Case{"above blocks_in_image", offsetof(vdi::HeaderLayout, blocks_allocated), 1000, "above blocks_in_image"}}) {
     auto bad = good;
     store_le32(bad.data() + c.at, c.value);
     write_file(path_, bad);

@@ -1,0 +1,73 @@
+// QedWriter: the ExtentWriter of a QED image opened read-write, as QEMU 7.2's
+// qed.c writes one. New clusters and L2 tables go at the end of the file (QED
+// has no free-space map: the file's end is the allocator). The need-check
+// feature bit (QED's dirty bit) is set and flushed before the first
+// allocation and cleared on a clean close. L2 entries change in pinned
+// TableCache slices, L1 entries in memory; write_metadata() writes the changed
+// L2 slices, flushes, then the changed L1 sectors, so the L1 never names an L2
+// table that is not on disk, and no L2 entry reaches the disk before its data
+// (ExtentDriver flushes the data first). A new L2 table is written (zeros) when
+// it is allocated, before anything names it.
+// Thread-safety: as ExtentWriter (calls under the driver's allocation lock);
+// readers see entries through QedMap's atomic loads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "image/extent_writer.h"
+#include "image/qed/header.h"
+#include "image/qed/map.h"
+#include "io/buffer.h"
+
+namespace qcowfs::image::qed {
+
+class QedWriter final : public ExtentWriter {
+ public:
+  // header_sector: the file's first kSectorSize bytes; l1_bytes: the file's
+  // bytes [l1_table_offset, l1_table_offset + l1_bytes_size(map)).
+  QedWriter(io::HostFile& file, std::string path, const Header& h, QedMap& map, io::AlignedBuffer header_sector,
+            io::AlignedBuffer l1_bytes);
+
+  // The L1 bytes kept in memory: the entries the map holds, sector-rounded.
+  static uint64_t l1_bytes_size(const QedMap& map);
+
+  uint64_t unit_size() const override { return h_.cluster_size; }
+  Task<Status> begin_change() override;
+  Task<Status> prepare(uint64_t first, uint64_t n) override;
+  Task<Result<HostRun>> reserve(uint64_t n) override;
+  void unreserve(const HostRun& run) override;
+  void publish(uint64_t first, const HostRun& run) override;
+  bool dirty() const override { return !dirty_slices_.empty() || l1_dirty_hi_ > l1_dirty_lo_; }
+  Task<Status> write_metadata() override;
+  Task<Status> close_clean() override;
+  bool resizable() const override { return true; }
+  Task<Status> grow(uint64_t new_size) override;
+
+  // Clears a need-check bit found at open (after the open's own check).
+  Task<Status> clear_need_check() { co_return co_await write_features(h_.features & ~kFeatureNeedCheck); }
+
+ private:
+  Task<Status> write_features(uint64_t features);
+  Task<Status> new_l2_table(uint64_t l1_index);
+  Task<Status> pin_slice(uint64_t slice);
+  Task<Status> cover_allocated();
+  Task<Status> write_l1();
+
+  io::HostFile& file_;
+  std::string path_;
+  Header h_;
+  QedMap& map_;
+  io::AlignedBuffer header_;
+  io::AlignedBuffer l1_bytes_;
+  uint64_t file_end_;   // where the next cluster or table goes
+  uint64_t zero_from_;  // host bytes from here on read as zeros (never written)
+  bool need_check_set_ = false;
+  std::map<uint64_t, TableCache::Ref> pinned_;        // slices prepare() loaded for publish()
+  std::map<uint64_t, TableCache::Ref> dirty_slices_;  // changed, not yet written
+  uint64_t l1_dirty_lo_ = 0;                          // L1 entries [lo, hi) changed
+  uint64_t l1_dirty_hi_ = 0;
+};
+
+}  // namespace qcowfs::image::qed
