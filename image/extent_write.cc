@@ -281,4 +281,8 @@ Task<Status> ExtentDriver::close() {
   co_return Status::ok();
 }
 
+Task<Result<HostRun>> InPlaceWriter::reserve(uint64_t n) {
+  co_return Status::errorf(EIO, "{} units to allocate in an image whose data is all in place", n);
+}
+
 }  // namespace qcowfs::image

@@ -75,4 +75,17 @@ class ExtentWriter {
   virtual Task<Status> close_clean() { co_return Status::ok(); }
 };
 
+// The writer of an image whose every extent is data at a fixed place (a fixed
+// VHD): writes go in place, nothing is ever allocated, there is no metadata.
+// reserve() refuses with EIO (a map that offers a non-data extent is a bug).
+class InPlaceWriter final : public ExtentWriter {
+ public:
+  uint64_t unit_size() const override { return 512; }
+  Task<Result<HostRun>> reserve(uint64_t n) override;
+  void unreserve(const HostRun&) override {}
+  void publish(uint64_t, const HostRun&) override {}
+  bool dirty() const override { return false; }
+  Task<Status> write_metadata() override { co_return Status::ok(); }
+};
+
 }  // namespace qcowfs::image

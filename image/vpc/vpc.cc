@@ -10,9 +10,9 @@
 
 #include "image/endian.h"
 #include "image/extent_driver.h"
+#include "image/host_read.h"
 #include "image/vpc/dynamic.h"
 #include "image/vpc/fixed.h"
-#include "image/host_read.h"
 #include "image/vpc/format.h"
 #include "image/vpc/header.h"
 
@@ -71,8 +71,8 @@ Task<Result<std::vector<uint32_t>>> read_bat(io::HostFile& file, const vpc::DynH
   const uint64_t bytes = uint64_t{h.max_table_entries} * 4;
   const uint64_t fsize = file.size();
   if (h.table_offset > fsize || bytes > fsize - h.table_offset)
-    co_return Status::errorf(EINVAL, "{}: VHD BAT ({} entries at {:#x}) runs past the end of the file ({} bytes)",
-                             path, h.max_table_entries, h.table_offset, fsize);
+    co_return Status::errorf(EINVAL, "{}: VHD BAT ({} entries at {:#x}) runs past the end of the file ({} bytes)", path,
+                             h.max_table_entries, h.table_offset, fsize);
   std::vector<uint32_t> bat(h.max_table_entries);
   std::span<std::byte> raw(reinterpret_cast<std::byte*>(bat.data()), bytes);
   QCOWFS_CO_TRY(co_await read_padded(file, h.table_offset, raw, "BAT", path));
@@ -97,11 +97,29 @@ ImageDetails details_for(const vpc::Footer& f, uint32_t block_size) {
   return d;
 }
 
+// Fixed disks are written in place, as QEMU writes them (nothing else in the
+// file changes); dynamic and differencing ones are read-only so far. A fixed
+// disk whose data would reach the footer (a footer claiming more than the
+// file holds) is refused: a write there would overwrite it.
+Status writable_as(bool footer_at_start, const vpc::Footer& f, uint64_t size, const io::HostFile& file,
+                   const std::string& path) {
+  if (footer_at_start || f.type != vpc::kFixed)
+    return Status::errorf(EROFS,
+                          "{}: qcowfs opens dynamic and differencing VHD images read-only (fixed ones "
+                          "read-write); mount without rw (or with ro)",
+                          path);
+  if (file.size() < kSector || size > file.size() - kSector)
+    return Status::errorf(EROFS,
+                          "{}: the fixed VHD's data ({} bytes) would reach its footer at {:#x}; qcowfs "
+                          "opens it read-only (mount it with ro)",
+                          path, size, file.size() - std::min<uint64_t>(file.size(), kSector));
+  return Status::ok();
+}
+
 }  // namespace
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vpc(std::unique_ptr<io::HostFile> file, std::string path,
                                                     ImageOptions opts) {
-  QCOWFS_CO_TRY(refuse_writable_open("VHD", path, opts));
   if (!opts.snapshot.empty()) co_return Status::errorf(EINVAL, "{}: VHD images have no snapshots", path);
   auto found = co_await find_footer(*file, path);
   if (!found) co_return found.status();
@@ -124,6 +142,8 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vpc(std::unique_ptr<io::HostFile
     if (f.type != vpc::kFixed) img.map = std::make_unique<vpc::DynamicMap>(file.get(), h->block_size, std::move(*bat));
   }
   if (!img.map) img.map = std::make_unique<vpc::FixedMap>(file.get());
+  if (opts.file.writable) QCOWFS_CO_TRY(writable_as(found->at_start, f, img.size, *file, path));
+  if (opts.file.writable) img.writer = std::make_unique<InPlaceWriter>();
   img.files.push_back(std::move(file));
   std::unique_ptr<BlockDriver> d = std::make_unique<ExtentDriver>(std::move(img));
   co_return d;

@@ -116,7 +116,8 @@ def test_qcow2_overlay_over_vhd_base(workdir: Path) -> None:
     check_image(top, workdir, fmt="qcow2")
 
 
-def test_read_write_mount_is_refused(workdir: Path) -> None:
+def test_read_write_mount_of_a_dynamic_disk_is_refused(workdir: Path) -> None:
+    """Fixed disks are read-write (test_rw_formats.py); dynamic ones not yet."""
     image = make_image(workdir, "vpc", "rw.vhd", 8 * MiB, cmds=["write -P 0x12 0 4k"])
     before = helpers.sha256_file(image)
     code, text = helpers.mount_fails(image, workdir / "view", ["rw"])

@@ -24,10 +24,10 @@ class QedWrite : public ::testing::Test {
     engine_ = std::move(*io::make_engine(io::EngineKind::threads));
     path_ = fmt::format("/var/tmp/qcowfs-qed-write-{}.qed", ::getpid());
     std::string out;
-    ASSERT_EQ(shell(fmt::format("qemu-img create -q -f qed {} 8M && qemu-io -f qed -c 'write -P 1 0 4k' {}", path_,
-                                path_),
-                    &out),
-              0)
+    ASSERT_EQ(
+        shell(fmt::format("qemu-img create -q -f qed {} 8M && qemu-io -f qed -c 'write -P 1 0 4k' {}", path_, path_),
+              &out),
+        0)
         << out;
     good_ = read_file(path_);
   }
@@ -81,8 +81,7 @@ TEST_F(QedWrite, ANeedCheckImageIsCheckedWhenOpenedReadWrite) {
   auto refused = open(&file, bad);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_EQ(refused.status().code(), EIO);
-  EXPECT_NE(refused.status().message().find("invalid entry 0x12345"), std::string::npos)
-      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("invalid entry 0x12345"), std::string::npos) << refused.status().message();
   EXPECT_NE(refused.status().message().find("qemu-img check -r all"), std::string::npos);
 }
 
