@@ -67,11 +67,21 @@ size_t ExtentDriver::mem_align() const {
   return a;
 }
 
+// The map's extent at guest, checked: between 1 and len bytes long.
 Task<Result<Extent>> ExtentDriver::extent_at(uint64_t guest, uint64_t len) {
-  auto e = img_.map->try_map(guest, len);
-  if (!e) co_return e.status();
-  if (*e) co_return **e;
-  co_return co_await img_.map->map(guest, len);
+  auto found = img_.map->try_map(guest, len);
+  if (!found) co_return found.status();
+  Extent e;
+  if (*found) {
+    e = **found;
+  } else {
+    auto loaded = co_await img_.map->map(guest, len);
+    if (!loaded) co_return loaded.status();
+    e = *loaded;
+  }
+  if (e.length == 0 || e.length > len)
+    co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e.length, guest);
+  co_return e;
 }
 
 Task<Status> ExtentDriver::read(uint64_t off, std::span<std::byte> buf) {
@@ -94,8 +104,6 @@ Task<Status> ExtentDriver::plan(uint64_t start, std::span<std::byte> buf, std::v
   while (guest < end) {
     auto e = co_await extent_at(guest, end - guest);
     if (!e) co_return e.status();
-    if (e->length == 0 || e->length > end - guest)
-      co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e->length, guest);
     std::span<std::byte> dst = buf.subspan(guest - start, e->length);
     SubRead* last = out.empty() ? nullptr : &out.back();
     const bool follows = last && last->guest + last->dst.size() == guest && last->extent.kind == e->kind;
@@ -137,9 +145,12 @@ Task<Status> ExtentDriver::run(SubRead r) {
       if (*n < r.dst.size()) std::memset(r.dst.data() + *n, 0, r.dst.size() - *n);
       co_return Status::ok();
     }
-    case ExtentKind::unallocated: co_return co_await read_backing(r.guest, r.dst);
-    case ExtentKind::compressed: co_return co_await read_compressed(r.extent, r.dst);
-    case ExtentKind::zero: break;
+    case ExtentKind::unallocated:
+      co_return co_await read_backing(r.guest, r.dst);
+    case ExtentKind::compressed:
+      co_return co_await read_compressed(r.extent, r.dst);
+    case ExtentKind::zero:
+      break;
   }
   std::memset(r.dst.data(), 0, r.dst.size());
   co_return Status::ok();
@@ -174,8 +185,7 @@ Task<Result<ClusterCache::Cluster>> ExtentDriver::load_unit(const Extent& e) {
   });
   if (!result) {
     log::error("{}: corrupt compressed data at host offset {:#x}: {}", img_.path, e.host_offset, result.message());
-    co_return Status::errorf(EIO, "corrupt compressed data at host offset {:#x}: {}", e.host_offset,
-                             result.message());
+    co_return Status::errorf(EIO, "corrupt compressed data at host offset {:#x}: {}", e.host_offset, result.message());
   }
   if (r < 0) co_return Status::from_errno(static_cast<int>(r), "decompressing");
   ClusterCache::Cluster unit = std::move(out);
@@ -199,9 +209,6 @@ Task<Result<BlockStatus>> ExtentDriver::block_status(uint64_t off, uint64_t len)
   for (size_t n = 0; length < len && n < kMaxStatusExtents; ++n) {
     auto e = co_await extent_at(off + length, len - length);
     if (!e) co_return e.status();
-    if (e->length == 0 || e->length > len - length)
-      co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e->length,
-                               off + length);
     if (n == 0) {
       first = *e;
     } else if (!continues(first, length, *e)) {

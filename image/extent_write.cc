@@ -79,8 +79,6 @@ Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte>
   while (guest < end) {
     auto e = co_await extent_at(guest, end - guest);
     if (!e) co_return e.status();
-    if (e->length == 0 || e->length > end - guest)
-      co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e->length, guest);
     std::span<const std::byte> src = buf.subspan(guest - start, e->length);
     if (e->kind == ExtentKind::data) {
       SubWrite* last = in_place.empty() ? nullptr : &in_place.back();
@@ -193,8 +191,6 @@ Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unm
   while (guest < end) {
     auto e = co_await extent_at(guest, end - guest);
     if (!e) co_return e.status();
-    if (e->length == 0 || e->length > end - guest)
-      co_return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", img_.path, e->length, guest);
     QCOWFS_CO_TRY(co_await write_zero_extent(*e, guest, may_unmap));
     guest += e->length;
   }

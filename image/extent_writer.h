@@ -18,7 +18,9 @@
 // to ExtentMap::try_map() on other threads (atomic stores).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "io/host_file.h"
 #include "io/status.h"
@@ -34,6 +36,29 @@ struct HostRun {
   // The space reads as zeros already (past the data written so far): the
   // driver need not write zero copy-on-write parts.
   bool fresh = false;
+};
+
+// The entries [lo, hi) of a table that changed since it was last written
+// (a superset when the changes are not contiguous).
+struct DirtyRange {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  bool empty() const { return hi <= lo; }
+  void add(uint64_t first, uint64_t n) {
+    if (empty()) {
+      lo = first;
+      hi = first + n;
+      return;
+    }
+    lo = std::min(lo, first);
+    hi = std::max(hi, first + n);
+  }
+  void clear() { lo = hi = 0; }
+  // The bytes [first, second) of the table that hold the entries (entry_size
+  // bytes each, from byte `base` of the table on), rounded out to sectors.
+  std::pair<uint64_t, uint64_t> sectors(uint64_t base, uint64_t entry_size, uint64_t sector) const {
+    return {(base + lo * entry_size) / sector * sector, (base + hi * entry_size + sector - 1) / sector * sector};
+  }
 };
 
 class ExtentWriter {

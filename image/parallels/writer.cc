@@ -72,22 +72,15 @@ void ParallelsWriter::publish(uint64_t first, const HostRun& run) {
     map_.publish(first + i, e);
     store_le32(meta_.data() + kBatOff + (first + i) * 4, e);
   }
-  if (dirty_hi_ == dirty_lo_) {
-    dirty_lo_ = first;
-    dirty_hi_ = first + run.units;
-  } else {
-    dirty_lo_ = std::min(dirty_lo_, first);
-    dirty_hi_ = std::max(dirty_hi_, first + run.units);
-  }
+  dirty_.add(first, run.units);
 }
 
 Task<Status> ParallelsWriter::write_metadata() {
   if (!dirty()) co_return Status::ok();
-  const uint64_t from = align_down(kBatOff + dirty_lo_ * 4, kSector);
-  const uint64_t to = align_up(kBatOff + dirty_hi_ * 4, kSector);
+  const auto [from, to] = dirty_.sectors(kBatOff, 4, kSector);
   auto bytes = meta_.span().subspan(static_cast<size_t>(from), static_cast<size_t>(to - from));
   QCOWFS_CO_TRY(co_await file_.write(from, bytes));
-  dirty_lo_ = dirty_hi_ = 0;
+  dirty_.clear();
   co_return Status::ok();
 }
 

@@ -36,7 +36,7 @@ class ParallelsWriter final : public ExtentWriter {
   Task<Result<HostRun>> reserve(uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
-  bool dirty() const override { return dirty_hi_ > dirty_lo_; }
+  bool dirty() const override { return !dirty_.empty(); }
   Task<Status> write_metadata() override;
   Task<Status> close_clean() override;
 
@@ -49,11 +49,10 @@ class ParallelsWriter final : public ExtentWriter {
   Header h_;
   ClusterMap& map_;
   io::AlignedBuffer meta_;
-  uint64_t unit_;          // bytes a BAT unit
-  uint64_t data_end_;      // host byte where the next cluster goes
-  uint64_t zero_from_;     // host bytes from here on read as zeros (never written)
-  uint64_t dirty_lo_ = 0;  // BAT entries [dirty_lo_, dirty_hi_) changed
-  uint64_t dirty_hi_ = 0;
+  uint64_t unit_;       // bytes a BAT unit
+  uint64_t data_end_;   // host byte where the next cluster goes
+  uint64_t zero_from_;  // host bytes from here on read as zeros (never written)
+  DirtyRange dirty_;    // BAT entries changed
 };
 
 }  // namespace qcowfs::image::parallels

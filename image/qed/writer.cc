@@ -24,11 +24,16 @@ QedWriter::QedWriter(io::HostFile& file, std::string path, const Header& h, QedM
       file_end_(align_up(file.size(), h.cluster_size)),
       zero_from_(file.size()) {}
 
-// QEMU writes the header's first sector (qed_write_header), then we flush.
-Task<Status> QedWriter::write_features(uint64_t features) {
-  store_le64(header_.data() + offsetof(HeaderLayout, features), features);
+// One 64-bit header field changed: QEMU writes the header's first sector
+// (qed_write_header); we write it and flush.
+Task<Status> QedWriter::write_header_field(size_t at, uint64_t value) {
+  store_le64(header_.data() + at, value);
   QCOWFS_CO_TRY(co_await file_.write(0, header_.span().first(kSectorSize)));
-  QCOWFS_CO_TRY(co_await file_.flush());
+  co_return co_await file_.flush();
+}
+
+Task<Status> QedWriter::write_features(uint64_t features) {
+  QCOWFS_CO_TRY(co_await write_header_field(offsetof(HeaderLayout, features), features));
   h_.features = features;
   co_return Status::ok();
 }
@@ -54,9 +59,7 @@ Task<Status> QedWriter::grow(uint64_t new_size) {
   if (grown.l1_entries() > map_.l1_entries())
     co_return Status::errorf(EFBIG, "{} bytes need {} QED L1 entries, more than qcowfs keeps ({})", new_size,
                              grown.l1_entries(), map_.l1_entries());
-  store_le64(header_.data() + offsetof(HeaderLayout, image_size), new_size);
-  QCOWFS_CO_TRY(co_await file_.write(0, header_.span().first(kSectorSize)));
-  QCOWFS_CO_TRY(co_await file_.flush());
+  QCOWFS_CO_TRY(co_await write_header_field(offsetof(HeaderLayout, image_size), new_size));
   h_.image_size = new_size;
   co_return Status::ok();
 }
@@ -79,13 +82,7 @@ Task<Status> QedWriter::new_l2_table(uint64_t l1_index) {
   map_.grow_file(file_end_);
   map_.set_l1_entry(l1_index, at);
   store_le64(l1_bytes_.data() + l1_index * sizeof(uint64_t), at);
-  if (l1_dirty_hi_ == l1_dirty_lo_) {
-    l1_dirty_lo_ = l1_index;
-    l1_dirty_hi_ = l1_index + 1;
-  } else {
-    l1_dirty_lo_ = std::min(l1_dirty_lo_, l1_index);
-    l1_dirty_hi_ = std::max(l1_dirty_hi_, l1_index + 1);
-  }
+  l1_dirty_.add(l1_index, 1);
   co_return Status::ok();
 }
 
@@ -158,11 +155,10 @@ Task<Status> QedWriter::cover_allocated() {
 }
 
 Task<Status> QedWriter::write_l1() {
-  const uint64_t from = align_down(l1_dirty_lo_ * sizeof(uint64_t), kSectorSize);
-  const uint64_t to = align_up(l1_dirty_hi_ * sizeof(uint64_t), kSectorSize);
+  const auto [from, to] = l1_dirty_.sectors(0, sizeof(uint64_t), kSectorSize);
   auto bytes = l1_bytes_.span().subspan(static_cast<size_t>(from), static_cast<size_t>(to - from));
   QCOWFS_CO_TRY(co_await file_.write(h_.l1_table_offset + from, bytes));
-  l1_dirty_lo_ = l1_dirty_hi_ = 0;
+  l1_dirty_.clear();
   co_return Status::ok();
 }
 
@@ -175,7 +171,7 @@ Task<Status> QedWriter::write_metadata() {
     QCOWFS_CO_TRY(co_await file_.write(it->first, it->second.bytes()));
     dirty_slices_.erase(it);
   }
-  if (l1_dirty_hi_ == l1_dirty_lo_) co_return Status::ok();
+  if (l1_dirty_.empty()) co_return Status::ok();
   QCOWFS_CO_TRY(co_await file_.flush());
   co_return co_await write_l1();
 }

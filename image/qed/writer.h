@@ -39,7 +39,7 @@ class QedWriter final : public ExtentWriter {
   Task<Result<HostRun>> reserve(uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
-  bool dirty() const override { return !dirty_slices_.empty() || l1_dirty_hi_ > l1_dirty_lo_; }
+  bool dirty() const override { return !dirty_slices_.empty() || !l1_dirty_.empty(); }
   Task<Status> write_metadata() override;
   Task<Status> close_clean() override;
   bool resizable() const override { return true; }
@@ -49,6 +49,7 @@ class QedWriter final : public ExtentWriter {
   Task<Status> clear_need_check() { co_return co_await write_features(h_.features & ~kFeatureNeedCheck); }
 
  private:
+  Task<Status> write_header_field(size_t at, uint64_t value);
   Task<Status> write_features(uint64_t features);
   Task<Status> new_l2_table(uint64_t l1_index);
   Task<Status> pin_slice(uint64_t slice);
@@ -66,8 +67,7 @@ class QedWriter final : public ExtentWriter {
   bool need_check_set_ = false;
   std::map<uint64_t, TableCache::Ref> pinned_;        // slices prepare() loaded for publish()
   std::map<uint64_t, TableCache::Ref> dirty_slices_;  // changed, not yet written
-  uint64_t l1_dirty_lo_ = 0;                          // L1 entries [lo, hi) changed
-  uint64_t l1_dirty_hi_ = 0;
+  DirtyRange l1_dirty_;                               // L1 entries changed
 };
 
 }  // namespace qcowfs::image::qed

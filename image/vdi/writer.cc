@@ -57,13 +57,7 @@ void VdiWriter::publish(uint64_t first, const HostRun& run) {
     map_.publish(block, index + static_cast<uint32_t>(i));
     store_le32(meta_.data() + bmap_at + block * sizeof(uint32_t), index + static_cast<uint32_t>(i));
   }
-  if (dirty_hi_ == dirty_lo_) {
-    dirty_lo_ = first;
-    dirty_hi_ = first + run.units;
-  } else {
-    dirty_lo_ = std::min(dirty_lo_, first);
-    dirty_hi_ = std::max(dirty_hi_, first + run.units);
-  }
+  dirty_.add(first, run.units);
 }
 
 void VdiWriter::patch_header(std::byte* header) const {
@@ -87,20 +81,19 @@ Task<Status> VdiWriter::write_metadata() {
   if (joint()) {
     patch_header(meta_.data());
     const uint64_t end =
-        dirty_hi_ > dirty_lo_ ? align_up(bmap_at + dirty_hi_ * sizeof(uint32_t), sector) : uint64_t{kHeaderBytes};
+        !dirty_.empty() ? dirty_.sectors(bmap_at, sizeof(uint32_t), sector).second : uint64_t{kHeaderBytes};
     QCOWFS_CO_TRY(co_await file_.write(0, meta_.span().first(static_cast<size_t>(end))));
   } else {
     patch_header(header_.data());
     QCOWFS_CO_TRY(co_await file_.write(0, header_.span().first(kHeaderBytes)));
-    if (dirty_hi_ > dirty_lo_) {
-      const uint64_t from = align_down(dirty_lo_ * sizeof(uint32_t), sector);
-      const uint64_t to = align_up(dirty_hi_ * sizeof(uint32_t), sector);
+    if (!dirty_.empty()) {
+      const auto [from, to] = dirty_.sectors(0, sizeof(uint32_t), sector);
       auto bytes = meta_.span().subspan(static_cast<size_t>(from), static_cast<size_t>(to - from));
       QCOWFS_CO_TRY(co_await file_.write(h_.offset_bmap + from, bytes));
     }
   }
   header_dirty_ = false;
-  dirty_lo_ = dirty_hi_ = 0;
+  dirty_.clear();
   co_return Status::ok();
 }
 

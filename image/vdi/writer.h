@@ -43,7 +43,7 @@ class VdiWriter final : public ExtentWriter {
   Task<Result<HostRun>> reserve(uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
-  bool dirty() const override { return header_dirty_ || dirty_hi_ > dirty_lo_; }
+  bool dirty() const override { return header_dirty_ || !dirty_.empty(); }
   Task<Status> write_metadata() override;
 
  private:
@@ -60,8 +60,7 @@ class VdiWriter final : public ExtentWriter {
   uint32_t blocks_allocated_;
   uint64_t zero_from_;  // host bytes from here on read as zeros (never written)
   bool header_dirty_ = false;
-  uint64_t dirty_lo_ = 0;  // block map entries [dirty_lo_, dirty_hi_) changed
-  uint64_t dirty_hi_ = 0;
+  DirtyRange dirty_;  // block map entries changed
 };
 
 }  // namespace qcowfs::image::vdi
