@@ -153,7 +153,7 @@ class ExtentDriver final : public BlockDriver {
   Task<Status> write_allocating(uint64_t off, std::span<const std::byte> buf);
   Task<Status> reserve_all(std::vector<Allocation>& allocs);
   Task<Status> fill_cow(Allocation& a);
-  Task<Status> write_allocation(const Allocation& a);
+  Task<Status> write_allocation(Allocation& a);
   Task<Status> write_zero_extent(const Extent& e, uint64_t guest, bool unmap);
   Task<Status> write_zero_buffer(uint64_t guest, uint64_t len);
   Task<Status> flush_files();
@@ -169,7 +169,7 @@ class ExtentDriver final : public BlockDriver {
 };
 
 // EROFS with a message saying to mount read-only when opts asks for write
-// access to a format that opens read-only (display_format: "VDI"); else ok.
+// access to a format that opens read-only (display_format: "VMDK"); else ok.
 Status refuse_writable_open(std::string_view display_format, const std::string& path, const ImageOptions& opts);
 
 }  // namespace qcowfs::image

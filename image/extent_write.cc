@@ -42,7 +42,9 @@ struct ExtentDriver::Allocation {
   std::span<const std::byte> src;
   bool old_zero = true;  // the units' old contents read as zeros
   HostRun run;
-  io::AlignedBuffer head;
+  uint64_t head_len = 0;  // bytes of the first unit before the request
+  uint64_t tail_len = 0;  // bytes of the last unit after it
+  io::AlignedBuffer head;  // their old bytes (empty while old_zero: see write_allocation)
   io::AlignedBuffer tail;
 };
 
@@ -129,7 +131,7 @@ Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::b
   std::vector<Task<Status>> tasks;
   tasks.reserve(in_place.size() + allocs.size());
   for (const SubWrite& w : in_place) tasks.push_back(w.file->write(w.host, w.src));
-  for (const Allocation& a : allocs) tasks.push_back(write_allocation(a));
+  for (Allocation& a : allocs) tasks.push_back(write_allocation(a));
   Status st = co_await io::when_all(std::move(tasks));
   if (!st) {
     for (auto it = allocs.rbegin(); it != allocs.rend(); ++it) img_.writer->unreserve(it->run);
@@ -153,19 +155,20 @@ Task<Status> ExtentDriver::reserve_all(std::vector<Allocation>& allocs) {
   co_return Status::ok();
 }
 
-// The old bytes of an allocation's units around the request: read through this
-// driver (backing image, zeros, a compressed unit) unless they are zeros. Past
-// the end of the disk they are zeros.
+// The old bytes of an allocation's units around the request, read through this
+// driver (backing image, zeros, a compressed unit). Nothing is read or kept
+// when they are zeros. Past the end of the disk they are zeros.
 Task<Status> ExtentDriver::fill_cow(Allocation& a) {
   const uint64_t us = img_.writer->unit_size();
   const uint64_t unit_start = a.first_unit * us;
   const uint64_t unit_end = (a.first_unit + a.units) * us;
   const uint64_t req_end = a.guest + a.src.size();
-  const size_t align = mem_align();
-  a.head = io::AlignedBuffer(static_cast<size_t>(a.guest - unit_start), align, true);
-  a.tail = io::AlignedBuffer(static_cast<size_t>(unit_end - req_end), align, true);
+  a.head_len = a.guest - unit_start;
+  a.tail_len = unit_end - req_end;
   if (a.old_zero) co_return Status::ok();
-  if (a.head.size() > 0) QCOWFS_CO_TRY(co_await read(unit_start, a.head.span()));
+  a.head = io::AlignedBuffer(static_cast<size_t>(a.head_len), mem_align(), true);
+  a.tail = io::AlignedBuffer(static_cast<size_t>(a.tail_len), mem_align(), true);
+  if (a.head_len > 0) QCOWFS_CO_TRY(co_await read(unit_start, a.head.span()));
   const uint64_t disk = size();
   const uint64_t tail_in_disk = std::min(unit_end, disk) - std::min(req_end, disk);
   if (tail_in_disk > 0) QCOWFS_CO_TRY(co_await read(req_end, a.tail.span().first(tail_in_disk)));
@@ -173,14 +176,19 @@ Task<Status> ExtentDriver::fill_cow(Allocation& a) {
 }
 
 // One host write: the request alone into fresh zero space whose old contents
-// were zeros, else head + request + tail over the whole units.
-Task<Status> ExtentDriver::write_allocation(const Allocation& a) {
+// were zeros, else head + request + tail over the whole units (zeros made here
+// when the space is not fresh: rare, space a crash left behind).
+Task<Status> ExtentDriver::write_allocation(Allocation& a) {
   const HostRun& r = a.run;
-  if (a.old_zero && r.fresh) co_return co_await r.file->write(r.host + a.head.size(), a.src);
+  if (a.old_zero && r.fresh) co_return co_await r.file->write(r.host + a.head_len, a.src);
+  if (a.old_zero) {
+    a.head = io::AlignedBuffer(static_cast<size_t>(a.head_len), mem_align(), true);
+    a.tail = io::AlignedBuffer(static_cast<size_t>(a.tail_len), mem_align(), true);
+  }
   std::vector<iovec> iov;
-  if (a.head.size() > 0) iov.push_back(iov_of(a.head.span()));
+  if (a.head_len > 0) iov.push_back(iov_of(a.head.span()));
   iov.push_back(iov_of(a.src));
-  if (a.tail.size() > 0) iov.push_back(iov_of(a.tail.span()));
+  if (a.tail_len > 0) iov.push_back(iov_of(a.tail.span()));
   co_return co_await r.file->writev(r.host, iov);
 }
 

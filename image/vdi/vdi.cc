@@ -81,8 +81,11 @@ Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, cons
   io::AlignedBuffer meta(static_cast<size_t>(vdi::VdiWriter::meta_end(h) - base), file.mem_align(), true);
   auto st = co_await read_padded(file, base, meta.span());
   if (!st) co_return st.with_context(path + ": reading the VDI block map");
-  io::AlignedBuffer header(vdi::kHeaderBytes, file.mem_align(), true);
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, header.span()));
+  io::AlignedBuffer header;  // the header is in meta when they are written together
+  if (base != 0) {
+    header = io::AlignedBuffer(vdi::kHeaderBytes, file.mem_align(), true);
+    QCOWFS_CO_TRY(co_await read_padded(file, 0, header.span()));
+  }
   co_return std::unique_ptr<ExtentWriter>(
       std::make_unique<vdi::VdiWriter>(file, path, h, map, std::move(header), std::move(meta)));
 }

@@ -30,7 +30,8 @@ inline constexpr uint64_t kMaxJointMetadataGap = 4ull << 20;
 class VdiWriter final : public ExtentWriter {
  public:
   // meta: the file's bytes [meta_base(h), meta_end(h)) (zero-padded past the
-  // end of the file); header_bytes: the first kHeaderBytes of the file.
+  // end of the file); header_bytes: the first kHeaderBytes of the file when
+  // meta_base(h) is not 0 (else empty: meta holds the header).
   VdiWriter(io::HostFile& file, std::string path, const Header& h, VdiMap& map, io::AlignedBuffer header_bytes,
             io::AlignedBuffer meta);
 
