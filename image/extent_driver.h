@@ -150,20 +150,25 @@ class ExtentDriver final : public BlockDriver {
   bool reads_zero(const Extent& e, uint64_t guest) const;
   Task<Status> plan_write(uint64_t start, std::span<const std::byte> buf, std::vector<SubWrite>& in_place,
                           std::vector<Allocation>& allocs);
+  Task<Status> first_write();
+  Task<Status> first_write_locked();
   Task<Status> write_allocating(uint64_t off, std::span<const std::byte> buf);
   Task<Status> reserve_all(std::vector<Allocation>& allocs);
   Task<Status> fill_cow(Allocation& a);
   Task<Status> write_allocation(Allocation& a);
+  Task<Status> write_prefixed(Allocation& a);
   Task<Status> write_zero_extent(const Extent& e, uint64_t guest, bool unmap);
   Task<Status> write_zero_buffer(uint64_t guest, uint64_t len);
+  Task<Status> zero_units(uint64_t guest, uint64_t len);
   Task<Status> flush_files();
   Task<Status> writeback();
 
   ExtentImage img_;
   ClusterCache units_;
-  io::AsyncMutex alloc_;     // allocation, publishing, metadata writeback
-  io::AsyncMutex flushing_;  // one flush at a time
-  bool changed_ = false;     // ExtentWriter::begin_change() done (alloc_ held)
+  io::AsyncMutex alloc_;              // allocation, publishing, metadata writeback
+  io::AsyncMutex flushing_;           // one flush at a time
+  bool changed_ = false;              // ExtentWriter::begin_change() done (alloc_ held)
+  std::atomic<bool> written_{false};  // ExtentWriter::before_first_write() done
   bool closed_ = false;
   std::atomic<uint64_t> size_;  // guest bytes: img_.size, then what truncate() grew it to
 };

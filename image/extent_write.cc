@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "image/extent_driver.h"
@@ -42,8 +43,8 @@ struct ExtentDriver::Allocation {
   std::span<const std::byte> src;
   bool old_zero = true;  // the units' old contents read as zeros
   HostRun run;
-  uint64_t head_len = 0;  // bytes of the first unit before the request
-  uint64_t tail_len = 0;  // bytes of the last unit after it
+  uint64_t head_len = 0;   // bytes of the first unit before the request
+  uint64_t tail_len = 0;   // bytes of the last unit after it
   io::AlignedBuffer head;  // their old bytes (empty while old_zero: see write_allocation)
   io::AlignedBuffer tail;
 };
@@ -58,6 +59,7 @@ bool ExtentDriver::reads_zero(const Extent& e, uint64_t guest) const {
 Task<Status> ExtentDriver::write(uint64_t off, std::span<const std::byte> buf) {
   if (img_.writer == nullptr) co_return refuse_write();
   if (buf.empty()) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await first_write());
   std::vector<SubWrite> in_place;
   std::vector<Allocation> allocs;
   QCOWFS_CO_TRY(co_await plan_write(off, buf, in_place, allocs));
@@ -104,10 +106,36 @@ Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte>
     }
     guest += e->length;
   }
-  for (Allocation& a : allocs) {
+  for (size_t i = 0; i < allocs.size(); ++i) {
+    Allocation& a = allocs[i];
     a.first_unit = a.guest / us;
     a.units = (a.guest + a.src.size() + us - 1) / us - a.first_unit;
+    const uint64_t limit = std::max<uint64_t>(1, img_.writer->run_limit(a.first_unit));
+    if (a.units <= limit) continue;
+    // The rest goes into a run of its own (another file's units).
+    Allocation rest;
+    rest.guest = (a.first_unit + limit) * us;
+    rest.src = a.src.subspan(rest.guest - a.guest);
+    rest.old_zero = a.old_zero;
+    a.src = a.src.first(rest.guest - a.guest);
+    a.units = limit;
+    allocs.insert(allocs.begin() + static_cast<ptrdiff_t>(i) + 1, std::move(rest));
   }
+  co_return Status::ok();
+}
+
+// ExtentWriter::before_first_write(), once per open, before any change.
+Task<Status> ExtentDriver::first_write() {
+  if (written_.load(std::memory_order_acquire)) co_return Status::ok();
+  auto lock = co_await alloc_.lock();
+  co_return co_await first_write_locked();
+}
+
+Task<Status> ExtentDriver::first_write_locked() {
+  if (written_.load(std::memory_order_acquire)) co_return Status::ok();
+  Status st = co_await img_.writer->before_first_write();
+  if (!st) co_return st.with_context(img_.path);
+  written_.store(true, std::memory_order_release);
   co_return Status::ok();
 }
 
@@ -116,6 +144,7 @@ Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte>
 // issued together, the new units published once all succeeded.
 Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::byte> buf) {
   auto lock = co_await alloc_.lock();
+  QCOWFS_CO_TRY(co_await first_write_locked());
   if (!changed_) {
     QCOWFS_CO_TRY(co_await img_.writer->begin_change());
     changed_ = true;
@@ -145,7 +174,7 @@ Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::b
 // reserved are given back (newest first).
 Task<Status> ExtentDriver::reserve_all(std::vector<Allocation>& allocs) {
   for (size_t i = 0; i < allocs.size(); ++i) {
-    auto run = co_await img_.writer->reserve(allocs[i].units);
+    auto run = co_await img_.writer->reserve(allocs[i].first_unit, allocs[i].units);
     if (!run) {
       while (i-- > 0) img_.writer->unreserve(allocs[i].run);
       co_return run.status().with_context(img_.path);
@@ -177,9 +206,11 @@ Task<Status> ExtentDriver::fill_cow(Allocation& a) {
 
 // One host write: the request alone into fresh zero space whose old contents
 // were zeros, else head + request + tail over the whole units (zeros made here
-// when the space is not fresh: rare, space a crash left behind).
+// when the space is not fresh: rare, space a crash left behind). Units with a
+// prefix: write_prefixed().
 Task<Status> ExtentDriver::write_allocation(Allocation& a) {
   const HostRun& r = a.run;
+  if (!img_.writer->unit_prefix().empty()) co_return co_await write_prefixed(a);
   if (a.old_zero && r.fresh) co_return co_await r.file->write(r.host + a.head_len, a.src);
   if (a.old_zero) {
     a.head = io::AlignedBuffer(static_cast<size_t>(a.head_len), mem_align(), true);
@@ -192,8 +223,40 @@ Task<Status> ExtentDriver::write_allocation(Allocation& a) {
   co_return co_await r.file->writev(r.host, iov);
 }
 
+// One host write of units that each begin with the writer's prefix: prefix,
+// then the unit's part of head + request + tail, unit after unit. The head is
+// always written (it lies between the first prefix and the request); a zero
+// tail into fresh space is left out.
+Task<Status> ExtentDriver::write_prefixed(Allocation& a) {
+  const HostRun& r = a.run;
+  const std::span<const std::byte> prefix = img_.writer->unit_prefix();
+  const uint64_t us = img_.writer->unit_size();
+  const bool tail_reads_zero = a.old_zero && r.fresh;
+  if (a.old_zero) {
+    a.head = io::AlignedBuffer(static_cast<size_t>(a.head_len), mem_align(), true);
+    if (!tail_reads_zero) a.tail = io::AlignedBuffer(static_cast<size_t>(a.tail_len), mem_align(), true);
+  }
+  std::array<std::span<const std::byte>, 3> pieces = {a.head.span().first(static_cast<size_t>(a.head_len)), a.src,
+                                                      a.tail.span()};
+  if (tail_reads_zero) pieces[2] = {};
+  std::vector<iovec> iov;
+  iov.reserve(2 * a.units + 2);
+  uint64_t at = 0;  // guest bytes from the start of the first unit
+  for (std::span<const std::byte> piece : pieces) {
+    while (!piece.empty()) {
+      if (at % us == 0) iov.push_back(iov_of(prefix));
+      const auto n = static_cast<size_t>(std::min<uint64_t>(piece.size(), us - at % us));
+      iov.push_back(iov_of(piece.first(n)));
+      piece = piece.subspan(n);
+      at += n;
+    }
+  }
+  co_return co_await r.file->writev(r.host, iov);
+}
+
 Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unmap) {
   if (img_.writer == nullptr) co_return refuse_write();
+  if (len > 0) QCOWFS_CO_TRY(co_await first_write());
   const uint64_t end = off + len;
   uint64_t guest = off;
   while (guest < end) {
@@ -210,9 +273,45 @@ Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unm
 // (backing data, compressed units) is overwritten with zeros.
 Task<Status> ExtentDriver::write_zero_extent(const Extent& e, uint64_t guest, bool unmap) {
   if (reads_zero(e, guest)) co_return Status::ok();
+  if (e.kind == ExtentKind::unallocated) co_return co_await zero_units(guest, e.length);
   if (e.kind != ExtentKind::data) co_return co_await write_zero_buffer(guest, e.length);
   if (unmap && !e.file->is_block_device()) co_return co_await e.file->discard(e.host_offset, e.length);
   co_return co_await e.file->write_zeroes(e.host_offset, e.length);
+}
+
+// Unallocated bytes over a backing image: the whole units among them take the
+// format's zero state where it has one (ExtentWriter::mark_zero, nothing
+// allocated or written), the rest is written with zeros. Units another
+// request allocated meanwhile are zeroed as data.
+Task<Status> ExtentDriver::zero_units(uint64_t guest, uint64_t len) {
+  const uint64_t us = img_.writer->unit_size();
+  const uint64_t end = guest + len;
+  const uint64_t first = (guest + us - 1) / us;
+  // A unit that the disk's end cuts counts as whole when the range reaches that end.
+  const uint64_t last = end == size() ? (end + us - 1) / us : end / us;
+  if (first >= last || !img_.writer->has_zero_state(first)) co_return co_await write_zero_buffer(guest, len);
+  if (first * us > guest) QCOWFS_CO_TRY(co_await write_zero_buffer(guest, first * us - guest));
+  std::vector<uint64_t> allocated;
+  {
+    auto lock = co_await alloc_.lock();
+    if (!changed_) {
+      QCOWFS_CO_TRY(co_await img_.writer->begin_change());
+      changed_ = true;
+    }
+    for (uint64_t u = first; u < last; ++u) {
+      auto e = co_await extent_at(u * us, std::min(us, size() - u * us));
+      if (!e) co_return e.status();
+      if (e->kind != ExtentKind::unallocated || !img_.writer->has_zero_state(u)) {
+        allocated.push_back(u);
+        continue;
+      }
+      QCOWFS_CO_TRY(co_await img_.writer->prepare(u, 1));
+      img_.writer->mark_zero(u, 1);
+    }
+  }
+  for (uint64_t u : allocated) QCOWFS_CO_TRY(co_await write_zeroes(u * us, std::min(us, size() - u * us), false));
+  if (last * us < end) QCOWFS_CO_TRY(co_await write_zero_buffer(last * us, end - last * us));
+  co_return Status::ok();
 }
 
 Task<Status> ExtentDriver::write_zero_buffer(uint64_t guest, uint64_t len) {
@@ -285,7 +384,7 @@ Task<Status> ExtentDriver::close() {
   co_return Status::ok();
 }
 
-Task<Result<HostRun>> InPlaceWriter::reserve(uint64_t n) {
+Task<Result<HostRun>> InPlaceWriter::reserve(uint64_t /*first*/, uint64_t n) {
   co_return Status::errorf(EIO, "{} units to allocate in an image whose data is all in place", n);
 }
 

@@ -12,14 +12,17 @@
 // the host before write_metadata(), so no entry on disk points at data that is
 // not durable, and flushes again afterwards.
 //
-// Thread-safety: prepare(), reserve(), unreserve(), publish(), write_metadata(),
-// grow() and close_clean() are called with the driver's allocation lock held (one at a
-// time, in any event-loop thread). publish() must make the new entries visible
-// to ExtentMap::try_map() on other threads (atomic stores).
+// Thread-safety: before_first_write(), begin_change(), prepare(), reserve(),
+// unreserve(), publish(), mark_zero(), write_metadata(), grow() and close_clean() are called
+// with the driver's allocation lock held (one at a time, in any event-loop
+// thread); run_limit() and has_zero_state() with it held or not (they must be pure). publish() must make the new
+// entries visible to ExtentMap::try_map() on other threads (atomic stores).
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 
 #include "io/host_file.h"
@@ -28,14 +31,36 @@
 
 namespace qcowfs::image {
 
-// Host space for n units: [host, host + n * unit_size) in file.
+// Host space for n units: [host, host + n * stride) in file, where stride is
+// ExtentWriter::unit_stride(); unit i starts at host + i * stride with its
+// prefix (ExtentWriter::unit_prefix(), often none), then its data.
 struct HostRun {
   io::HostFile* file = nullptr;
   uint64_t host = 0;
   uint64_t units = 0;
-  // The space reads as zeros already (past the data written so far): the
-  // driver need not write zero copy-on-write parts.
+  // The space after the first unit's prefix reads as zeros already (past the
+  // data written so far): the driver need not write zero copy-on-write parts
+  // it can leave out of its one host write.
   bool fresh = false;
+};
+
+// Host space handed out from the end of a file, for the formats whose file
+// end is their allocator (QED, VMDK, VHDX).
+struct FileTail {
+  uint64_t next = 0;       // where the next unit goes
+  uint64_t zero_from = 0;  // host bytes from here on read as zeros (never written)
+  // n units of `unit` bytes at next.
+  HostRun take(io::HostFile& f, uint64_t n, uint64_t unit) {
+    HostRun run{&f, next, n, next >= zero_from};
+    next += n * unit;
+    return run;
+  }
+  // Gives back the latest take(): its space may hold part of a failed write
+  // now, so it is no longer fresh.
+  void give_back(const HostRun& run, uint64_t unit) {
+    next = run.host;
+    zero_from = std::max(zero_from, run.host + run.units * unit);
+  }
 };
 
 // The entries [lo, hi) of a table that changed since it was last written
@@ -71,20 +96,39 @@ class ExtentWriter {
   // The allocation unit in guest bytes (a VDI block); guest unit u is
   // [u * unit_size(), (u + 1) * unit_size()).
   virtual uint64_t unit_size() const = 0;
-  // Before the first change of this open: the format's dirty or in-use flag,
-  // durable. Default: the format has none.
+  // The bytes the driver writes before each new unit's data, in the same host
+  // write (a VHD block's sector bitmap). Default: none, units back to back.
+  virtual std::span<const std::byte> unit_prefix() const { return {}; }
+  // Host bytes from one new unit of a run to the next.
+  uint64_t unit_stride() const { return unit_prefix().size() + unit_size(); }
+  // Before the first change of this open of any kind (an in-place write or
+  // zeroing too), durably: what QEMU updates on a first write (VMDK's CID,
+  // VHDX's headers). Default: nothing.
+  virtual Task<Status> before_first_write() { co_return Status::ok(); }
+  // Before the first allocation of this open: the format's dirty or in-use
+  // flag, durable. Default: the format has none.
   virtual Task<Status> begin_change() { co_return Status::ok(); }
+  // How many units from unit `first` on may share one HostRun (a format whose
+  // units live in several files: those up to the end of first's file).
+  virtual uint64_t run_limit(uint64_t /*first*/) const { return UINT64_MAX; }
   // Before units [first, first + n) get host space: whatever publish() will
   // need (a format's second-level tables loaded, or allocated), so that
   // publish() cannot fail. Default: nothing.
   virtual Task<Status> prepare(uint64_t /*first*/, uint64_t /*n*/) { co_return Status::ok(); }
-  // Contiguous host space for n new units (ENOSPC when the image has none left).
-  virtual Task<Result<HostRun>> reserve(uint64_t n) = 0;
+  // Contiguous host space for the n new units [first, first + n) (ENOSPC when
+  // the image has none left).
+  virtual Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) = 0;
   // Gives back the latest reservation (its data write failed).
   virtual void unreserve(const HostRun& run) = 0;
   // Guest units [first, first + run.units) now map to run; visible to readers
   // at once, written back by write_metadata().
   virtual void publish(uint64_t first, const HostRun& run) = 0;
+  // Whether unit `unit` can record "reads as zeros" without data (QED's zero
+  // cluster, VMDK's zeroed grain), which zeroing over a backing image uses.
+  virtual bool has_zero_state(uint64_t /*unit*/) const { return false; }
+  // Units [first, first + n), unallocated and prepare()d, now read as zeros:
+  // visible to readers at once, written back by write_metadata().
+  virtual void mark_zero(uint64_t /*first*/, uint64_t /*n*/) {}
   // Whether published entries (or other metadata) wait for write_metadata().
   virtual bool dirty() const = 0;
   // Writes back the metadata changed since the last call (the data it points
@@ -106,7 +150,7 @@ class ExtentWriter {
 class InPlaceWriter final : public ExtentWriter {
  public:
   uint64_t unit_size() const override { return 512; }
-  Task<Result<HostRun>> reserve(uint64_t n) override;
+  Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) override;
   void unreserve(const HostRun&) override {}
   void publish(uint64_t, const HostRun&) override {}
   bool dirty() const override { return false; }

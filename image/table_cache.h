@@ -92,6 +92,8 @@ class TableCache {
   // The slice if it is cached and loaded (pinned, moved to the LRU front);
   // otherwise an error Status and nothing changes. Never suspends.
   Result<Ref> try_get(uint64_t host);
+  // The file the slices are read from (and written back to).
+  io::HostFile& file() const { return file_; }
 
   void mark_dirty(Ref& ref);
   void clear_dirty(Ref& ref);

@@ -44,7 +44,7 @@ Task<Status> ParallelsWriter::mark_in_use() { co_return co_await write_header(kI
 
 Task<Status> ParallelsWriter::close_clean() { co_return co_await write_header(0); }
 
-Task<Result<HostRun>> ParallelsWriter::reserve(uint64_t n) {
+Task<Result<HostRun>> ParallelsWriter::reserve(uint64_t /*first*/, uint64_t n) {
   const uint64_t end = data_end_ + n * h_.cluster_size();
   if ((end - h_.cluster_size()) / unit_ > UINT32_MAX)
     co_return Status::errorf(ENOSPC, "the Parallels image has no room for more clusters (BAT entries are 32-bit)");

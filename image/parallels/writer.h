@@ -33,7 +33,7 @@ class ParallelsWriter final : public ExtentWriter {
   Task<Status> mark_in_use();
 
   uint64_t unit_size() const override { return h_.cluster_size(); }
-  Task<Result<HostRun>> reserve(uint64_t n) override;
+  Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
   bool dirty() const override { return !dirty_.empty(); }

@@ -21,8 +21,7 @@ QedWriter::QedWriter(io::HostFile& file, std::string path, const Header& h, QedM
       map_(map),
       header_(std::move(header_sector)),
       l1_bytes_(std::move(l1_bytes)),
-      file_end_(align_up(file.size(), h.cluster_size)),
-      zero_from_(file.size()) {}
+      tail_{align_up(file.size(), h.cluster_size), file.size()} {}
 
 // One 64-bit header field changed: QEMU writes the header's first sector
 // (qed_write_header); we write it and flush.
@@ -73,24 +72,16 @@ Task<Status> QedWriter::close_clean() {
 
 // A zeroed table at the end of the file, then the L1 entry (in memory) names it.
 Task<Status> QedWriter::new_l2_table(uint64_t l1_index) {
-  const uint64_t at = file_end_;
+  const uint64_t at = tail_.next;
   if (file_.is_block_device() && at + h_.table_bytes() > file_.size())
     co_return Status::errorf(ENOSPC, "the QED image's block device is full ({} bytes)", file_.size());
   QCOWFS_CO_TRY(co_await file_.write_zeroes(at, h_.table_bytes()));
-  file_end_ = at + h_.table_bytes();
-  zero_from_ = std::max(zero_from_, file_end_);
-  map_.grow_file(file_end_);
+  tail_.next = at + h_.table_bytes();
+  tail_.zero_from = std::max(tail_.zero_from, tail_.next);
+  map_.grow_file(tail_.next);
   map_.set_l1_entry(l1_index, at);
   store_le64(l1_bytes_.data() + l1_index * sizeof(uint64_t), at);
   l1_dirty_.add(l1_index, 1);
-  co_return Status::ok();
-}
-
-Task<Status> QedWriter::pin_slice(uint64_t slice) {
-  if (pinned_.count(slice) || dirty_slices_.count(slice)) co_return Status::ok();
-  auto ref = co_await map_.cache().get(slice);
-  if (!ref) co_return ref.status().with_context(path_ + ": reading a QED L2 table");
-  pinned_.emplace(slice, std::move(*ref));
   co_return Status::ok();
 }
 
@@ -106,52 +97,45 @@ Task<Status> QedWriter::prepare(uint64_t first, uint64_t n) {
     if (l1_index >= map_.l1_entries())
       co_return Status::errorf(EIO, "{}: guest offset {:#x} is past the QED L1 table", path_, guest);
     if (map_.l1_entry(l1_index) == kUnallocated) QCOWFS_CO_TRY(co_await new_l2_table(l1_index));
-    QCOWFS_CO_TRY(co_await pin_slice(map_.entry_at(map_.l1_entry(l1_index), guest).slice));
+    const uint64_t slice = map_.entry_at(map_.l1_entry(l1_index), guest).slice;
+    QCOWFS_CO_TRY(co_await slices_.pin(map_.cache(), slice, path_ + ": a QED L2 table"));
   }
   co_return Status::ok();
 }
 
-Task<Result<HostRun>> QedWriter::reserve(uint64_t n) {
-  HostRun run;
-  run.file = &file_;
-  run.host = file_end_;
-  run.units = n;
-  const uint64_t end = file_end_ + n * h_.cluster_size;
-  if (file_.is_block_device() && end > file_.size())
+Task<Result<HostRun>> QedWriter::reserve(uint64_t /*first*/, uint64_t n) {
+  if (file_.is_block_device() && tail_.next + n * h_.cluster_size > file_.size())
     co_return Status::errorf(ENOSPC, "the QED image's block device is full ({} bytes)", file_.size());
-  run.fresh = run.host >= zero_from_;
-  file_end_ = end;
-  co_return run;
+  co_return tail_.take(file_, n, h_.cluster_size);
 }
 
-// The run's space may hold part of the failed write now: no longer fresh.
-void QedWriter::unreserve(const HostRun& run) {
-  file_end_ = run.host;
-  zero_from_ = std::max(zero_from_, run.host + run.units * h_.cluster_size);
-}
+void QedWriter::unreserve(const HostRun& run) { tail_.give_back(run, h_.cluster_size); }
 
 void QedWriter::publish(uint64_t first, const HostRun& run) {
   const uint64_t cs = h_.cluster_size;
   map_.grow_file(run.host + run.units * cs);
-  for (uint64_t i = 0; i < run.units; ++i) {
-    const uint64_t guest = (first + i) * cs;
-    const QedMap::EntryAt where = map_.entry_at(map_.l1_entry(guest >> h_.l1_shift), guest);
-    auto dirty = dirty_slices_.find(where.slice);
-    if (dirty == dirty_slices_.end()) {
-      auto pinned = pinned_.find(where.slice);  // prepare() pinned every slice of the run
-      dirty = dirty_slices_.emplace(where.slice, std::move(pinned->second)).first;
-      pinned_.erase(pinned);
-    }
-    QedMap::store_entry(dirty->second, where.at, run.host + i * cs);
-  }
+  for (uint64_t i = 0; i < run.units; ++i) store(first + i, run.host + i * cs);
+}
+
+// QED's zero cluster (L2 entry 1), as QEMU's qed_co_pwrite_zeroes() writes
+// whole unallocated clusters.
+void QedWriter::mark_zero(uint64_t first, uint64_t n) {
+  for (uint64_t u = first; u < first + n; ++u) store(u, kZeroCluster);
+}
+
+// The unit's L2 entry (its slice prepare()d) becomes entry.
+void QedWriter::store(uint64_t unit, uint64_t entry) {
+  const uint64_t guest = unit * h_.cluster_size;
+  const QedMap::EntryAt where = map_.entry_at(map_.l1_entry(guest >> h_.l1_shift), guest);
+  QedMap::store_entry(slices_.change(map_.cache(), where.slice), where.at, entry);
 }
 
 // Clusters written in part end the file early; QEMU takes the file's size
 // rounded down to clusters as the end of valid offsets, so the file must
 // cover every cluster before a table names it.
 Task<Status> QedWriter::cover_allocated() {
-  if (file_.is_block_device() || file_.size() >= file_end_) co_return Status::ok();
-  co_return co_await file_.truncate(file_end_);
+  if (file_.is_block_device() || file_.size() >= tail_.next) co_return Status::ok();
+  co_return co_await file_.truncate(tail_.next);
 }
 
 Task<Status> QedWriter::write_l1() {
@@ -163,14 +147,10 @@ Task<Status> QedWriter::write_l1() {
 }
 
 Task<Status> QedWriter::write_metadata() {
-  pinned_.clear();  // no allocation is in flight (allocation lock held)
+  slices_.release_pins();  // no allocation is in flight (allocation lock held)
   if (!dirty()) co_return Status::ok();
   QCOWFS_CO_TRY(co_await cover_allocated());
-  while (!dirty_slices_.empty()) {
-    auto it = dirty_slices_.begin();
-    QCOWFS_CO_TRY(co_await file_.write(it->first, it->second.bytes()));
-    dirty_slices_.erase(it);
-  }
+  QCOWFS_CO_TRY(co_await slices_.write_dirty());
   if (l1_dirty_.empty()) co_return Status::ok();
   QCOWFS_CO_TRY(co_await file_.flush());
   co_return co_await write_l1();

@@ -13,12 +13,12 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
 
 #include "image/extent_writer.h"
 #include "image/qed/header.h"
 #include "image/qed/map.h"
+#include "image/slice_set.h"
 #include "io/buffer.h"
 
 namespace qcowfs::image::qed {
@@ -36,10 +36,12 @@ class QedWriter final : public ExtentWriter {
   uint64_t unit_size() const override { return h_.cluster_size; }
   Task<Status> begin_change() override;
   Task<Status> prepare(uint64_t first, uint64_t n) override;
-  Task<Result<HostRun>> reserve(uint64_t n) override;
+  Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
-  bool dirty() const override { return !dirty_slices_.empty() || !l1_dirty_.empty(); }
+  bool has_zero_state(uint64_t /*unit*/) const override { return true; }
+  void mark_zero(uint64_t first, uint64_t n) override;
+  bool dirty() const override { return slices_.dirty() || !l1_dirty_.empty(); }
   Task<Status> write_metadata() override;
   Task<Status> close_clean() override;
   bool resizable() const override { return true; }
@@ -52,7 +54,7 @@ class QedWriter final : public ExtentWriter {
   Task<Status> write_header_field(size_t at, uint64_t value);
   Task<Status> write_features(uint64_t features);
   Task<Status> new_l2_table(uint64_t l1_index);
-  Task<Status> pin_slice(uint64_t slice);
+  void store(uint64_t unit, uint64_t entry);
   Task<Status> cover_allocated();
   Task<Status> write_l1();
 
@@ -62,12 +64,10 @@ class QedWriter final : public ExtentWriter {
   QedMap& map_;
   io::AlignedBuffer header_;
   io::AlignedBuffer l1_bytes_;
-  uint64_t file_end_;   // where the next cluster or table goes
-  uint64_t zero_from_;  // host bytes from here on read as zeros (never written)
+  FileTail tail_;  // where the next cluster or table goes
   bool need_check_set_ = false;
-  std::map<uint64_t, TableCache::Ref> pinned_;        // slices prepare() loaded for publish()
-  std::map<uint64_t, TableCache::Ref> dirty_slices_;  // changed, not yet written
-  DirtyRange l1_dirty_;                               // L1 entries changed
+  SliceSet slices_;      // the L2 slices prepare() pinned and publish() changed
+  DirtyRange l1_dirty_;  // L1 entries changed
 };
 
 }  // namespace qcowfs::image::qed

@@ -26,7 +26,7 @@ VdiWriter::VdiWriter(io::HostFile& file, std::string path, const Header& h, VdiM
       blocks_allocated_(h.blocks_allocated),
       zero_from_(file.size()) {}
 
-Task<Result<HostRun>> VdiWriter::reserve(uint64_t n) {
+Task<Result<HostRun>> VdiWriter::reserve(uint64_t /*first*/, uint64_t n) {
   if (n > h_.blocks_in_image - std::min(blocks_allocated_, h_.blocks_in_image))
     co_return Status::errorf(ENOSPC, "the VDI image has no free blocks left ({} of {} allocated)", blocks_allocated_,
                              h_.blocks_in_image);

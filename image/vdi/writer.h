@@ -41,7 +41,7 @@ class VdiWriter final : public ExtentWriter {
   static uint64_t meta_end(const Header& h);
 
   uint64_t unit_size() const override { return h_.block_size; }
-  Task<Result<HostRun>> reserve(uint64_t n) override;
+  Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
   bool dirty() const override { return header_dirty_ || !dirty_.empty(); }

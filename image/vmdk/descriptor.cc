@@ -10,8 +10,8 @@
 namespace qcowfs::image::vmdk {
 namespace {
 
-constexpr std::array kCreateTypes = {"monolithicFlat",       "vmfs", "vmfsSparse", "seSparse",
-                                     "twoGbMaxExtentSparse", "twoGbMaxExtentFlat"};
+constexpr std::array kCreateTypes = {"monolithicFlat",    "vmfs", "vmfsSparse", "seSparse", "twoGbMaxExtentSparse",
+                                     "twoGbMaxExtentFlat"};
 constexpr std::array kExtentTypes = {"FLAT", "SPARSE", "VMFS", "VMFSSPARSE", "SESPARSE"};
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
@@ -173,13 +173,15 @@ Result<uint32_t> descriptor_cid(std::string_view text, bool parent) {
   while (i < w.size() && is_space(w[i])) ++i;
   bool neg = false;
   if (i < w.size() && (w[i] == '+' || w[i] == '-')) neg = w[i++] == '-';
-  if (i + 2 < w.size() && w[i] == '0' && (w[i + 1] == 'x' || w[i + 1] == 'X') && std::isxdigit(static_cast<unsigned char>(w[i + 2])))
+  if (i + 2 < w.size() && w[i] == '0' && (w[i + 1] == 'x' || w[i + 1] == 'X') &&
+      std::isxdigit(static_cast<unsigned char>(w[i + 2])))
     i += 2;
   uint64_t v = 0;
   bool any = false, overflow = false;
   for (; i < w.size() && std::isxdigit(static_cast<unsigned char>(w[i])); ++i) {
     any = true;
-    unsigned d = static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(w[i])) ? w[i] - '0' : (w[i] | 0x20) - 'a' + 10);
+    unsigned d =
+        static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(w[i])) ? w[i] - '0' : (w[i] | 0x20) - 'a' + 10);
     if (v >> 60) overflow = true;
     v = v << 4 | d;
   }
@@ -195,10 +197,24 @@ Result<std::optional<std::string>> descriptor_parent_hint(std::string_view text)
   if (pos == std::string_view::npos) return std::optional<std::string>();
   size_t start = pos + std::strlen("parentFileNameHint") + 2;  // the key, '=' and '"'
   size_t end = start <= w.size() ? w.find('"', start) : std::string_view::npos;
-  if (end == std::string_view::npos)
-    return Status::errorf(EINVAL, "VMDK descriptor: unterminated parentFileNameHint");
+  if (end == std::string_view::npos) return Status::errorf(EINVAL, "VMDK descriptor: unterminated parentFileNameHint");
   if (end - start > kMaxParentHint) return Status::errorf(EINVAL, "VMDK descriptor: parentFileNameHint is too long");
   return std::optional<std::string>(std::string(w.substr(start, end - start)));
+}
+
+Result<std::string> descriptor_with_cid(std::string_view text, uint32_t cid) {
+  const std::string_view w = c_string(text.substr(0, std::min(text.size(), kDescWindow - 1)));
+  const size_t parent = w.find("parentCID");
+  if (parent == std::string_view::npos) return Status::error(EINVAL, "VMDK descriptor: no parentCID to keep");
+  const size_t at = w.find("CID");
+  // sizeof("CID") steps over the name and the character after it ('=').
+  if (at == std::string_view::npos || at + 4 > w.size() || w[at + 3] != '=')
+    return Status::error(EINVAL, "VMDK descriptor: no CID= to update");
+  std::string out(w.substr(0, at + 4));
+  out += fmt::format("{:x}\n", cid);
+  out += w.substr(parent);
+  if (out.size() > kDescWindow - 1) out.resize(kDescWindow - 1);
+  return out;
 }
 
 Result<Descriptor> parse_descriptor(std::string_view text) {

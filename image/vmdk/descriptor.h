@@ -53,6 +53,14 @@ Result<uint32_t> descriptor_cid(std::string_view text, bool parent);
 // nullopt without one, EINVAL when unterminated or too long.
 Result<std::optional<std::string>> descriptor_parent_hint(std::string_view text);
 
+// The text with a new CID, as QEMU 7.2's vmdk_write_cid() edits it (on the
+// first write of an open, so that deltas made on this image see that it
+// changed): the text as C sees it in its first kDescWindow - 1 bytes, the
+// first "CID" match followed by '=' and `cid` in lower-case hex and a newline,
+// then the text from the first "parentCID" on. EINVAL without "parentCID" or
+// "CID=".
+Result<std::string> descriptor_with_cid(std::string_view text, uint32_t cid);
+
 // A whole descriptor file: everything above.
 struct Descriptor {
   std::string create_type;

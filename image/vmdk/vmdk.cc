@@ -1,7 +1,6 @@
 // VMDK opening (QEMU 7.2 block/vmdk.c: vmdk_open, vmdk_open_vmdk4,
 // vmdk_open_vmfs_sparse, vmdk_parse_extents, vmdk_parent_open, vmdk_read_cid,
 // vmdk_get_specific_info); the map is in map.cc.
-#include "image/host_read.h"
 #include "image/vmdk/vmdk.h"
 
 #include <limits.h>
@@ -13,11 +12,13 @@
 #include "image/backing.h"
 #include "image/endian.h"
 #include "image/extent_driver.h"
+#include "image/host_read.h"
 #include "image/path.h"
 #include "image/table_cache.h"
 #include "image/vmdk/descriptor.h"
 #include "image/vmdk/format.h"
 #include "image/vmdk/map.h"
+#include "image/vmdk/writer.h"
 
 namespace qcowfs::image {
 namespace {
@@ -51,6 +52,7 @@ struct Opening {
   uint64_t gd_entries = 0;
   std::string create_type;
   bool have_create_type = false;
+  bool top_sparse = false;  // the image file is a sparse extent (its descriptor embedded)
 };
 
 Status add_extent(Opening& o, VExtent x, uint64_t sectors) {
@@ -87,8 +89,8 @@ Status check_sparse(const SparseHeader& h, uint64_t file_size, const std::string
   if (!h.vmdk3) {
     if (h.version > kMaxVersion) return Status::errorf(ENOTSUP, "{}: unsupported VMDK version {}", name, h.version);
     if (h.num_gtes_per_gt > kMaxGtesPerGt)
-      return Status::errorf(EINVAL, "{}: grain tables of {} entries are too big (at most {})", name,
-                            h.num_gtes_per_gt, kMaxGtesPerGt);
+      return Status::errorf(EINVAL, "{}: grain tables of {} entries are too big (at most {})", name, h.num_gtes_per_gt,
+                            kMaxGtesPerGt);
   }
   // QEMU refuses this for KDMV and divides by it for COWD.
   if (gd_coverage_sectors(h) == 0)
@@ -96,25 +98,26 @@ Status check_sparse(const SparseHeader& h, uint64_t file_size, const std::string
                           h.granularity, h.num_gtes_per_gt);
   if (!h.vmdk3) {
     if ((file_size + kSector - 1) / kSector < h.grain_offset)
-      return Status::errorf(EINVAL, "{}: file truncated, expecting at least {} bytes", name,
-                            h.grain_offset * kSector);
+      return Status::errorf(EINVAL, "{}: file truncated, expecting at least {} bytes", name, h.grain_offset * kSector);
   }
   if (h.granularity > kMaxGrainSectors)
     return Status::errorf(EFBIG, "{}: invalid grain size {} sectors, image may be corrupt", name, h.granularity);
   if (h.capacity > kMaxSectors) return Status::errorf(EFBIG, "{}: capacity {} sectors is absurd", name, h.capacity);
-  if (h.gd_offset > kMaxSectors) return Status::errorf(EINVAL, "{}: grain directory offset {} is absurd", name, h.gd_offset);
+  if (h.gd_offset > kMaxSectors)
+    return Status::errorf(EINVAL, "{}: grain directory offset {} is absurd", name, h.gd_offset);
   return Status::ok();
 }
 
-Task<Status> load_gd(VExtent& x, uint64_t gd_sector) {
+// A grain directory's entries inside the file (the rest read as 0).
+Task<Status> load_gd(const VExtent& x, uint64_t gd_sector, std::vector<uint32_t>& gd) {
   io::HostFile& f = *x.file;
   uint64_t at = gd_sector * kSector;
   uint64_t inside = at >= f.size() ? 0 : std::min<uint64_t>(x.gd_size, (f.size() - at) / 4);
   if (inside == 0) co_return Status::ok();
   auto b = co_await read_padded(f, at, static_cast<size_t>(inside * 4));
   if (!b) co_return b.status().with_context("reading the grain directory");
-  x.gd.resize(inside);
-  for (uint64_t i = 0; i < inside; ++i) x.gd[i] = load_le32(b->data() + i * 4);
+  gd.resize(inside);
+  for (uint64_t i = 0; i < inside; ++i) gd[i] = load_le32(b->data() + i * 4);
   co_return Status::ok();
 }
 
@@ -172,8 +175,10 @@ Task<Status> open_sparse(Opening& o, size_t file_index, std::string type, std::s
   x.gtes = h.num_gtes_per_gt;
   uint64_t coverage_sectors = gd_coverage_sectors(h);
   x.gd_coverage = coverage_sectors * kSector;
-  uint64_t gd_size = h.vmdk3 ? h.gd_entries : static_cast<uint32_t>((h.capacity + coverage_sectors - 1) / coverage_sectors);
-  if (gd_size > kMaxGdEntries) co_return Status::errorf(EFBIG, "{}: grain directory of {} entries is too big", filename, gd_size);
+  uint64_t gd_size =
+      h.vmdk3 ? h.gd_entries : static_cast<uint32_t>((h.capacity + coverage_sectors - 1) / coverage_sectors);
+  if (gd_size > kMaxGdEntries)
+    co_return Status::errorf(EFBIG, "{}: grain directory of {} entries is too big", filename, gd_size);
   x.gd_size = static_cast<uint32_t>(gd_size);
   if (!h.vmdk3) {
     x.compressed = h.compress_algorithm == kCompressionDeflate;
@@ -184,7 +189,20 @@ Task<Status> open_sparse(Opening& o, size_t file_index, std::string type, std::s
       co_return Status::errorf(EFBIG, "{}: compressed grains of {} sectors are larger than the {} qcowfs reads",
                                filename, h.granularity, kMaxCompressedGrainSectors);
   }
-  QCOWFS_CO_TRY(co_await load_gd(x, h.gd_offset));
+  x.vmdk3 = h.vmdk3;
+  x.gd_offset = h.gd_offset * kSector;
+  x.grain_offset = h.grain_offset * kSector;
+  if (h.desc_offset != 0 && h.desc_offset <= kMaxSectors) {
+    x.desc_offset = h.desc_offset * kSector;
+    x.desc_size = std::min<uint64_t>(h.desc_size, kMaxDescriptorBytes / kSector) * kSector;
+  }
+  QCOWFS_CO_TRY(co_await load_gd(x, h.gd_offset, x.gd));
+  if (!h.vmdk3 && (h.flags & kFlagRedundantGd) != 0 && o.opts.file.writable) {
+    if (h.rgd_offset == 0 || h.rgd_offset > kMaxSectors)
+      co_return Status::errorf(EINVAL, "{}: redundant grain directory offset {} is absurd", filename, h.rgd_offset);
+    x.rgd_offset = h.rgd_offset * kSector;
+    QCOWFS_CO_TRY(co_await load_gd(x, h.rgd_offset, x.rgd));
+  }
   o.gd_entries += x.gd.size();
   if (o.gd_entries > kMaxGdEntries)
     co_return Status::errorf(EFBIG, "{}: the grain directories of all extents hold more than {} entries", o.path,
@@ -201,9 +219,7 @@ Result<size_t> extent_file(Opening& o, const std::string& resolved, const std::s
     return Status::errorf(ELOOP, "{}: extent '{}' is the descriptor itself", o.path, line_name);
   for (size_t i = 1; i < o.files.size(); ++i)
     if (real_path(o.files[i].file->path()) == real) return i;
-  io::OpenOptions fo = o.opts.file;
-  fo.writable = false;
-  auto f = io::open_host_file(resolved, fo);
+  auto f = io::open_host_file(resolved, o.opts.file);
   if (!f) return f.status().with_context(fmt::format("{}: opening extent '{}'", o.path, resolved));
   HostFileState s;
   s.owned = std::move(*f);
@@ -316,8 +332,8 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_parent(const Opening& o, const s
   std::unique_ptr<BlockDriver> parent = std::move(*b);
   auto cid = cid_of(*parent);
   if (cid && *cid != parent_cid) {
-    std::string msg = fmt::format("{}: parentCID {:08x} is not the CID {:08x} of its parent {}", o.path, parent_cid,
-                                  *cid, hint);
+    std::string msg =
+        fmt::format("{}: parentCID {:08x} is not the CID {:08x} of its parent {}", o.path, parent_cid, *cid, hint);
     parent = std::make_unique<CidMismatch>(std::move(parent), std::move(msg));
   }
   co_return parent;
@@ -331,6 +347,7 @@ Task<Result<std::string>> open_extents(Opening& o) {
   if (!head) co_return head.status();
   uint32_t magic = load_be32(head->data());
   bool sparse = magic == kVmdk4MagicBe || magic == kVmdk3MagicBe;
+  o.top_sparse = sparse;
   if (sparse) QCOWFS_CO_TRY(co_await open_sparse(o, 0, "", o.path, 0));
   uint64_t at = sparse ? kDescOffsetInSparse : 0;
   size_t n = sparse ? kDescWindow : static_cast<size_t>(std::min<uint64_t>(f.size(), kMaxDescriptorBytes));
@@ -369,11 +386,35 @@ Task<Result<ExtentImage>> image_of(Opening& o, const std::string& window) {
   co_return img;
 }
 
+// Where QEMU's vmdk_write_cid() rewrites the CID: the descriptor file, or the
+// descriptor at 0x200 of a sparse image file, which must be the one its
+// header names (QEMU writes 0x200 whatever the header says).
+Result<DescriptorPlace> descriptor_place(const Opening& o) {
+  DescriptorPlace p;
+  p.file = o.files[0].file;
+  if (!o.top_sparse) {
+    if (p.file->size() > kMaxDescriptorBytes)
+      return Status::errorf(EROFS, "{}: the descriptor file is larger than {} bytes; mount it read-only", o.path,
+                            kMaxDescriptorBytes);
+    return p;
+  }
+  for (const VExtent& x : o.extents)
+    if (x.file == p.file && !x.flat && x.desc_offset == kDescOffsetInSparse && x.desc_size > 0) {
+      p.whole_file = false;
+      p.offset = x.desc_offset;
+      p.size = x.desc_size;
+      return p;
+    }
+  return Status::errorf(EROFS,
+                        "{}: the embedded descriptor is not at sector 1, where QEMU updates its CID; mount it "
+                        "read-only",
+                        o.path);
+}
+
 }  // namespace
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vmdk(std::unique_ptr<io::HostFile> file, std::string path,
                                                      ImageOptions opts) {
-  QCOWFS_CO_TRY(refuse_writable_open("VMDK", path, opts));
   auto chain = enter_backing_chain(path, opts);
   if (!chain) co_return chain.status();
   if (file->size() < 4) co_return Status::errorf(EINVAL, "{}: file is too small to be a VMDK image", path);
@@ -388,9 +429,21 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vmdk(std::unique_ptr<io::HostFil
   if (!window) co_return window.status();
   auto img = co_await image_of(o, *window);
   if (!img) co_return img.status();
+  std::optional<DescriptorPlace> place;
+  uint64_t grain = 0;
+  if (o.opts.file.writable) {
+    auto g = co_await check_writable(path, o.extents);
+    if (!g) co_return g.status();
+    grain = *g;
+    auto p = descriptor_place(o);
+    if (!p) co_return p.status();
+    place = *p;
+  }
   // The image owns the files; the map their grain-table caches.
   for (HostFileState& s : o.files) img->files.push_back(std::move(s.owned));
-  img->map = make_map(path, std::move(o.extents), std::move(o.files));
+  auto map = make_map(path, std::move(o.extents), std::move(o.files));
+  if (place) img->writer = std::make_unique<VmdkWriter>(path, *map, grain, *place);
+  img->map = std::move(map);
   co_return std::make_unique<ExtentDriver>(std::move(*img));
 }
 

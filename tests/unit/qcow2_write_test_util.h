@@ -4,6 +4,7 @@
 // a driver for running one coroutine on a private engine.
 #pragma once
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,8 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
-
+#include "forwarding_file.h"
 #include "io/engine.h"
 #include "io/host_file.h"
 #include "io/run_sync.h"
@@ -55,9 +55,8 @@ class TempImage {
     static int counter = 0;
     path_ = fmt::format("/var/tmp/qcowfs_w_{}_{}_{}.qcow2", tag, ::getpid(), counter++);
     std::string out;
-    int rc = shell(fmt::format("qemu-img create -q -f qcow2 {} {} {}", options.empty() ? "" : "-o " + options,
-                               path_, size),
-                   &out);
+    int rc = shell(
+        fmt::format("qemu-img create -q -f qcow2 {} {} {}", options.empty() ? "" : "-o " + options, path_, size), &out);
     if (rc != 0) error_ = out;
   }
   ~TempImage() { ::unlink(path_.c_str()); }
@@ -84,7 +83,7 @@ inline CheckResult qemu_img_check(const std::string& path) {
 }
 
 // Forwards to another HostFile and records each write, discard and flush.
-class RecordingFile final : public io::HostFile {
+class RecordingFile final : public qcowfs::testing::ForwardingFile {
  public:
   enum class Op { write, flush, discard };
   struct Event {
@@ -92,7 +91,7 @@ class RecordingFile final : public io::HostFile {
     uint64_t offset = 0;
     uint64_t length = 0;
   };
-  explicit RecordingFile(std::unique_ptr<io::HostFile> inner) : inner_(std::move(inner)) {}
+  explicit RecordingFile(std::unique_ptr<io::HostFile> inner) : ForwardingFile(std::move(inner)) {}
 
   std::vector<Event> events() const {
     std::lock_guard lk(mu_);
@@ -103,53 +102,39 @@ class RecordingFile final : public io::HostFile {
     events_.clear();
   }
 
-  Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override { return inner_->read(off, buf); }
-  Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override { return inner_->readv(off, iov); }
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override {
-    Status st = co_await inner_->write(off, buf);
+    Status st = co_await inner().write(off, buf);
     if (st) record(Op::write, off, buf.size());
     co_return st;
   }
   Task<Status> writev(uint64_t off, std::span<const iovec> iov) override {
     uint64_t n = 0;
     for (const iovec& v : iov) n += v.iov_len;
-    Status st = co_await inner_->writev(off, iov);
+    Status st = co_await inner().writev(off, iov);
     if (st) record(Op::write, off, n);
     co_return st;
   }
   Task<Status> flush() override {
-    Status st = co_await inner_->flush();
+    Status st = co_await inner().flush();
     if (st) record(Op::flush, 0, 0);
     co_return st;
   }
   Task<Status> discard(uint64_t off, uint64_t len) override {
-    Status st = co_await inner_->discard(off, len);
+    Status st = co_await inner().discard(off, len);
     if (st) record(Op::discard, off, len);
     co_return st;
   }
   Task<Status> write_zeroes(uint64_t off, uint64_t len) override {
-    Status st = co_await inner_->write_zeroes(off, len);
+    Status st = co_await inner().write_zeroes(off, len);
     if (st) record(Op::write, off, len);
     co_return st;
   }
-  Task<Status> truncate(uint64_t size) override { return inner_->truncate(size); }
-  Task<Result<uint64_t>> seek_data(uint64_t off) override { return inner_->seek_data(off); }
-  Task<Result<uint64_t>> seek_hole(uint64_t off) override { return inner_->seek_hole(off); }
-  uint64_t size() const override { return inner_->size(); }
-  uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
-  size_t mem_align() const override { return inner_->mem_align(); }
-  size_t offset_align() const override { return inner_->offset_align(); }
-  bool is_block_device() const override { return inner_->is_block_device(); }
-  bool writable() const override { return inner_->writable(); }
-  io::CacheMode cache_mode() const override { return inner_->cache_mode(); }
-  const std::string& path() const override { return inner_->path(); }
 
  private:
   void record(Op op, uint64_t off, uint64_t len) {
     std::lock_guard lk(mu_);
     events_.push_back(Event{op, off, len});
   }
-  std::unique_ptr<io::HostFile> inner_;
   mutable std::mutex mu_;
   std::vector<Event> events_;
 };
