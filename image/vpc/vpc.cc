@@ -1,6 +1,7 @@
 // open_vpc(): QEMU 7.2's vpc_open() (block/vpc.c) over our HostFile: footer,
 // size rule, dynamic-disk header and BAT, then an ExtentDriver over a FixedMap
-// or a DynamicMap.
+// or a DynamicMap; read-write: fixed disks in place, dynamic ones through a
+// VpcWriter.
 #include "image/vpc/vpc.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "image/vpc/fixed.h"
 #include "image/vpc/format.h"
 #include "image/vpc/header.h"
+#include "image/vpc/writer.h"
 
 namespace qcowfs::image {
 namespace {
@@ -98,15 +100,15 @@ ImageDetails details_for(const vpc::Footer& f, uint32_t block_size) {
 }
 
 // Fixed disks are written in place, as QEMU writes them (nothing else in the
-// file changes); dynamic and differencing ones are read-only so far. A fixed
-// disk whose data would reach the footer (a footer claiming more than the
-// file holds) is refused: a write there would overwrite it.
-Status writable_as(bool footer_at_start, const vpc::Footer& f, uint64_t size, const io::HostFile& file,
-                   const std::string& path) {
-  if (footer_at_start || f.type != vpc::kFixed)
+// file changes). A fixed disk whose data would reach the footer (a footer
+// claiming more than the file holds) is refused: a write there would
+// overwrite it. So is a footer at 0 that says fixed (its data would start on
+// that footer).
+Status fixed_writable(bool footer_at_start, uint64_t size, const io::HostFile& file, const std::string& path) {
+  if (footer_at_start)
     return Status::errorf(EROFS,
-                          "{}: qcowfs opens dynamic and differencing VHD images read-only (fixed ones "
-                          "read-write); mount without rw (or with ro)",
+                          "{}: the VHD footer at offset 0 says fixed, so the disk's data would start on it; qcowfs "
+                          "opens it read-only (mount it with ro)",
                           path);
   if (file.size() < kSector || size > file.size() - kSector)
     return Status::errorf(EROFS,
@@ -114,6 +116,44 @@ Status writable_as(bool footer_at_start, const vpc::Footer& f, uint64_t size, co
                           "opens it read-only (mount it with ro)",
                           path, size, file.size() - std::min<uint64_t>(file.size(), kSector));
   return Status::ok();
+}
+
+// Dynamic disks are written as QEMU writes them (VpcWriter). A differencing
+// disk is refused: QEMU 7.2 writes it as a dynamic one, without its parent, so
+// a new block (bitmap all ones, zeros around the write) would hide the parent's
+// bytes from every reader that follows the parent. Other types (QEMU reads a
+// footer at 0 of any type as dynamic) are refused too.
+Status dynamic_writable(const vpc::Footer& f, const std::string& path) {
+  if (f.type == vpc::kDifferencing)
+    return Status::errorf(EROFS,
+                          "{}: qcowfs does not write differencing VHD images (QEMU writes them without their parent, "
+                          "which would hide the parent's data from other readers); mount it read-only",
+                          path);
+  if (f.type != vpc::kDynamic)
+    return Status::errorf(EROFS, "{}: VHD disk type {} is neither fixed nor dynamic; mount it read-only", path, f.type);
+  return Status::ok();
+}
+
+// The writer of a dynamic disk opened read-write, with the footer copy and the
+// BAT sectors it writes back; refused where a new block could spoil a byte in
+// use (vpc::check_layout).
+Task<Result<std::unique_ptr<ExtentWriter>>> make_dynamic_writer(io::HostFile& file, const std::string& path,
+                                                                const vpc::Footer& f, const vpc::DynHeader& h,
+                                                                vpc::DynamicMap& map) {
+  QCOWFS_CO_TRY(dynamic_writable(f, path));
+  vpc::Layout l;
+  l.file_size = file.size();
+  l.header_offset = f.data_offset;
+  l.dyn = h;
+  l.free_offset = vpc::free_data_block_offset(h, map);
+  QCOWFS_CO_TRY(vpc::check_layout(l, map, path));
+  io::AlignedBuffer footer(vpc::kFooterSize, file.mem_align(), true);
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, footer.span(), "footer copy", path));
+  const uint64_t base = vpc::VpcWriter::bat_base(h);
+  io::AlignedBuffer bat(static_cast<size_t>(vpc::VpcWriter::bat_end(h) - base), file.mem_align(), true);
+  QCOWFS_CO_TRY(co_await read_padded(file, base, bat.span(), "BAT", path));
+  co_return std::unique_ptr<ExtentWriter>(
+      std::make_unique<vpc::VpcWriter>(file, path, l, map, std::move(footer), std::move(bat)));
 }
 
 }  // namespace
@@ -139,11 +179,21 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vpc(std::unique_ptr<io::HostFile
     if (!bat) co_return bat.status();
     img.details = details_for(f, h->block_size);
     // A footer at 0 that says fixed is read as a fixed disk (vpc_co_preadv tests the type).
-    if (f.type != vpc::kFixed) img.map = std::make_unique<vpc::DynamicMap>(file.get(), h->block_size, std::move(*bat));
+    if (f.type != vpc::kFixed) {
+      auto map = std::make_unique<vpc::DynamicMap>(file.get(), h->block_size, std::move(*bat));
+      if (opts.file.writable) {
+        auto writer = co_await make_dynamic_writer(*file, path, f, *h, *map);
+        if (!writer) co_return writer.status();
+        img.writer = std::move(*writer);
+      }
+      img.map = std::move(map);
+    }
   }
-  if (!img.map) img.map = std::make_unique<vpc::FixedMap>(file.get());
-  if (opts.file.writable) QCOWFS_CO_TRY(writable_as(found->at_start, f, img.size, *file, path));
-  if (opts.file.writable) img.writer = std::make_unique<InPlaceWriter>();
+  if (!img.map) {
+    img.map = std::make_unique<vpc::FixedMap>(file.get());
+    if (opts.file.writable) QCOWFS_CO_TRY(fixed_writable(found->at_start, img.size, *file, path));
+    if (opts.file.writable) img.writer = std::make_unique<InPlaceWriter>();
+  }
   img.files.push_back(std::move(file));
   std::unique_ptr<BlockDriver> d = std::make_unique<ExtentDriver>(std::move(img));
   co_return d;

@@ -116,12 +116,15 @@ def test_qcow2_overlay_over_vhd_base(workdir: Path) -> None:
     check_image(top, workdir, fmt="qcow2")
 
 
-def test_read_write_mount_of_a_dynamic_disk_is_refused(workdir: Path) -> None:
-    """Fixed disks are read-write (test_rw_formats.py); dynamic ones not yet."""
+def test_read_write_mount_of_a_differencing_disk_is_refused(workdir: Path) -> None:
+    """Fixed and dynamic disks are read-write (test_rw_formats.py); differencing ones not (QEMU
+    would write them without their parent)."""
     image = make_image(workdir, "vpc", "rw.vhd", 8 * MiB, cmds=["write -P 0x12 0 4k"])
+    for off in (0, image.stat().st_size - 512):
+        footer_patch(image, off, ">I", (60, 4))  # type: differencing
     before = helpers.sha256_file(image)
     code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
-    assert code != 0 and "read-only" in text, text
+    assert code != 0 and "differencing" in text and "read-only" in text, text
     assert helpers.sha256_file(image) == before
 
 

@@ -1,0 +1,84 @@
+// VpcWriter: the ExtentWriter of a dynamic VHD opened read-write, as QEMU
+// 7.2's vpc_co_pwritev() / alloc_block() / rewrite_footer() write one: a new
+// block goes where the footer at the end of the file is (QEMU's
+// free_data_block_offset), as its sector bitmap (all ones) then block_size
+// bytes of data; the footer moves to the new end of the file and the BAT entry
+// (a big-endian sector number) names the block. The footer copy at offset 0,
+// which QEMU and qcowfs read first, never changes. Several new blocks of one
+// request are contiguous and written by the driver in one host write, each
+// with its bitmap (unit_prefix()).
+//
+// Ordering (DESIGN.md): the driver flushes data and bitmaps, then
+// write_metadata() writes the footer at the new end of the file and flushes
+// (so the file covers every block before a BAT entry names it: QEMU refuses a
+// BAT block past the end of the file), then the changed BAT sectors; the
+// driver flushes again. VHD has no dirty flag.
+// Thread-safety: as ExtentWriter (calls under the driver's allocation lock);
+// publish() stores entries atomically into the DynamicMap that readers use.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "image/extent_writer.h"
+#include "image/vpc/dynamic.h"
+#include "image/vpc/header.h"
+#include "io/buffer.h"
+
+namespace qcowfs::image::vpc {
+
+// Where a writable open finds things in the file.
+struct Layout {
+  uint64_t file_size = 0;
+  uint64_t header_offset = 0;  // the footer's data_offset: the dynamic-disk header
+  DynHeader dyn;
+  uint64_t free_offset = 0;  // QEMU's free_data_block_offset: past the BAT and every block
+};
+
+// QEMU's free_data_block_offset of a BAT (sector-rounded end of the BAT, past
+// every allocated block).
+uint64_t free_data_block_offset(const DynHeader& h, const DynamicMap& map);
+
+// Whether new blocks can go at free_offset without spoiling anything in use:
+// EIO ("mount it read-only") when a block overlaps the footer copy at 0, the
+// dynamic-disk header, the BAT's sectors or another block, when the BAT
+// overlaps the footer copy or the header, when the header lies at or past
+// free_offset (a new block would overwrite it), or when the data reaches into
+// the last 512 bytes of the file (the end footer). Memory: 4 bytes per
+// allocated block.
+Status check_layout(const Layout& l, const DynamicMap& map, const std::string& path);
+
+class VpcWriter final : public ExtentWriter {
+ public:
+  // footer: the 512 bytes at offset 0; bat: the file's bytes
+  // [bat_base(h), bat_end(h)) (zero-padded past the end of the file).
+  VpcWriter(io::HostFile& file, std::string path, const Layout& l, DynamicMap& map, io::AlignedBuffer footer,
+            io::AlignedBuffer bat);
+
+  // The BAT's sectors, kept in memory and written back in part.
+  static uint64_t bat_base(const DynHeader& h);
+  static uint64_t bat_end(const DynHeader& h);
+
+  uint64_t unit_size() const override { return l_.dyn.block_size; }
+  std::span<const std::byte> unit_prefix() const override { return bitmap_.span(); }
+  Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) override;
+  void unreserve(const HostRun& run) override;
+  void publish(uint64_t first, const HostRun& run) override;
+  bool dirty() const override { return footer_at_ != free_offset_ || !dirty_.empty(); }
+  Task<Status> write_metadata() override;
+
+ private:
+  io::HostFile& file_;
+  std::string path_;
+  Layout l_;
+  DynamicMap& map_;
+  io::AlignedBuffer footer_;
+  io::AlignedBuffer bat_;
+  io::AlignedBuffer bitmap_;  // a new block's sector bitmap: all ones
+  uint64_t free_offset_;      // where the next new block goes
+  uint64_t footer_at_;        // where write_metadata() last put the footer (or free_offset at open)
+  uint64_t zero_from_;        // host bytes from here on read as zeros (never written)
+  DirtyRange dirty_;          // BAT entries changed
+};
+
+}  // namespace qcowfs::image::vpc
