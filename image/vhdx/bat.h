@@ -28,6 +28,14 @@ namespace qcowfs::image::vhdx {
 // which counts only FULLY_PRESENT ones, included).
 Task<Status> check_bat(io::HostFile& file, const Geometry& g, const Regions& regions, const std::string& path);
 
+// What a read-write open adds: every FULLY_PRESENT block (payload and sector
+// bitmap) at or past 1 MiB, overlapping no other block, the log or a region;
+// no PARTIALLY_PRESENT or invalid (4) state. EIO (mount it read-only)
+// otherwise. Returns where new blocks go: past the end of the file, of every
+// block, of the log and of every region, rounded up to 1 MiB.
+Task<Result<uint64_t>> check_bat_writable(io::HostFile& file, const Geometry& g, const Regions& regions,
+                                          const std::string& path);
+
 class BatMap final : public ExtentMap {
  public:
   // file outlives the map; cache_bytes 0 picks the default.
@@ -38,9 +46,17 @@ class BatMap final : public ExtentMap {
   Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) override;
   Task<Result<Extent>> map(uint64_t guest, uint64_t len) override;
 
+  // Write side (VhdxWriter; the whole BAT is inside the file): the cache, the
+  // host offset of the slice holding BAT index `index` and the entry's byte in
+  // it, and atomic access to entries in a slice.
+  TableCache& cache() { return cache_; }
+  uint64_t slice_host(uint64_t index) const;
+  static size_t offset_in_slice(uint64_t index);
+  static uint64_t load_entry(const TableCache::Ref& slice, size_t at);
+  static void store_entry(TableCache::Ref& slice, size_t at, uint64_t entry);
+
  private:
   enum class Where { cache, tail, past_eof };
-  uint64_t slice_host(uint64_t index) const;
   Where where(uint64_t index) const;
   // The entry if it is in memory (the cache, the tail, or past the end of the file).
   std::optional<uint64_t> entry_in_memory(uint64_t index);

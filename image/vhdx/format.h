@@ -29,7 +29,7 @@ using Guid = std::array<uint8_t, 16>;
 // ---- File identifier, headers, region tables (the first 1 MiB) ----
 inline constexpr char kFileSignature[8] = {'v', 'h', 'd', 'x', 'f', 'i', 'l', 'e'};
 inline constexpr uint64_t kHeaderOffsets[2] = {64 * kKiB, 128 * kKiB};
-inline constexpr size_t kHeaderSize = 4 * kKiB;  // the checksum covers 4 KiB
+inline constexpr size_t kHeaderSize = 4 * kKiB;           // the checksum covers 4 KiB
 inline constexpr uint32_t kHeaderSignature = 0x64616568;  // "head"
 inline constexpr uint16_t kHeaderVersion = 1;
 namespace header_field {
@@ -48,7 +48,7 @@ inline constexpr size_t kEnd = 80;  // sizeof(VHDXHeader): equal headers compare
 
 // QEMU reads only the first region table (vhdx_open_region_tables).
 inline constexpr uint64_t kRegionTableOffset = 192 * kKiB;
-inline constexpr size_t kRegionTableSize = 64 * kKiB;  // the checksum covers 64 KiB
+inline constexpr size_t kRegionTableSize = 64 * kKiB;     // the checksum covers 64 KiB
 inline constexpr uint32_t kRegionSignature = 0x69676572;  // "regi"
 inline constexpr uint32_t kMaxRegionEntries = 2047;
 inline constexpr size_t kRegionHeaderSize = 16;  // signature, checksum, entry_count, reserved
@@ -121,16 +121,31 @@ inline constexpr size_t kChecksum = 4;
 inline constexpr size_t kEntryLength = 8;
 inline constexpr size_t kSequenceNumber = 16;
 inline constexpr size_t kDescriptorCount = 24;
+inline constexpr size_t kTail = 12;
 inline constexpr size_t kLogGuid = 32;
+inline constexpr size_t kFlushedFileOffset = 48;
+inline constexpr size_t kLastFileOffset = 56;
 inline constexpr size_t kHeaderSize = 64;
 // Descriptors follow the entry header, 32 bytes each.
 inline constexpr size_t kDescSize = 32;
-inline constexpr size_t kDescZeroLength = 8;  // zero descriptor: length to zero
+inline constexpr size_t kDescZeroLength = 8;     // zero descriptor: length to zero
+inline constexpr size_t kDescTrailingBytes = 4;  // data descriptor: the sector's last 4 bytes
+inline constexpr size_t kDescLeadingBytes = 8;   // data descriptor: the sector's first 8 bytes
 inline constexpr size_t kDescFileOffset = 16;
 inline constexpr size_t kDescSequenceNumber = 24;
+// A data sector: signature "data", sequence_high, 4084 bytes of the target
+// sector (its bytes 8..4092), sequence_low.
+inline constexpr size_t kDataSequenceHigh = 4;
+inline constexpr size_t kDataBytes = 8;
+inline constexpr size_t kDataBytesLength = 4084;
+inline constexpr size_t kDataSequenceLow = 4092;
 }  // namespace log_field
+inline constexpr uint32_t kLogDataSignature = 0x61746164;  // "data"
 // qcowfs reads at most this much log when a log GUID is set (each open scans
 // it, as QEMU does); QEMU creates 1 MiB logs, as does Hyper-V.
 inline constexpr uint64_t kMaxLogLength = 1024 * kMiB;
+// A replayed log may grow the file (last_file_offset) by at most this much:
+// QEMU and Hyper-V log metadata already inside the file.
+inline constexpr uint64_t kMaxReplayGrowth = 1024 * kMiB;
 
 }  // namespace qcowfs::image::vhdx

@@ -110,8 +110,8 @@ Result<Regions> parse_region_table(std::span<const std::byte> t, const Header& l
     const Guid g = load_guid(e);
     const Region region{load_le64(e + 16), load_le32(e + 24)};
     if (overlaps_any(r.used, region.offset, region.length))
-      return Status::errorf(EINVAL, "{}: VHDX region {} at {:#x} (+{:#x}) overlaps the log or another region", path,
-                            i, region.offset, region.length);
+      return Status::errorf(EINVAL, "{}: VHDX region {} at {:#x} (+{:#x}) overlaps the log or another region", path, i,
+                            region.offset, region.length);
     r.used.push_back(FileRange{region.offset, region.offset + region.length});
     if (g != kBatGuid && g != kMetadataGuid) {
       if (load_le32(e + 28) & kRegionRequired)

@@ -6,6 +6,7 @@
 
 #include "image/endian.h"
 #include "image/vhdx/crc32c.h"
+#include "io/align.h"
 #include "io/buffer.h"
 
 namespace qcowfs::image::vhdx {
@@ -89,16 +90,17 @@ class LogSearch {
   LogSearch(io::HostFile& f, const Header& h, const std::string& path)
       : reader_(f, h.log_offset, h.log_length), header_(h), path_(path) {}
 
-  // vhdx_log_search: whether a valid sequence of entries exists.
-  Task<Result<bool>> run() {
-    bool found = false;
+  // vhdx_log_search: the valid sequence whose first entry has the highest
+  // sequence number, if any.
+  Task<Result<LogSequence>> run() {
+    LogSequence best;
     uint64_t read = 0;
     for (;;) {
       const uint64_t tail = read;
       auto first = co_await validate(read, 0);
       if (!first) co_return first.status();
       if (*first != 0) {
-        found = true;
+        LogSequence current{true, tail, 1, *first, *first};
         // QEMU compares the second entry against sequence 0 (any sequence).
         uint64_t seq = 0;
         for (;;) {
@@ -106,9 +108,12 @@ class LogSearch {
           if (!more) co_return more.status();
           if (*more == 0) break;
           seq = *more;
+          ++current.count;
+          current.last_sequence = *more;
         }
+        if (!best.valid || current.first_sequence > best.first_sequence) best = current;
       }
-      if (read < tail) co_return found;
+      if (read < tail) co_return best;
     }
   }
 
@@ -165,29 +170,161 @@ class LogSearch {
   uint64_t steps_ = 0;
 };
 
+// What a replay may write: nothing in the first MiB (file identifier,
+// headers, region tables) or in the log, nothing past the end of the file
+// (or the size the entry says the file grows to, within kMaxReplayGrowth).
+class ReplayChecker {
+ public:
+  ReplayChecker(const Header& h, uint64_t file_size, const std::string& path)
+      : log_start_(h.log_offset), log_end_(h.log_offset + h.log_length), file_size_(file_size), path_(path) {}
+
+  // The entry's file offsets; the end of what its descriptors may write.
+  Result<uint64_t> sizes(uint64_t seq, uint64_t flushed, uint64_t last) const {
+    if (flushed > file_size_)
+      return Status::errorf(EINVAL,
+                            "{}: VHDX log entry {} was written when the file had {} bytes, more than it has now ({}): "
+                            "the file was truncated",
+                            path_, seq, flushed, file_size_);
+    if (last > file_size_ && last - file_size_ > kMaxReplayGrowth)
+      return Status::errorf(EINVAL, "{}: VHDX log entry {} grows the file to {} bytes, more than qcowfs replays", path_,
+                            seq, last);
+    return std::max(file_size_, last);
+  }
+
+  Status target(uint64_t seq, uint64_t off, uint64_t len, uint64_t limit) const {
+    if (len == 0) return Status::ok();
+    if (off < kHeaderSectionSize)
+      return Status::errorf(EINVAL, "{}: VHDX log entry {} writes at {:#x}, into the headers or region tables", path_,
+                            seq, off);
+    if (len > limit || off > limit - len)
+      return Status::errorf(EINVAL, "{}: VHDX log entry {} writes {} bytes at {:#x}, past the end of the file", path_,
+                            seq, len, off);
+    if (off < log_end_ && off + len > log_start_)
+      return Status::errorf(EINVAL, "{}: VHDX log entry {} writes at {:#x}, into the log", path_, seq, off);
+    return Status::ok();
+  }
+
+ private:
+  const uint64_t log_start_;
+  const uint64_t log_end_;
+  const uint64_t file_size_;
+  const std::string& path_;
+};
+
+// One data sector of entry `seq` with its descriptor d: the 4 KiB it writes.
+Result<LogWrite> data_write(const std::byte* d, std::span<const std::byte> sec, uint64_t seq, const std::string& path) {
+  namespace f = log_field;
+  const uint64_t sector_seq =
+      uint64_t{load_le32(sec.data() + f::kDataSequenceHigh)} << 32 | load_le32(sec.data() + f::kDataSequenceLow);
+  if (load_le32(sec.data()) != kLogDataSignature || sector_seq != seq)
+    return Status::errorf(EINVAL, "{}: VHDX log entry {} has a data sector with signature {:#x}, sequence {}", path,
+                          seq, load_le32(sec.data()), sector_seq);
+  LogWrite w;
+  w.file_offset = load_le64(d + f::kDescFileOffset);
+  w.data.resize(kLogSectorSize);
+  std::memcpy(w.data.data(), d + f::kDescLeadingBytes, 8);
+  std::memcpy(w.data.data() + 8, sec.data() + f::kDataBytes, f::kDataBytesLength);
+  std::memcpy(w.data.data() + 8 + f::kDataBytesLength, d + f::kDescTrailingBytes, 4);
+  return w;
+}
+
+// The entry at log position pos (advanced past it): its writes appended to
+// `writes`; the file size it asks for (last_file_offset).
+Task<Result<uint64_t>> read_entry(LogReader& reader, uint64_t& pos, const Header& h, const ReplayChecker& check,
+                                  const std::string& path, std::vector<LogWrite>& writes) {
+  namespace f = log_field;
+  auto first = co_await reader.sector(pos);
+  if (!first) co_return first.status();
+  EntryHeader e;
+  if (!header_ok(*first, h, reader.length(), e))
+    co_return Status::errorf(EINVAL, "{}: the VHDX log changed while it was read", path);
+  const uint64_t last_file_offset = load_le64(first->data() + f::kLastFileOffset);
+  auto limit = check.sizes(e.sequence_number, load_le64(first->data() + f::kFlushedFileOffset), last_file_offset);
+  if (!limit) co_return limit.status();
+  const uint64_t desc_sectors = (uint64_t{e.descriptor_count} + 2 + 127) / 128;
+  const uint64_t total = e.entry_length / kLogSectorSize;
+  std::vector<std::byte> descs(static_cast<size_t>(desc_sectors * kLogSectorSize));
+  uint64_t at = pos;
+  for (uint64_t k = 0; k < desc_sectors; ++k) {
+    auto sec = co_await reader.sector(at);
+    if (!sec) co_return sec.status();
+    std::memcpy(descs.data() + k * kLogSectorSize, sec->data(), kLogSectorSize);
+    at = reader.next(at);
+  }
+  uint64_t used = desc_sectors;
+  for (uint64_t i = 0; i < e.descriptor_count; ++i) {
+    const std::byte* d = descs.data() + f::kHeaderSize + i * f::kDescSize;
+    const uint64_t off = load_le64(d + f::kDescFileOffset);
+    if (load_le32(d) == kLogZeroSignature) {
+      const uint64_t len = load_le64(d + f::kDescZeroLength);
+      QCOWFS_CO_TRY(check.target(e.sequence_number, off, len, *limit));
+      if (len != 0) writes.push_back(LogWrite{off, len, {}});
+      continue;
+    }
+    if (used >= total)
+      co_return Status::errorf(EINVAL, "{}: VHDX log entry {} has more data descriptors than data sectors", path,
+                               e.sequence_number);
+    auto sec = co_await reader.sector(at);
+    if (!sec) co_return sec.status();
+    at = reader.next(at);
+    ++used;
+    auto w = data_write(d, *sec, e.sequence_number, path);
+    if (!w) co_return w.status();
+    QCOWFS_CO_TRY(check.target(e.sequence_number, off, kLogSectorSize, *limit));
+    writes.push_back(std::move(*w));
+  }
+  for (uint64_t k = 0; k < total; ++k) pos = reader.next(pos);
+  co_return align_up(last_file_offset, kLogAlign);
+}
+
 }  // namespace
 
-Task<Status> check_log(io::HostFile& file, const Header& h, const std::string& path) {
+Status check_log_fields(const Header& h, const std::string& path) {
   if (h.log_offset < kLogAlign || h.log_offset % kLogAlign != 0)
-    co_return Status::errorf(EINVAL, "{}: VHDX log offset {:#x} is not a non-zero multiple of 1 MiB", path,
-                             h.log_offset);
+    return Status::errorf(EINVAL, "{}: VHDX log offset {:#x} is not a non-zero multiple of 1 MiB", path, h.log_offset);
   if (h.log_version != 0)
-    co_return Status::errorf(EINVAL, "{}: VHDX log version {} is not supported (only 0)", path, h.log_version);
-  if (!h.has_log_guid() || h.log_length == 0) co_return Status::ok();
+    return Status::errorf(EINVAL, "{}: VHDX log version {} is not supported (only 0)", path, h.log_version);
+  if (!h.has_log_guid() || h.log_length == 0) return Status::ok();
   if (h.log_length % kLogAlign != 0)
-    co_return Status::errorf(EINVAL, "{}: VHDX log length {} is not a multiple of 1 MiB", path, h.log_length);
+    return Status::errorf(EINVAL, "{}: VHDX log length {} is not a multiple of 1 MiB", path, h.log_length);
   if (h.log_offset > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) - h.log_length)
-    co_return Status::errorf(EINVAL, "{}: VHDX log offset {:#x} is out of range", path, h.log_offset);
+    return Status::errorf(EINVAL, "{}: VHDX log offset {:#x} is out of range", path, h.log_offset);
   if (h.log_length > kMaxLogLength)
-    co_return Status::errorf(EINVAL, "{}: VHDX log length {} is larger than qcowfs reads (1 GiB)", path,
-                             h.log_length);
-  auto found = co_await LogSearch(file, h, path).run();
+    return Status::errorf(EINVAL, "{}: VHDX log length {} is larger than qcowfs reads (1 GiB)", path, h.log_length);
+  return Status::ok();
+}
+
+Task<Result<LogSequence>> find_log_sequence(io::HostFile& file, const Header& h, const std::string& path) {
+  QCOWFS_CO_TRY(check_log_fields(h, path));
+  if (!h.has_log_guid() || h.log_length == 0) co_return LogSequence{};
+  co_return co_await LogSearch(file, h, path).run();
+}
+
+Task<Status> check_log(io::HostFile& file, const Header& h, const std::string& path) {
+  auto found = co_await find_log_sequence(file, h, path);
   if (!found) co_return found.status();
-  if (!*found) co_return Status::ok();
+  if (!found->valid) co_return Status::ok();
   co_return Status::errorf(EPERM,
                            "VHDX image file '{0}' opened read-only, but contains a log that needs to be replayed. "
-                           "To replay the log, run: qemu-img check -r all '{0}' (qcowfs opens VHDX images read-only)",
+                           "To replay the log, run: qemu-img check -r all '{0}' (or mount it read-write)",
                            path);
+}
+
+Task<Result<LogReplay>> read_log_writes(io::HostFile& file, const Header& h, const LogSequence& seq,
+                                        const std::string& path) {
+  LogReplay out;
+  out.next_sequence = seq.last_sequence + 1;
+  if (!seq.valid) co_return out;
+  LogReader reader(file, h.log_offset, h.log_length);
+  ReplayChecker check(h, file.size(), path);
+  uint64_t pos = seq.read;
+  for (uint64_t k = 0; k < seq.count; ++k) {
+    auto entry = co_await read_entry(reader, pos, h, check, path, out.writes);
+    if (!entry) co_return entry.status();
+    out.file_size = std::max(out.file_size, *entry);
+  }
+  if (out.file_size <= file.size()) out.file_size = 0;
+  co_return out;
 }
 
 }  // namespace qcowfs::image::vhdx

@@ -1,7 +1,9 @@
 // Opening a VHDX image, in QEMU's order (vhdx_open): file signature, current
-// header, log, region table, metadata, BAT check; then the ExtentDriver.
+// header, log (replayed on a read-write open), region table, metadata, BAT
+// check; then the ExtentDriver, with a VhdxWriter on a read-write open.
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "image/endian.h"
 #include "image/host_read.h"
@@ -9,8 +11,11 @@
 #include "image/vhdx/format.h"
 #include "image/vhdx/header.h"
 #include "image/vhdx/log.h"
+#include "image/vhdx/log_writer.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vhdx/writer.h"
 #include "io/buffer.h"
+#include "io/log.h"
 
 namespace qcowfs::image {
 namespace vhdx {
@@ -34,12 +39,16 @@ Task<Status> check_signature(io::HostFile& f, const std::string& path) {
   co_return Status::ok();
 }
 
-Task<Result<Header>> read_header(io::HostFile& f, const std::string& path) {
+struct HeaderBlocks {
+  io::AlignedBuffer h1, h2;
+};
+
+Task<Result<HeaderBlocks>> read_header_blocks(io::HostFile& f) {
   auto h1 = co_await read_at(f, kHeaderOffsets[0], kHeaderSize, "header");
   if (!h1) co_return h1.status();
   auto h2 = co_await read_at(f, kHeaderOffsets[1], kHeaderSize, "header");
   if (!h2) co_return h2.status();
-  co_return choose_header(h1->span(), h2->span(), path);
+  co_return HeaderBlocks{std::move(*h1), std::move(*h2)};
 }
 
 Task<Result<Regions>> read_regions(io::HostFile& f, const Header& h, const std::string& path) {
@@ -82,13 +91,62 @@ ImageDetails details_of(const Geometry& g) {
   return d;
 }
 
+// What a read-write open needs besides the map: the log replayed (as
+// vhdx_parse_log on a read-write open), the header pair that writes go through.
+struct WriteState {
+  std::optional<HeaderPair> headers;
+  uint64_t next_sequence = 1;
+  bool replayed = false;
+};
+
+Status refuse_writable(const std::string& path, const std::string& what) {
+  return Status::errorf(EIO, "{}: {}; qcowfs does not write to this VHDX image (mount it read-only)", path, what);
+}
+
+// The log checks a writable open adds: the log region inside the file and
+// large enough for an entry (QEMU's writer fails without one).
+Status check_log_writable(const Header& h, uint64_t file_size, const std::string& path) {
+  if (max_entry_sectors(h.log_length) == 0)
+    return refuse_writable(path, fmt::format("the VHDX log ({} bytes) is too small to write", h.log_length));
+  if (h.log_offset > file_size || h.log_length > file_size - h.log_offset)
+    return refuse_writable(path, "the VHDX log runs past the end of the file");
+  return Status::ok();
+}
+
+// The current header; on a read-write open the log replayed first (and the
+// header then read again), on a read-only open refused if it needs replay.
+Task<Result<Header>> open_header(io::HostFile& f, const std::string& path, bool writable, WriteState& ws) {
+  auto blocks = co_await read_header_blocks(f);
+  if (!blocks) co_return blocks.status();
+  auto header = choose_header(blocks->h1.span(), blocks->h2.span(), path);
+  if (!header) co_return header.status();
+  if (!writable) {
+    QCOWFS_CO_TRY(co_await check_log(f, *header, path));
+    co_return *header;
+  }
+  QCOWFS_CO_TRY(check_log_fields(*header, path));
+  QCOWFS_CO_TRY(check_log_writable(*header, f.size(), path));
+  auto seq = co_await find_log_sequence(f, *header, path);
+  if (!seq) co_return seq.status();
+  ws.headers.emplace(f, std::move(blocks->h1), std::move(blocks->h2), header->index, path);
+  if (!seq->valid) co_return *header;
+  auto plan = co_await read_log_writes(f, *header, *seq, path);
+  if (!plan) co_return plan.status();
+  log::info("{}: replaying the VHDX log ({} entries from sequence number {})", path, seq->count, seq->first_sequence);
+  QCOWFS_CO_TRY(co_await replay(f, *ws.headers, *plan, path));
+  ws.next_sequence = plan->next_sequence;
+  ws.replayed = true;
+  co_return choose_header(ws.headers->block(0), ws.headers->block(1), path);
+}
+
 Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> file, std::string path,
                                                 const ImageOptions& opts) {
   io::HostFile& f = *file;
+  const bool writable = opts.file.writable;
   QCOWFS_CO_TRY(co_await check_signature(f, path));
-  auto header = co_await read_header(f, path);
+  WriteState ws;
+  auto header = co_await open_header(f, path, writable, ws);
   if (!header) co_return header.status();
-  QCOWFS_CO_TRY(co_await check_log(f, *header, path));
   auto regions = co_await read_regions(f, *header, path);
   if (!regions) co_return regions.status();
   if (regions->bat.offset > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) - regions->bat.length)
@@ -98,12 +156,19 @@ Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> fi
   auto geometry = make_geometry(*params, regions->bat.length, path);
   if (!geometry) co_return geometry.status();
   QCOWFS_CO_TRY(co_await check_bat(f, *geometry, *regions, path));
+  VhdxWriter::Params wp;
+  if (writable) {
+    auto first_free = co_await check_bat_writable(f, *geometry, *regions, path);
+    if (!first_free) co_return first_free.status();
+    wp = VhdxWriter::Params{*geometry, *header, *first_free, ws.next_sequence, ws.replayed};
+  }
   auto map = std::make_unique<BatMap>(f, *geometry, regions->bat.offset, path, opts.l2_cache_size);
   QCOWFS_CO_TRY(co_await map->init());
   ExtentImage img;
   img.format = "vhdx";
   img.path = path;
   img.size = geometry->size;
+  if (writable) img.writer = std::make_unique<VhdxWriter>(f, path, wp, *map, std::move(*ws.headers));
   img.files.push_back(std::move(file));
   img.map = std::move(map);
   img.details = details_of(*geometry);
@@ -116,7 +181,6 @@ Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> fi
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vhdx(std::unique_ptr<io::HostFile> file, std::string path,
                                                      ImageOptions opts) {
-  QCOWFS_CO_TRY(refuse_writable_open("VHDX", path, opts));
   co_return co_await vhdx::open(std::move(file), std::move(path), opts);
 }
 

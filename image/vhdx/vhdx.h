@@ -1,4 +1,4 @@
-// VHDX format driver entry point (read-only; see image/vhdx/DESIGN.md).
+// VHDX format driver entry point (see image/vhdx/DESIGN.md).
 // Thread-safety: as BlockDriver.
 #pragma once
 
@@ -9,8 +9,9 @@
 
 namespace qcowfs::image {
 
-// Opens a VHDX image read-only on an already opened host file; a writable
-// open is refused (EROFS). path names the image in messages.
+// Opens a VHDX image on an already opened host file, read-write when
+// opts.file.writable (a log that needs replay is replayed first; images qcowfs
+// cannot write safely are refused, EIO). path names the image in messages.
 Task<Result<std::unique_ptr<BlockDriver>>> open_vhdx(std::unique_ptr<io::HostFile> file, std::string path,
                                                      ImageOptions opts);
 

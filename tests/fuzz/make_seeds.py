@@ -98,6 +98,16 @@ def format_seeds(tmp: Path, out: Path) -> None:
             if "monolithicFlat" in opts:  # the descriptor alone: its extent file is not in memory
                 continue
             shutil.copy(img, out / fmt / f"{fmt}-{i}")
+            if fmt == "vhdx" and i == 0:  # a log that needs replay: fuzz_vhdx's writable open replays it
+                vhdx_pending_log_seed(img, out / fmt / "vhdx-pending-log")
+
+
+def vhdx_pending_log_seed(img: Path, out: Path) -> None:
+    import vhdx_edit  # tests/corpus
+
+    shutil.copy(img, out)
+    block0 = vhdx_edit.get_bat(out, 0) & ~0xFFFFF
+    vhdx_edit.write_pending_log(out, [(block0 + 8192, bytes([0x77]) * 4096)])
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,80 @@
+#include "image/vhdx/writer.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "image/vhdx/format.h"
+
+namespace qcowfs::image::vhdx {
+
+VhdxWriter::VhdxWriter(io::HostFile& file, std::string path, const Params& p, BatMap& map, HeaderPair headers)
+    : file_(file),
+      path_(std::move(path)),
+      g_(p.geometry),
+      h_(p.header),
+      map_(map),
+      headers_(std::move(headers)),
+      tail_{p.first_free, file.size()},
+      next_sequence_(p.next_sequence),
+      headers_updated_(p.headers_updated) {}
+
+Task<Status> VhdxWriter::before_first_write() {
+  if (headers_updated_) co_return Status::ok();
+  QCOWFS_CO_TRY(co_await headers_.update_both(true, nullptr));
+  headers_updated_ = true;
+  co_return Status::ok();
+}
+
+// The slices holding the blocks' entries stay loaded until publish().
+Task<Status> VhdxWriter::prepare(uint64_t first, uint64_t n) {
+  for (uint64_t block = first; block < first + n; ++block)
+    QCOWFS_CO_TRY(co_await slices_.pin(map_.cache(), map_.slice_host(g_.bat_index(block * g_.block_size)),
+                                       path_ + ": the VHDX BAT"));
+  co_return Status::ok();
+}
+
+// As vhdx_allocate_block: at the end of the file rounded up to 1 MiB, the
+// file extended over the new blocks at once.
+Task<Result<HostRun>> VhdxWriter::reserve(uint64_t /*first*/, uint64_t n) {
+  const uint64_t end = tail_.next + n * g_.block_size;
+  if (file_.is_block_device()) {
+    if (end > file_.size())
+      co_return Status::errorf(ENOSPC, "the VHDX image's block device is full ({} bytes)", file_.size());
+  } else if (end > file_.size()) {
+    QCOWFS_CO_TRY(co_await file_.truncate(end));
+  }
+  co_return tail_.take(file_, n, g_.block_size);
+}
+
+void VhdxWriter::unreserve(const HostRun& run) { tail_.give_back(run, g_.block_size); }
+
+void VhdxWriter::publish(uint64_t first, const HostRun& run) {
+  for (uint64_t i = 0; i < run.units; ++i) {
+    const uint64_t index = g_.bat_index((first + i) * g_.block_size);
+    TableCache::Ref& slice = slices_.change(map_.cache(), map_.slice_host(index));
+    BatMap::store_entry(slice, BatMap::offset_in_slice(index), (run.host + i * g_.block_size) | kFullyPresent);
+  }
+}
+
+// The changed BAT sectors, as few log entries as the log allows.
+Task<Status> VhdxWriter::write_metadata() {
+  slices_.release_pins();  // no allocation is in flight (allocation lock held)
+  if (!dirty()) co_return Status::ok();
+  const uint64_t per_entry = max_entry_sectors(h_.log_length);
+  if (per_entry == 0) co_return Status::errorf(EIO, "{}: the VHDX log is too small to write", path_);
+  while (slices_.dirty()) {
+    std::vector<SectorWrite> sectors;
+    std::vector<SliceSet::Key> written;
+    for (const auto& [key, ref] : slices_.dirty_slices()) {
+      if (sectors.size() == per_entry) break;
+      sectors.push_back(SectorWrite{key.second, ref.bytes()});
+      written.push_back(key);
+    }
+    QCOWFS_CO_TRY(co_await log_write_and_flush(file_, headers_, h_, next_sequence_, sectors, path_));
+    ++next_sequence_;
+    for (const SliceSet::Key& k : written) slices_.erase(k);
+  }
+  co_return Status::ok();
+}
+
+}  // namespace qcowfs::image::vhdx
