@@ -194,7 +194,8 @@ def kill9_under_write_load(img: Path, fmt: str, workdir: Path, unclean: str | No
     acknowledged before the last completed fsync, or a newer one. `unclean`:
     the one error QEMU's check reports for a format whose in-use flag an
     unclosed image keeps (Parallels); `qemu-img check -r all` must then find
-    that alone and clear it before the checks."""
+    that alone and clear it before the checks. A VHDX log entry left pending
+    is replayed by QEMU first (as a read-write open does)."""
     if shutil.which("fio") is None:
         raise AssertionError("fio is not installed (tests/setup-deps.sh)")
     view = workdir / "view.raw"
@@ -239,9 +240,18 @@ def kill9_under_write_load(img: Path, fmt: str, workdir: Path, unclean: str | No
         found = [line for line in text.splitlines()
                  if line.startswith(("ERROR", "Repairing")) and "leaked" not in line]
         assert found == [f"Repairing {unclean}"], f"qemu-img check -r all after kill -9: {text}"
-    report = helpers.run(["qemu-img", "check", "--output=json", "-f", fmt, img], check=False)
-    assert report.returncode in (0, 3), (  # 3: leaks only, allowed after a crash
-        f"qemu-img check after kill -9: exit {report.returncode}\n{report.stdout.decode()}{report.stderr.decode()}")
+    if fmt == "vhdx":
+        # A log entry the kill left pending: QEMU replays it on a read-write open
+        # (and refuses a read-only one until then), as qcowfs does.
+        replay = helpers.run(["qemu-img", "check", "-r", "leaks", "-f", fmt, img], check=False)
+        assert replay.returncode in (0, 3), (
+            f"qemu-img check -r leaks (log replay) after kill -9: exit {replay.returncode}\n"
+            f"{replay.stdout.decode()}{replay.stderr.decode()}")
+    if fmt != "vpc":  # vpc: "This image format does not support checks" (the bytes are compared below)
+        report = helpers.run(["qemu-img", "check", "--output=json", "-f", fmt, img], check=False)
+        assert report.returncode in (0, 3), (  # 3: leaks only, allowed after a crash
+            f"qemu-img check after kill -9: exit {report.returncode}\n{report.stdout.decode()}"
+            f"{report.stderr.decode()}")
     out = workdir / "out.raw"
     helpers.run(["qemu-img", "convert", "-f", fmt, "-O", "raw", img, out])
     with open(out, "rb") as f:

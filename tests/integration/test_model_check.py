@@ -7,11 +7,11 @@ after every operation (the bytes the operation touched, and the whole disk
 every FULL_CHECK_EVERY operations). At the end the image is checked against
 the model with `qemu-img convert -O raw` and `qemu-img check`.
 
-Runs: raw, qcow2, VDI, Parallels, QED and fixed VHD images (VDI, Parallels and
-VHD cannot be resized: every grow and shrink must fail with EINVAL; QED grows,
-never shrinks), buffered and O_DIRECT opens, a fixed seed and a
-random one (printed, and named in every failure, so a failure can be replayed
-with QCOWFS_MODEL_SEED=N)."""
+Runs: every variant in VARIANTS (raw, qcow2 and each writable table format;
+those QEMU cannot resize must refuse every grow and shrink with EINVAL; QED
+grows, never shrinks), buffered and O_DIRECT opens, a fixed seed (OPS
+operations) and a random one (RANDOM_OPS; printed, and named in every failure,
+so a failure can be replayed with QCOWFS_MODEL_SEED=N)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ import helpers
 KiB = 1 << 10
 MiB = 1 << 20
 OPS = int(os.environ.get("QCOWFS_MODEL_OPS", "100000"))
+# The random-seed run beside the fixed one is shorter: it adds a new sequence
+# every run without doubling the suite's time (13 variants, two modes each).
+RANDOM_OPS = max(OPS // 5, min(OPS, 1000))
 START_SIZE = 4 * MiB
 MIN_SIZE = 1 * MiB
 MAX_SIZE = 8 * MiB
@@ -267,20 +270,33 @@ class Checker:
         os.fsync(self.fd)
 
 
+# The images checked: variant -> (format, qemu-img create options), one line each.
+VARIANTS = {
+    "raw": ("raw", []),
+    "qcow2": ("qcow2", []),
+    "vdi": ("vdi", []),
+    "parallels": ("parallels", []),
+    "qed": ("qed", []),
+    "vpc-fixed": ("vpc", ["-o", "subformat=fixed,force_size=on"]),
+    "vpc-dynamic": ("vpc", ["-o", "subformat=dynamic,force_size=on"]),
+    "vmdk-sparse": ("vmdk", []),
+    "vmdk-flat": ("vmdk", ["-o", "subformat=monolithicFlat"]),
+    "vhdx-dynamic": ("vhdx", ["-o", "block_size=1M"]),
+}
 # Formats whose images cannot be resized (qemu-img resize refuses them).
-FIXED_SIZE = {"vdi", "parallels", "vpc"}
-# qemu-img create options per format (vpc: a fixed disk, the kind qcowfs writes).
-CREATE_OPTS = {"vpc": ["-o", "subformat=fixed,force_size=on"]}
+FIXED_SIZE = {"vdi", "parallels", "vpc", "vmdk", "vhdx"}
+# Formats qemu-img check cannot check.
+UNCHECKABLE = {"raw", "vpc"}
 
 
-def make_image(workdir: Path, fmt: str) -> Path:
+def make_image(workdir: Path, fmt: str, opts: list[str]) -> Path:
     if fmt == "raw":
         image = workdir / "disk.raw"
         with open(image, "wb") as f:
             f.truncate(START_SIZE)
         return image
     image = workdir / f"disk.{fmt}"
-    helpers.qemu_img("create", "-q", "-f", fmt, *CREATE_OPTS.get(fmt, []), image, str(START_SIZE))
+    helpers.qemu_img("create", "-q", "-f", fmt, *opts, image, str(START_SIZE))
     return image
 
 
@@ -291,42 +307,45 @@ def seed_for(kind: str) -> int:
     return FIXED_SEED if kind == "fixed" else random.SystemRandom().randrange(1 << 32)
 
 
-def check_one(workdir: Path, fmt: str, direct: bool, seed: int) -> dict[str, int]:
-    """One run: OPS operations on a fresh image, then QEMU's verdict."""
+def check_one(workdir: Path, variant: str, direct: bool, seed: int, ops: int) -> dict[str, int]:
+    """One run: `ops` operations on a fresh image, then QEMU's verdict."""
     workdir.mkdir()
-    image = make_image(workdir, fmt)
+    fmt, opts = VARIANTS[variant]
+    image = make_image(workdir, fmt, opts)
     with helpers.mounted(image, workdir / "view", ["rw", "discard=unmap", f"format={fmt}"]) as m:
         checker = Checker(m.path, direct, random.Random(seed), seed, resizable=fmt not in FIXED_SIZE)
         try:
-            checker.run(OPS)
+            checker.run(ops)
         finally:
             checker.close()
     shrinks = checker.counts.get("shrink done", 0) + checker.counts.get("shrink refused", 0)
-    assert shrinks > 0 or OPS < 1000, f"seed {seed}: no shrink was tried"
+    assert shrinks > 0 or ops < 1000, f"seed {seed}: no shrink was tried"
     info = helpers.qemu_img_info(image, fmt=fmt)
     assert info["virtual-size"] == len(checker.model), f"seed {seed}: virtual size {info['virtual-size']}"
     ref = helpers.convert_to_raw(image, fmt=fmt).read_bytes()
     if ref != bytes(checker.model):
         at = helpers.first_difference(ref, bytes(checker.model))
         raise AssertionError(f"seed {seed}: qemu-img convert differs from the model at byte {at}")
-    if fmt not in ("raw", "vpc"):  # qemu-img check has no check for vpc
+    if fmt not in UNCHECKABLE:
         helpers.qemu_img_check(image, fmt)
     return checker.counts
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["buffered", "o_direct"])
-@pytest.mark.parametrize("fmt", ["raw", "qcow2", "vdi", "parallels", "qed", "vpc"])
-def test_model_check(workdir: Path, fmt: str, direct: bool) -> None:
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_model_check(workdir: Path, variant: str, direct: bool) -> None:
     """The fixed-seed and the random-seed run, side by side on two mounts
     (each waits on FUSE and the disk most of the time)."""
     seeds = {"fixed": seed_for("fixed"), "random": seed_for("random")}
+    ops = {"fixed": OPS, "random": RANDOM_OPS}
     for kind, seed in seeds.items():
-        print(f"model check: {fmt}, {'O_DIRECT' if direct else 'buffered'}, {kind} seed {seed}, {OPS} operations")
+        mode = "O_DIRECT" if direct else "buffered"
+        print(f"model check: {variant}, {mode}, {kind} seed {seed}, {ops[kind]} operations")
     results: dict[str, object] = {}
 
     def run(kind: str) -> None:
         try:
-            results[kind] = check_one(workdir / kind, fmt, direct, seeds[kind])
+            results[kind] = check_one(workdir / kind, variant, direct, seeds[kind], ops[kind])
         except BaseException as e:  # re-raised below, in the test's thread
             results[kind] = e
 

@@ -1,4 +1,4 @@
-"""Read-write mounts of the table formats (VDI, Parallels, QED, fixed VHD so far), with QEMU as the
+"""Read-write mounts of the table formats (VDI, Parallels, QED, fixed and dynamic VHD, VHDX so far), with QEMU as the
 referee. For each writable variant: fio random and sequential writes with
 --verify through the mount (QD32, 512 B to 1 MiB, cache=none and writeback),
 punched and zeroed ranges, unaligned writes and the partly used last block,
@@ -31,6 +31,11 @@ VARIANTS = {
     "parallels-64k": ("parallels", "cluster_size=65536", 64 * KiB),
     "qed": ("qed", "", 64 * KiB),
     "vpc-fixed": ("vpc", "subformat=fixed,force_size=on", 2 * MiB),
+    "vpc-dynamic": ("vpc", "subformat=dynamic,force_size=on", 2 * MiB),
+    "vmdk-sparse": ("vmdk", "", 64 * KiB),
+    "vmdk-flat": ("vmdk", "subformat=monolithicFlat", 64 * KiB),
+    "vhdx-dynamic": ("vhdx", "", 8 * MiB),
+    "vhdx-fixed": ("vhdx", "subformat=fixed,block_state_zero=off", 8 * MiB),
     # Not QED with 4 KiB clusters here: qemu-img check 7.2 reports one leaked
     # cluster per full L2 table after the first, also on images qemu-io wrote
     # alone (image/qed/DESIGN.md); the unit tests write such images.
@@ -38,7 +43,7 @@ VARIANTS = {
 # The one error qemu-img check reports of an image not closed (its in-use flag).
 UNCLEAN = {"parallels": "image was not closed correctly"}
 # Formats qemu-img check can check (vpc: "This image format does not support checks").
-CHECKABLE = {"vdi", "parallels", "qed"}
+CHECKABLE = {"vdi", "parallels", "qed", "vmdk", "vhdx"}
 # Formats qemu-img resize can grow.
 RESIZABLE = {"qed"}
 
@@ -122,7 +127,7 @@ def test_writes_verify_and_qemu_reads_them(workdir: Path, variant: str, cache: s
         fh.assert_view_equals(m.path, copy, image)
 
 
-@pytest.mark.parametrize("variant", ["vdi-dynamic", "parallels", "qed"])
+@pytest.mark.parametrize("variant", ["vdi-dynamic", "parallels", "qed", "vmdk-sparse", "vhdx-dynamic", "vpc-dynamic"])
 def test_kill9_under_write_load(workdir: Path, variant: str) -> None:
     fmt, opts, _ = VARIANTS[variant]
     image = fh.make_image(workdir, fmt, f"k.{fmt}", 64 * MiB, opts)
@@ -210,3 +215,145 @@ def test_fixed_vhd_whose_data_would_reach_the_footer_is_refused_for_writing(work
     code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
     assert code != 0 and "would reach its footer" in text, text
     assert helpers.sha256_file(image) == before
+
+
+def test_dynamic_vhd_whose_block_overlaps_the_bat_is_refused_for_writing(workdir: Path) -> None:
+    """A BAT entry naming the BAT's own sector: a write there would change the BAT."""
+    image = fh.make_image(workdir, "vpc", "d.vhd", 8 * MiB, "subformat=dynamic", ["write -P 1 0 4k"])
+    with open(image, "r+b") as f:
+        f.seek(1536 + 4)  # the BAT (qemu-img puts it at 1536), entry 1
+        f.write((1536 // 512).to_bytes(4, "big"))
+    before = helpers.sha256_file(image)
+    code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
+    assert code != 0 and "overlaps block 1" in text and "read-only" in text, text
+    assert helpers.sha256_file(image) == before
+    with helpers.mounted(image, workdir / "ro.raw", ["format=vpc"]) as m:
+        assert m.path.read_bytes()[:4096] == b"\x01" * 4096
+
+
+@pytest.mark.parametrize("subformat", ["twoGbMaxExtentSparse", "twoGbMaxExtentFlat"])
+def test_vmdk_split_image_written_across_its_extent_boundary(workdir: Path, subformat: str) -> None:
+    """A request across the 2 GiB boundary of a split image goes to both
+    extent files (a sparse run never leaves its file); QEMU reads it back."""
+    size = 2 * 1024 * MiB + 8 * MiB
+    image = fh.make_image(workdir, "vmdk", "split.vmdk", size, f"subformat={subformat}")
+    boundary = 2 * 1024 * MiB
+    at, n = boundary - MiB - 777, 3 * MiB + 1234
+    with helpers.mounted(image, workdir / "view.raw", ["rw", "cache=none"]) as m:
+        fd = os.open(m.path, os.O_RDWR)
+        try:
+            assert os.pwrite(fd, b"\x5b" * n, at) == n
+            assert os.pwrite(fd, b"\x5a" * 4096, boundary + 4 * MiB) == 4096
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    helpers.qemu_img_check(image, "vmdk")
+    checks = [(0x00, boundary - 2 * MiB, at - (boundary - 2 * MiB)), (0x5b, at, n),
+              (0x00, at + n, boundary + 4 * MiB - (at + n)), (0x5a, boundary + 4 * MiB, 4096),
+              (0x00, boundary + 4 * MiB + 4096, 4 * MiB - 4096)]
+    for pattern, off, length in checks:
+        out = helpers.qemu_io(image, f"read -P {pattern} {off} {length}", fmt="vmdk", extra=["-r"])
+        assert "verification failed" not in out and "failed" not in out, f"{pattern:#x} at {off}+{length}: {out}"
+
+
+def vmdk_cid(image: Path) -> int:
+    return helpers.qemu_img_info(image, fmt="vmdk")["format-specific"]["data"]["cid"]
+
+
+def test_vmdk_delta_copies_on_write_and_its_first_write_changes_the_cid(workdir: Path) -> None:
+    """Partial grains of a delta are filled from its parent in the same host
+    write; the first write of a mount gives the delta a new CID (as QEMU's
+    vmdk_write_cid), so a delta made on it no longer matches; a mount that
+    writes nothing keeps the CID."""
+    size = 16 * MiB
+    base = fh.make_image(workdir, "vmdk", "base.vmdk", size, "", ["write -P 0x61 0 16M"])
+    delta = workdir / "delta.vmdk"
+    helpers.run(["qemu-img", "create", "-q", "-f", "vmdk", "-b", base, "-F", "vmdk", delta])
+    cid = vmdk_cid(delta)
+    with helpers.mounted(delta, workdir / "ro.raw", ["rw"]) as m:
+        assert m.path.stat().st_size == size
+    assert vmdk_cid(delta) == cid, "a mount without writes changed the CID"
+    child = workdir / "child.vmdk"
+    helpers.run(["qemu-img", "create", "-q", "-f", "vmdk", "-b", delta, "-F", "vmdk", child])
+    rng = random.Random(11)
+    copy = workdir / "copy.raw"
+    with helpers.mounted(delta, workdir / "view.raw", ["rw", "cache=none"]) as m:
+        fd = os.open(m.path, os.O_RDWR)
+        try:
+            for _ in range(30):
+                off = rng.randrange(12 * MiB)
+                data = rng.randbytes(rng.choice([1, 512, 4097, 65536, 200000]))
+                assert os.pwrite(fd, data, off) == len(data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        shutil.copyfile(m.path, copy)
+    assert vmdk_cid(delta) != cid, "the first write did not change the CID"
+    helpers.qemu_img_check(delta, "vmdk")
+    reference = helpers.convert_to_raw(delta, workdir / "qemu.raw", fmt="vmdk")
+    assert helpers.files_equal(reference, copy), "qemu-img convert of the delta differs from the view"
+    with open(copy, "rb") as f:
+        f.seek(12 * MiB + 300000)
+        assert f.read(MiB) == b"\x61" * MiB, "the parent's bytes do not show through"
+    proc = helpers.run(["qemu-io", "-f", "vmdk", "-c", "read 0 512", child], check=False)
+    assert proc.returncode != 0 or b"failed" in proc.stdout + proc.stderr, "QEMU still reads the stale child"
+
+
+def test_vmdk_grain_that_a_new_grain_could_overwrite_is_refused_for_writing(workdir: Path) -> None:
+    """A grain-table entry past the end of the file: the next new grain would
+    land on it. Refused read-write, image unchanged; read-only still mounts."""
+    image = fh.make_image(workdir, "vmdk", "bad.vmdk", 8 * MiB, "", ["write -P 1 0 64k"])
+    info = helpers.qemu_img_map(image, fmt="vmdk")
+    grain_at = next(e["offset"] for e in info if e.get("data") and "offset" in e)
+    raw = bytearray(image.read_bytes())
+    sector = (grain_at // 512).to_bytes(4, "little")
+    past_end = ((len(raw) + 10 * MiB) // 512).to_bytes(4, "little")
+    grain_area = int.from_bytes(raw[64:72], "little") * 512
+    named = [at for at in range(512, grain_area, 4) if raw[at:at + 4] == sector]
+    assert named, "no grain table entry names the grain"
+    for at in named:  # its entries in the grain table and the redundant one
+        raw[at:at + 4] = past_end
+    image.write_bytes(bytes(raw))
+    before = helpers.sha256_file(image)
+    code, text = helpers.mount_fails(image, workdir / "view", ["rw"])
+    assert code != 0 and "outside the grains" in text and "read-only" in text, text
+    assert helpers.sha256_file(image) == before
+    with helpers.mounted(image, workdir / "ro.raw", []) as m:
+        assert m.path.stat().st_size == 8 * MiB
+
+
+@pytest.mark.parametrize("fmt,opts", [("qed", ""), ("vmdk", "zeroed_grain=on")], ids=["qed", "vmdk"])
+def test_zeroing_over_a_backing_file_records_zero_units(workdir: Path, fmt: str, opts: str) -> None:
+    """Whole units zeroed over a backing file take the format's zero state
+    (QED zero clusters, VMDK zeroed grains: nothing allocated); the partial
+    units at the ends are written. QEMU reads zeros there and the backing
+    file's bytes around them."""
+    size = 16 * MiB
+    base = workdir / ("base.raw" if fmt == "qed" else "base.vmdk")
+    if fmt == "qed":
+        helpers.run(["qemu-img", "create", "-q", "-f", "raw", base, str(size)])
+        helpers.qemu_io(base, "write -P 0x61 0 16M", fmt="raw")
+    else:
+        base = fh.make_image(workdir, "vmdk", "base.vmdk", size, "", ["write -P 0x61 0 16M"])
+    overlay = workdir / f"top.{fmt}"
+    create = ["qemu-img", "create", "-q", "-f", fmt, "-b", base, "-F", "raw" if fmt == "qed" else "vmdk"]
+    if opts:
+        create += ["-o", opts]
+    helpers.run([*create, overlay, str(size)] if fmt == "qed" else [*create, overlay])
+    start, length = MiB + 100, 6 * MiB
+    grown_before = overlay.stat().st_size
+    with helpers.mounted(overlay, workdir / "view.raw", ["rw", "cache=none"]) as m:
+        fd = os.open(m.path, os.O_RDWR)
+        try:
+            fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, start, length)
+            assert os.pread(fd, length, start) == bytes(length)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    helpers.qemu_img_check(overlay, fmt)
+    assert overlay.stat().st_size - grown_before <= 4 * MiB, "whole units were allocated to hold zeros"
+    zero = [e for e in helpers.qemu_img_map(overlay, fmt=fmt) if e["zero"] and e["depth"] == 0]
+    covered = sum(e["length"] for e in zero)
+    assert covered >= length - 2 * MiB, f"QEMU sees {covered} zero bytes in the overlay: {zero}"
+    for pattern, off, n in [(0x61, 0, start), (0, start, length), (0x61, start + length, size - start - length)]:
+        helpers.qemu_io(overlay, f"read -P {pattern} {off} {n}", fmt=fmt, extra=["-r"])
