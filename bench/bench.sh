@@ -17,8 +17,9 @@
 #                qemu-img convert from the raw image), read-only mounts: randread4k-ro seqread1m-ro.
 #                With SETS="qcow2-full-ro vmdk-full ..." a second table puts each format beside qcow2.
 #   FMT-rw       the fully written FMT image, read-write: randwrite4k (overwrite); FMT-empty an
-#                empty 1 GiB FMT image (qemu-img create): seqwrite1m. With qcow2-full and
-#                qcow2-empty in SETS a table puts each writable format beside qcow2.
+#                empty 1 GiB FMT image (qemu-img create; vpc with force_size=on): seqwrite1m.
+#                With qcow2-full (or qcow2-rw, its overwrites alone) and qcow2-empty in SETS a
+#                table puts each writable format beside qcow2.
 #   raw-lat, qcow2-lat  low queue depth on the raw image and the fully written qcow2:
 #                randread4k-qd1 randwrite4k-qd1 (psync) randread4k-qd1u randwrite4k-qd1u
 #                (io_uring QD1) randread4k-qd4 randwrite4k-qd4 (io_uring QD4); a latency table
@@ -78,8 +79,9 @@ for set in "${sets[@]}"; do
       [ "$fmt" = vpc ] && opts="-o force_size=on"
       [ -f "$work/full.$fmt" ] || qemu-img convert -f raw -O "$fmt" $opts "$work/raw.img" "$work/full.$fmt" ;;
     *-empty)
-      fmt=${set%-empty}
-      qemu-img create -q -f "$fmt" "$work/empty.$fmt" 1G ;;
+      fmt=${set%-empty} opts=
+      [ "$fmt" = vpc ] && opts="-o force_size=on"
+      qemu-img create -q -f "$fmt" $opts "$work/empty.$fmt" 1G ;;
   esac
 done
 key=$work/bench.key
@@ -244,14 +246,16 @@ if others:
               f"| {ratio(rounds, 'qcowfs', 'raw-host')} |")
 # Each writable format beside qcow2: overwrites against qcow2-full, allocating writes against
 # qcow2-empty, ratios taken within a round.
-wref = {(s, job): rounds for (s, job), rounds in runs.items() if s in ("qcow2-full", "qcow2-empty")}
+# (qcow2-rw: the overwrites alone, without qcow2-full's reads.)
+wref = {(s, job): rounds for (s, job), rounds in runs.items() if s in ("qcow2-full", "qcow2-rw", "qcow2-empty")}
 writers = [(s, job, rounds) for (s, job), rounds in runs.items()
-           if (s.endswith("-rw") or s.endswith("-empty")) and s != "qcow2-empty"]
+           if (s.endswith("-rw") or s.endswith("-empty")) and s not in ("qcow2-empty", "qcow2-rw")]
 if writers:
     print("\n| format | job | qcowfs | qcowfs / qcow2 | qsd (same image) | qcowfs / qsd | qcowfs / raw host file |")
     print("|---|---|---|---|---|---|---|")
     for s, job, rounds in writers:
-        q = wref.get(("qcow2-full" if s.endswith("-rw") else "qcow2-empty", job), {})
+        q = (wref.get(("qcow2-rw", job)) or wref.get(("qcow2-full", job), {})) if s.endswith("-rw") \
+            else wref.get(("qcow2-empty", job), {})
         r = med([v["qcowfs"] / q[k]["qcowfs"] for k, v in rounds.items()
                  if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
         name = s.removesuffix("-rw").removesuffix("-empty")

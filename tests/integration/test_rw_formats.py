@@ -34,6 +34,11 @@ VARIANTS = {
     "vpc-dynamic": ("vpc", "subformat=dynamic,force_size=on", 2 * MiB),
     "vmdk-sparse": ("vmdk", "", 64 * KiB),
     "vmdk-flat": ("vmdk", "subformat=monolithicFlat", 64 * KiB),
+    # The split subformats: a descriptor file and extent files of their own
+    # (one at this size; test_vmdk_split_image_written_across_its_extent_boundary
+    # writes across two).
+    "vmdk-sparse-2gb": ("vmdk", "subformat=twoGbMaxExtentSparse", 64 * KiB),
+    "vmdk-flat-2gb": ("vmdk", "subformat=twoGbMaxExtentFlat", 64 * KiB),
     "vhdx-dynamic": ("vhdx", "", 8 * MiB),
     "vhdx-fixed": ("vhdx", "subformat=fixed,block_state_zero=off", 8 * MiB),
     # Not QED with 4 KiB clusters here: qemu-img check 7.2 reports one leaked
