@@ -43,12 +43,6 @@ Status ExtentMap::decompress(const Extent&, std::span<const std::byte>, std::spa
   return Status::error(EIO, "the format has no compressed extents");
 }
 
-Status refuse_writable_open(std::string_view display_format, const std::string& path, const ImageOptions& opts) {
-  if (!opts.file.writable) return Status::ok();
-  return Status::errorf(EROFS, "{}: qcowfs opens {} images read-only; mount without rw (or with ro)", path,
-                        display_format);
-}
-
 // One host, backing or compressed read of a request.
 struct ExtentDriver::SubRead {
   Extent extent;

@@ -159,7 +159,7 @@ class ExtentDriver final : public BlockDriver {
   Task<Status> write_prefixed(Allocation& a);
   Task<Status> write_zero_extent(const Extent& e, uint64_t guest, bool unmap);
   Task<Status> write_zero_buffer(uint64_t guest, uint64_t len);
-  Task<Status> zero_units(uint64_t guest, uint64_t len);
+  Task<Status> zero_units(uint64_t guest, uint64_t len, bool unmap);
   Task<Status> flush_files();
   Task<Status> writeback();
 
@@ -172,9 +172,5 @@ class ExtentDriver final : public BlockDriver {
   bool closed_ = false;
   std::atomic<uint64_t> size_;  // guest bytes: img_.size, then what truncate() grew it to
 };
-
-// EROFS with a message saying to mount read-only when opts asks for write
-// access to a format that opens read-only (display_format: "VMDK"); else ok.
-Status refuse_writable_open(std::string_view display_format, const std::string& path, const ImageOptions& opts);
 
 }  // namespace qcowfs::image

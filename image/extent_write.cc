@@ -273,7 +273,7 @@ Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unm
 // (backing data, compressed units) is overwritten with zeros.
 Task<Status> ExtentDriver::write_zero_extent(const Extent& e, uint64_t guest, bool unmap) {
   if (reads_zero(e, guest)) co_return Status::ok();
-  if (e.kind == ExtentKind::unallocated) co_return co_await zero_units(guest, e.length);
+  if (e.kind == ExtentKind::unallocated) co_return co_await zero_units(guest, e.length, unmap);
   if (e.kind != ExtentKind::data) co_return co_await write_zero_buffer(guest, e.length);
   if (unmap && !e.file->is_block_device()) co_return co_await e.file->discard(e.host_offset, e.length);
   co_return co_await e.file->write_zeroes(e.host_offset, e.length);
@@ -283,7 +283,7 @@ Task<Status> ExtentDriver::write_zero_extent(const Extent& e, uint64_t guest, bo
 // format's zero state where it has one (ExtentWriter::mark_zero, nothing
 // allocated or written), the rest is written with zeros. Units another
 // request allocated meanwhile are zeroed as data.
-Task<Status> ExtentDriver::zero_units(uint64_t guest, uint64_t len) {
+Task<Status> ExtentDriver::zero_units(uint64_t guest, uint64_t len, bool unmap) {
   const uint64_t us = img_.writer->unit_size();
   const uint64_t end = guest + len;
   const uint64_t first = (guest + us - 1) / us;
@@ -309,7 +309,7 @@ Task<Status> ExtentDriver::zero_units(uint64_t guest, uint64_t len) {
       img_.writer->mark_zero(u, 1);
     }
   }
-  for (uint64_t u : allocated) QCOWFS_CO_TRY(co_await write_zeroes(u * us, std::min(us, size() - u * us), false));
+  for (uint64_t u : allocated) QCOWFS_CO_TRY(co_await write_zeroes(u * us, std::min(us, size() - u * us), unmap));
   if (last * us < end) QCOWFS_CO_TRY(co_await write_zero_buffer(last * us, end - last * us));
   co_return Status::ok();
 }
