@@ -51,7 +51,10 @@ struct ExtentDriver::SubRead {
 };
 
 ExtentDriver::ExtentDriver(ExtentImage image)
-    : img_(std::move(image)), units_(cluster_cache_capacity(img_.compressed_unit_size)), size_(img_.size) {}
+    : img_(std::move(image)),
+      units_(cluster_cache_capacity(img_.compressed_unit_size)),
+      size_(img_.size),
+      unmaps_(img_.writer != nullptr && img_.writer->can_unmap()) {}
 
 ExtentDriver::~ExtentDriver() = default;
 
@@ -60,6 +63,9 @@ size_t ExtentDriver::mem_align() const {
   for (const auto& f : img_.files) a = std::max(a, f->mem_align());
   return a;
 }
+
+// A Ticket for a lock-free I/O when the writer unmaps (image/in_flight.h).
+InFlightIo::Ticket ExtentDriver::track() { return unmaps_ ? in_flight_.enter() : InFlightIo::Ticket(); }
 
 // The map's extent at guest, checked: between 1 and len bytes long.
 Task<Result<Extent>> ExtentDriver::extent_at(uint64_t guest, uint64_t len) {
@@ -80,6 +86,7 @@ Task<Result<Extent>> ExtentDriver::extent_at(uint64_t guest, uint64_t len) {
 
 Task<Status> ExtentDriver::read(uint64_t off, std::span<std::byte> buf) {
   if (buf.empty()) co_return Status::ok();
+  InFlightIo::Ticket ticket = track();  // until the host reads completed
   std::vector<SubRead> reads;
   QCOWFS_CO_TRY(co_await plan(off, buf, reads));
   if (reads.size() == 1) co_return co_await run(reads.front());

@@ -21,8 +21,12 @@
 // host space from the writer and are written with their copy-on-write head and
 // tail (from the backing image, or zeros) in one host write, then published.
 // Allocating writes, publishing and metadata writeback hold one allocation
-// lock; writes into data extents take no lock. Without a writer every change
-// is refused with EROFS.
+// lock; writes into data extents take no lock (a writer may ask to see the
+// first one into each unit: ExtentWriter::before_unit_write). A discard of
+// whole data units of a writer that can_unmap() unmaps them under the lock
+// and punches their host space, which is reused only after a grace period
+// (image/in_flight.h: reads, in-place writes and zeroing then count
+// themselves). Without a writer every change is refused with EROFS.
 //
 // Thread-safety: as BlockDriver. ExtentMap::try_map() is called concurrently
 // from every event-loop thread and must be thread-safe and never suspend; map()
@@ -39,6 +43,7 @@
 #include "image/block_driver.h"
 #include "image/cluster_cache.h"
 #include "image/extent_writer.h"
+#include "image/in_flight.h"
 #include "io/sync.h"
 
 namespace qcowfs::image {
@@ -157,11 +162,27 @@ class ExtentDriver final : public BlockDriver {
   Task<Status> fill_cow(Allocation& a);
   Task<Status> write_allocation(Allocation& a);
   Task<Status> write_prefixed(Allocation& a);
+  Task<Status> write_in_place(const std::vector<SubWrite>& in_place);
+  bool needs_before_unit_writes(uint64_t guest, uint64_t len) const;
+  Task<Status> before_unit_writes(uint64_t guest, uint64_t len, bool locked);
   Task<Status> write_zero_extent(const Extent& e, uint64_t guest, bool unmap);
+  Task<Status> zero_data(const Extent& e, uint64_t guest, uint64_t from, uint64_t len, bool unmap);
   Task<Status> write_zero_buffer(uint64_t guest, uint64_t len);
   Task<Status> zero_units(uint64_t guest, uint64_t len, bool unmap);
+  Task<Status> unmap_extent(const Extent& e, uint64_t guest);
+  Task<Status> unmap_units(uint64_t first, uint64_t last);
+  void recycle_drained();
+  InFlightIo::Ticket track();
   Task<Status> flush_files();
   Task<Status> writeback();
+
+  // Host space of units unmapped in this open, until recycle_drained() gives
+  // it back to the writer (alloc_ held).
+  struct Unmapped {
+    HostRun space;
+    uint64_t epoch = 0;    // InFlightIo::epoch() after the unmap
+    bool written = false;  // a write_metadata() since the unmap succeeded
+  };
 
   ExtentImage img_;
   ClusterCache units_;
@@ -171,6 +192,10 @@ class ExtentDriver final : public BlockDriver {
   std::atomic<bool> written_{false};  // ExtentWriter::before_first_write() done
   bool closed_ = false;
   std::atomic<uint64_t> size_;  // guest bytes: img_.size, then what truncate() grew it to
+  // The writer unmaps (ExtentWriter::can_unmap): lock-free I/O is tracked.
+  const bool unmaps_;
+  InFlightIo in_flight_;
+  std::vector<Unmapped> unmapped_;  // alloc_ held
 };
 
 }  // namespace qcowfs::image

@@ -29,6 +29,7 @@ iovec iov_of(std::span<const std::byte> s) {
 struct ExtentDriver::SubWrite {
   io::HostFile* file = nullptr;
   uint64_t host = 0;
+  uint64_t guest = 0;
   std::span<const std::byte> src;
 };
 
@@ -56,20 +57,57 @@ bool ExtentDriver::reads_zero(const Extent& e, uint64_t guest) const {
   return img_.backing == nullptr || guest >= img_.backing->size();
 }
 
+// Without the allocation lock when every unit is allocated: the host writes
+// of a request issued together.
 Task<Status> ExtentDriver::write(uint64_t off, std::span<const std::byte> buf) {
   if (img_.writer == nullptr) co_return refuse_write();
   if (buf.empty()) co_return Status::ok();
   QCOWFS_CO_TRY(co_await first_write());
+  InFlightIo::Ticket ticket = track();  // until the host writes completed
   std::vector<SubWrite> in_place;
   std::vector<Allocation> allocs;
   QCOWFS_CO_TRY(co_await plan_write(off, buf, in_place, allocs));
-  if (!allocs.empty()) co_return co_await write_allocating(off, buf);
+  if (!allocs.empty()) {
+    ticket.leave();  // planned again under the lock, where nothing is unmapped
+    co_return co_await write_allocating(off, buf);
+  }
+  if (needs_before_unit_writes(off, buf.size())) QCOWFS_CO_TRY(co_await before_unit_writes(off, buf.size(), false));
+  co_return co_await write_in_place(in_place);
+}
+
+Task<Status> ExtentDriver::write_in_place(const std::vector<SubWrite>& in_place) {
   if (in_place.size() == 1)
     co_return co_await in_place.front().file->write(in_place.front().host, in_place.front().src);
   std::vector<Task<Status>> tasks;
   tasks.reserve(in_place.size());
   for (const SubWrite& w : in_place) tasks.push_back(w.file->write(w.host, w.src));
   co_return co_await io::when_all(std::move(tasks));
+}
+
+// Whether a unit of [guest, guest + len) needs ExtentWriter::before_unit_write
+// (one atomic load a unit, no lock).
+bool ExtentDriver::needs_before_unit_writes(uint64_t guest, uint64_t len) const {
+  const uint64_t us = img_.writer->unit_size();
+  for (uint64_t u = guest / us; u * us < guest + len; ++u)
+    if (img_.writer->needs_before_unit_write(u)) return true;
+  return false;
+}
+
+// ExtentWriter::before_unit_write for the allocated units of [guest, guest +
+// len) that need it, under the allocation lock (taken here unless `locked`).
+Task<Status> ExtentDriver::before_unit_writes(uint64_t guest, uint64_t len, bool locked) {
+  io::AsyncMutex::Guard lock(nullptr);
+  if (!locked) lock = co_await alloc_.lock();
+  const uint64_t us = img_.writer->unit_size();
+  for (uint64_t u = guest / us; u * us < guest + len; ++u) {
+    if (!img_.writer->needs_before_unit_write(u)) continue;
+    auto e = co_await extent_at(u * us, std::min(us, size() - u * us));
+    if (!e) co_return e.status();
+    if (e->kind != ExtentKind::data) continue;  // only allocated units are written in place
+    Status st = co_await img_.writer->before_unit_write(u);
+    if (!st) co_return st.with_context(img_.path);
+  }
+  co_return Status::ok();
 }
 
 // Splits [start, start + buf.size()) into in-place writes (data extents,
@@ -90,7 +128,7 @@ Task<Status> ExtentDriver::plan_write(uint64_t start, std::span<const std::byte>
           last->src.data() + last->src.size() == src.data()) {
         last->src = std::span<const std::byte>(last->src.data(), last->src.size() + src.size());
       } else {
-        in_place.push_back(SubWrite{e->file, e->host_offset, src});
+        in_place.push_back(SubWrite{e->file, e->host_offset, guest, src});
       }
     } else {
       Allocation* last = allocs.empty() ? nullptr : &allocs.back();
@@ -156,6 +194,10 @@ Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::b
     QCOWFS_CO_TRY(co_await fill_cow(a));
     QCOWFS_CO_TRY(co_await img_.writer->prepare(a.first_unit, a.units));
   }
+  for (const SubWrite& w : in_place)
+    if (needs_before_unit_writes(w.guest, w.src.size()))
+      QCOWFS_CO_TRY(co_await before_unit_writes(w.guest, w.src.size(), true));
+  recycle_drained();
   QCOWFS_CO_TRY(co_await reserve_all(allocs));
   std::vector<Task<Status>> tasks;
   tasks.reserve(in_place.size() + allocs.size());
@@ -260,23 +302,112 @@ Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unm
   const uint64_t end = off + len;
   uint64_t guest = off;
   while (guest < end) {
+    InFlightIo::Ticket ticket = track();  // a data extent is zeroed without the lock
     auto e = co_await extent_at(guest, end - guest);
     if (!e) co_return e.status();
+    if (e->kind != ExtentKind::data) ticket.leave();
     QCOWFS_CO_TRY(co_await write_zero_extent(*e, guest, may_unmap));
     guest += e->length;
   }
   co_return Status::ok();
 }
 
-// Data is zeroed in the host file (punched where allowed and the host reads
-// holes as zeros); ranges that read as zeros already are left; the rest
-// (backing data, compressed units) is overwritten with zeros.
+// Data is zeroed in the host file (zero_data), or its whole units unmapped
+// where the writer can (unmap_extent); ranges that read as zeros already are
+// left; the rest (backing data, compressed units) is overwritten with zeros.
 Task<Status> ExtentDriver::write_zero_extent(const Extent& e, uint64_t guest, bool unmap) {
   if (reads_zero(e, guest)) co_return Status::ok();
   if (e.kind == ExtentKind::unallocated) co_return co_await zero_units(guest, e.length, unmap);
   if (e.kind != ExtentKind::data) co_return co_await write_zero_buffer(guest, e.length);
-  if (unmap && !e.file->is_block_device()) co_return co_await e.file->discard(e.host_offset, e.length);
-  co_return co_await e.file->write_zeroes(e.host_offset, e.length);
+  if (unmap && unmaps_) co_return co_await unmap_extent(e, guest);
+  co_return co_await zero_data(e, guest, guest, e.length, unmap);
+}
+
+// Guest bytes [from, from + len) of data extent e (which starts at guest)
+// zeroed in place: punched where allowed and the host reads holes as zeros
+// (files), else zeroed by the host. An in-place write for the writer too
+// (before_unit_write).
+Task<Status> ExtentDriver::zero_data(const Extent& e, uint64_t guest, uint64_t from, uint64_t len, bool unmap) {
+  if (needs_before_unit_writes(from, len)) QCOWFS_CO_TRY(co_await before_unit_writes(from, len, false));
+  const uint64_t host = e.host_offset + (from - guest);
+  if (unmap && !e.file->is_block_device()) co_return co_await e.file->discard(host, len);
+  co_return co_await e.file->write_zeroes(host, len);
+}
+
+// Data extent e at guest, zeroed with unmap allowed by a writer that unmaps:
+// its whole units unmapped (a unit the disk's end cuts counts as whole when
+// the extent reaches that end), the partial units at either end zeroed in
+// place.
+Task<Status> ExtentDriver::unmap_extent(const Extent& e, uint64_t guest) {
+  const uint64_t us = img_.writer->unit_size();
+  const uint64_t end = guest + e.length;
+  const uint64_t first = (guest + us - 1) / us;
+  const uint64_t last = end == size() ? (end + us - 1) / us : end / us;
+  if (first >= last) co_return co_await zero_data(e, guest, guest, e.length, true);
+  if (first * us > guest) QCOWFS_CO_TRY(co_await zero_data(e, guest, guest, first * us - guest, true));
+  QCOWFS_CO_TRY(co_await unmap_units(first, last));
+  if (last * us < end) QCOWFS_CO_TRY(co_await zero_data(e, guest, last * us, end - last * us, true));
+  co_return Status::ok();
+}
+
+// Under the allocation lock, each of units [first, last) that is still one
+// whole data extent is prepared and unmapped (ExtentWriter::unmap); then its
+// host space is punched (the entry no longer names it, so its bytes need not
+// read as zeros: block devices get a discard too) and kept in unmapped_ until
+// recycle_drained(). Units another request changed meanwhile are zeroed as
+// they are now, after the lock.
+Task<Status> ExtentDriver::unmap_units(uint64_t first, uint64_t last) {
+  const uint64_t us = img_.writer->unit_size();
+  const uint64_t prefix = img_.writer->unit_prefix().size();
+  const uint64_t stride = img_.writer->unit_stride();
+  std::vector<uint64_t> changed;
+  {
+    auto lock = co_await alloc_.lock();
+    if (!changed_) {
+      QCOWFS_CO_TRY(co_await img_.writer->begin_change());
+      changed_ = true;
+    }
+    std::vector<HostRun> runs;  // the units' host space, contiguous runs merged
+    for (uint64_t u = first; u < last; ++u) {
+      const uint64_t len = std::min(us, size() - u * us);
+      auto e = co_await extent_at(u * us, len);
+      if (!e) co_return e.status();
+      if (e->kind != ExtentKind::data || e->length != len || e->host_offset < prefix) {
+        if (!reads_zero(*e, u * us)) changed.push_back(u);
+        continue;
+      }
+      QCOWFS_CO_TRY(co_await img_.writer->prepare(u, 1));
+      img_.writer->unmap(u, 1);
+      const uint64_t host = e->host_offset - prefix;
+      HostRun* run = runs.empty() ? nullptr : &runs.back();
+      if (run && run->file == e->file && run->host + run->units * stride == host) {
+        ++run->units;
+      } else {
+        runs.push_back(HostRun{e->file, host, 1, false});
+      }
+    }
+    const uint64_t epoch = in_flight_.epoch();  // after every unmap() store
+    for (const HostRun& run : runs) unmapped_.push_back(Unmapped{run, epoch, false});
+    for (const HostRun& run : runs) {
+      Status st = co_await run.file->discard(run.host, run.units * stride);
+      if (!st) co_return st.with_context(img_.path);
+    }
+  }
+  for (uint64_t u : changed) QCOWFS_CO_TRY(co_await write_zeroes(u * us, std::min(us, size() - u * us), true));
+  co_return Status::ok();
+}
+
+// Unmapped space whose entries are written back and whose grace period is
+// over goes back to the writer for reserve() (alloc_ held).
+void ExtentDriver::recycle_drained() {
+  for (auto it = unmapped_.begin(); it != unmapped_.end();) {
+    if (it->written && in_flight_.drained(it->epoch)) {
+      img_.writer->recycle(it->space);
+      it = unmapped_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 // Unallocated bytes over a backing image: the whole units among them take the
@@ -351,13 +482,20 @@ Task<Status> ExtentDriver::flush_files() {
 }
 
 // Dirty metadata goes to the host after the data it points at is durable.
+// Unmapped units are then written back too: their space may be recycled (the
+// next write_metadata(), which could name it again, flushes first).
 Task<Status> ExtentDriver::writeback() {
   auto lock = co_await alloc_.lock();
-  if (!img_.writer->dirty()) co_return Status::ok();
-  QCOWFS_CO_TRY(co_await flush_files());
-  Status st = co_await img_.writer->write_metadata();
-  if (!st) log::error("{}: writing back {} metadata: {}", img_.path, img_.format, st.message());
-  co_return st;
+  if (img_.writer->dirty()) {
+    QCOWFS_CO_TRY(co_await flush_files());
+    Status st = co_await img_.writer->write_metadata();
+    if (!st) {
+      log::error("{}: writing back {} metadata: {}", img_.path, img_.format, st.message());
+      co_return st;
+    }
+  }
+  for (Unmapped& u : unmapped_) u.written = true;
+  co_return Status::ok();
 }
 
 Task<Status> ExtentDriver::flush() {

@@ -12,11 +12,20 @@
 // the host before write_metadata(), so no entry on disk points at data that is
 // not durable, and flushes again afterwards.
 //
+// Discard: a writer that can_unmap() takes whole allocated units out of the
+// map on a discard (VHDX's PAYLOAD_BLOCK_UNMAPPED); the driver punches their
+// host space and hands it back through recycle() once their new entries are
+// written back and no lock-free I/O that saw the old ones is in flight
+// (image/in_flight.h), so a later reserve() may use it again.
+//
 // Thread-safety: before_first_write(), begin_change(), prepare(), reserve(),
-// unreserve(), publish(), mark_zero(), write_metadata(), grow() and close_clean() are called
-// with the driver's allocation lock held (one at a time, in any event-loop
-// thread); run_limit() and has_zero_state() with it held or not (they must be pure). publish() must make the new
-// entries visible to ExtentMap::try_map() on other threads (atomic stores).
+// unreserve(), publish(), mark_zero(), unmap(), recycle(), before_unit_write(),
+// write_metadata(), grow() and close_clean() are called with the driver's
+// allocation lock held (one at a time, in any event-loop thread); run_limit(),
+// has_zero_state(), can_unmap() and needs_before_unit_write() with it held or
+// not, from any thread (they must be pure or atomic reads). publish(), unmap()
+// and mark_zero() must make their entries visible to ExtentMap::try_map() on
+// other threads (atomic stores).
 #pragma once
 
 #include <algorithm>
@@ -129,6 +138,30 @@ class ExtentWriter {
   // Units [first, first + n), unallocated and prepare()d, now read as zeros:
   // visible to readers at once, written back by write_metadata().
   virtual void mark_zero(uint64_t /*first*/, uint64_t /*n*/) {}
+  // Whether a discard of whole allocated units unmaps them (unmap()); the same
+  // answer for every unit and for the whole open. Default: never (the driver
+  // zeroes their host space and they stay allocated).
+  virtual bool can_unmap() const { return false; }
+  // Units [first, first + n), each allocated (a data extent) and prepare()d,
+  // now read as zeros and name no host space: visible to readers at once,
+  // written back by write_metadata(). The driver punches their space after.
+  virtual void unmap(uint64_t /*first*/, uint64_t /*n*/) {}
+  // Host space of units this open unmapped, which reserve() may hand out
+  // again: their unmap() has been written back by write_metadata() and no
+  // I/O that found the old entries is in flight. Its bytes may not be zeros
+  // (a write racing with the discard may have landed after the punch):
+  // reserve() zeroes reused space or returns it with fresh = false. Default:
+  // the space is not used again.
+  virtual void recycle(const HostRun& /*space*/) {}
+  // Whether an in-place write or zeroing into allocated unit `unit` must first
+  // go through before_unit_write(). Called on every in-place write, without
+  // the lock: an atomic load at most. Default: never.
+  virtual bool needs_before_unit_write(uint64_t /*unit*/) const { return false; }
+  // Before the first in-place write or zeroing of this open into allocated
+  // unit `unit`, durably: what QEMU changes in a unit it writes into (a VHD
+  // block's sector bitmap made all ones). Afterwards
+  // needs_before_unit_write(unit) is false. Default: nothing.
+  virtual Task<Status> before_unit_write(uint64_t /*unit*/) { co_return Status::ok(); }
   // Whether published entries (or other metadata) wait for write_metadata().
   virtual bool dirty() const = 0;
   // Writes back the metadata changed since the last call (the data it points
