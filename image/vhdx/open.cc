@@ -160,7 +160,8 @@ Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> fi
   if (writable) {
     auto first_free = co_await check_bat_writable(f, *geometry, *regions, path);
     if (!first_free) co_return first_free.status();
-    wp = VhdxWriter::Params{*geometry, *header, *first_free, ws.next_sequence, ws.replayed};
+    const bool fixed = (params->flags & kLeaveBlocksAllocated) != 0;
+    wp = VhdxWriter::Params{*geometry, *header, *first_free, ws.next_sequence, ws.replayed, fixed};
   }
   auto map = std::make_unique<BatMap>(f, *geometry, regions->bat.offset, path, opts.l2_cache_size);
   QCOWFS_CO_TRY(co_await map->init());

@@ -1,7 +1,10 @@
 // VHDX read-write (image/vhdx/writer.h, log_writer.h, log.h): our log entries
 // replayed by QEMU, QEMU's log replayed by us, the header updates before the
 // first write, a crash at every step of a BAT update, refusals of images a
-// writer could corrupt, and hostile logs (nothing written, a clear error).
+// writer could corrupt, hostile logs (nothing written, a clear error), and
+// discard: whole blocks of a dynamic image unmapped (PAYLOAD_BLOCK_UNMAPPED),
+// their space punched and reused once written back and no I/O that saw them
+// is in flight; fixed images zeroed in place.
 // Images are made by qemu-img/qemu-io, edited with tests/corpus/vhdx_edit.py,
 // and opened from memory (MemFile).
 #include <gtest/gtest.h>
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "forwarding_file.h"
 #include "image/endian.h"
 #include "image/vhdx/format.h"
 #include "image/vhdx/header.h"
@@ -25,6 +29,7 @@
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"
+#include "io/sync.h"
 
 namespace qcowfs::image {
 namespace {
@@ -36,6 +41,37 @@ using vhdx::kMiB;
 constexpr uint64_t kDisk = 16 * kMiB;
 
 Bytes pattern(size_t n, uint8_t v) { return Bytes(n, std::byte{v}); }
+
+bool all_are(std::span<const std::byte> s, uint8_t v) {
+  return std::all_of(s.begin(), s.end(), [v](std::byte b) { return b == std::byte{v}; });
+}
+
+// Reads of host bytes [lo, hi) wait, once armed, until the gate opens: a
+// lock-free read kept in flight between its map lookup and its host read.
+class GatedReads final : public qcowfs::testing::ForwardingFile {
+ public:
+  explicit GatedReads(io::HostFile& f) : ForwardingFile(f) {}
+  void arm(uint64_t lo, uint64_t hi) {
+    lo_ = lo;
+    hi_ = hi;
+    gate_ = std::make_unique<io::AsyncEvent>();
+  }
+  void open_gate() { gate_->set(); }
+  int waiting() const { return waiting_; }
+  Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override {
+    if (gate_ && off < hi_ && lo_ < off + buf.size()) {
+      ++waiting_;
+      co_await gate_->wait();
+      --waiting_;
+    }
+    co_return co_await inner().read(off, buf);
+  }
+
+ private:
+  uint64_t lo_ = 0, hi_ = 0;
+  std::unique_ptr<io::AsyncEvent> gate_;
+  int waiting_ = 0;  // touched only on the test's engine thread
+};
 
 // tests/corpus; __FILE__ may be relative to the build directory of this test
 // binary (ccache's base directory rewriting).
@@ -83,6 +119,29 @@ class VhdxWrite : public ::testing::Test {
     sh("qemu-img create -q -f vhdx -o block_size=1M i.vhdx 16M && "
        "qemu-io -c 'write -P 0x11 0 1M' -c 'write -P 0x33 9M 1M' i.vhdx >/dev/null");
   }
+  // i.vhdx: 16 MiB, 1 MiB blocks; 0x11 in blocks 0-3 (contiguous in the
+  // file), 0x33 in block 9.
+  void make_blocks() {
+    sh("qemu-img create -q -f vhdx -o block_size=1M i.vhdx 16M && "
+       "qemu-io -c 'write -P 0x11 0 4M' -c 'write -P 0x33 9M 1M' i.vhdx >/dev/null");
+  }
+  // The BAT entries (as on disk) of payload blocks `blocks` of image `img`.
+  std::vector<uint64_t> bat_of(const Bytes& img, const std::vector<uint64_t>& blocks) {
+    spit("bat.vhdx", img);
+    std::string list, out;
+    for (uint64_t b : blocks) list += std::to_string(b) + ",";
+    EXPECT_EQ(
+        sh_rc("python3 -c \"$ED; print(*[e.get_bat('bat.vhdx', e.bat_index('bat.vhdx', b)) for b in [" + list + "]])\"",
+              &out),
+        0)
+        << out;
+    std::istringstream in(out);
+    std::vector<uint64_t> entries(blocks.size());
+    for (uint64_t& e : entries) in >> e;
+    return entries;
+  }
+  // The whole disk as the driver reads it.
+  Bytes view(BlockDriver& d) { return read(d, 0, kDisk); }
   Bytes slurp(const std::string& name) {
     std::ifstream in(dir_ / name, std::ios::binary);
     std::string s((std::istreambuf_iterator<char>(in)), {});
@@ -475,6 +534,217 @@ TEST_F(VhdxWrite, TruncateIsRefusedAsQemuCannotResizeVhdx) {
   std::string out;
   EXPECT_NE(sh_rc("qemu-img resize -f vhdx i.vhdx 32M", &out), 0);
   EXPECT_EQ((*d)->size(), kDisk);
+}
+
+constexpr uint64_t kOffsetMask = ~uint64_t{0xFFFFF};
+
+// A discard of whole blocks of a dynamic image: UNMAPPED entries (FileOffsetMB
+// 0: the space is nobody's), the space punched; the cut blocks at either end
+// and zeroing without unmap keep their FULLY_PRESENT entries.
+TEST_F(VhdxWrite, DiscardedWholeBlocksBecomeUnmappedAndTheirSpaceIsPunched) {
+  make_blocks();
+  const Bytes base = slurp("i.vhdx");
+  const std::vector<uint64_t> before = bat_of(base, {0, 1, 2, 3, 9});
+  io::MemFile* f = nullptr;
+  auto d = open(base, true, &f);
+  ASSERT_TRUE(d) << d.status().to_string();
+  const uint64_t allocated = f->allocated_bytes();
+  ASSERT_TRUE(run((*d)->discard(kMiB - 4096, 2 * kMiB + 8192)));  // blocks 1 and 2 whole, 0 and 3 in part
+  ASSERT_TRUE(run((*d)->write_zeroes(9 * kMiB, kMiB, false)));    // block 9 whole, no unmap
+  EXPECT_TRUE(all_are(read(**d, kMiB - 4096, 2 * kMiB + 8192), 0));
+  EXPECT_TRUE(all_are(read(**d, 9 * kMiB, kMiB), 0));
+  EXPECT_TRUE(all_are(read(**d, 0, kMiB - 4096), 0x11));
+  EXPECT_GE(allocated - f->allocated_bytes(), 2 * kMiB) << "the unmapped blocks' space was not punched";
+  const Bytes ours = view(**d);
+  ASSERT_TRUE(run((*d)->close()));
+  const std::vector<uint64_t> after = bat_of(f->content(), {0, 1, 2, 3, 9});
+  EXPECT_EQ(after[0], before[0]);
+  EXPECT_EQ(after[1], uint64_t{vhdx::kUnmapped});
+  EXPECT_EQ(after[2], uint64_t{vhdx::kUnmapped});
+  EXPECT_EQ(after[3], before[3]);
+  EXPECT_EQ(after[4], before[4]);  // zeroed in place
+  EXPECT_EQ(after[4] & 7, uint64_t{vhdx::kFullyPresent});
+  spit("c.vhdx", f->content());
+  EXPECT_TRUE(qemu_raw("c.vhdx") == ours);
+}
+
+// A later allocation takes the space of a block unmapped and written back,
+// zeroed again first: bytes a write racing with the discard left there do not
+// show around the new data. Before the unmapped entry is written back, its
+// space is not used (a crash must not leave two entries naming one block).
+TEST_F(VhdxWrite, UnmappedSpaceIsReusedOnceWrittenBackAndReadsZerosAroundNewData) {
+  make_blocks();
+  const Bytes base = slurp("i.vhdx");
+  const uint64_t x1 = bat_of(base, {1})[0] & kOffsetMask;
+  const uint64_t x9 = bat_of(base, {9})[0] & kOffsetMask;
+  io::MemFile* f = nullptr;
+  auto d = open(base, true, &f);
+  ASSERT_TRUE(d) << d.status().to_string();
+  ASSERT_TRUE(run((*d)->discard(9 * kMiB, kMiB)));
+  ASSERT_TRUE(run((*d)->discard(kMiB, kMiB)));
+  ASSERT_TRUE(run((*d)->write(6 * kMiB, pattern(4096, 0x66))));  // not written back yet: the end of the file
+  const uint64_t end = f->content().size();
+  ASSERT_TRUE(run((*d)->flush()));
+  ASSERT_TRUE(run(f->write(x9 + 12345, pattern(1000, 0x77))));  // stale bytes in the punched block
+  ASSERT_TRUE(run((*d)->write(5 * kMiB + 4096, pattern(4096, 0x55))));
+  ASSERT_TRUE(run((*d)->write(7 * kMiB, pattern(512, 0x57))));
+  EXPECT_EQ(f->content().size(), end) << "the unmapped space was not reused";
+  const Bytes block5 = read(**d, 5 * kMiB, kMiB);
+  EXPECT_TRUE(all_are(std::span(block5).first(4096), 0));
+  EXPECT_TRUE(all_are(std::span(block5).subspan(4096, 4096), 0x55));
+  EXPECT_TRUE(all_are(std::span(block5).subspan(8192), 0)) << "stale bytes show in a reused block";
+  const Bytes ours = view(**d);
+  ASSERT_TRUE(run((*d)->close()));
+  const std::vector<uint64_t> e = bat_of(f->content(), {1, 5, 6, 7, 9});
+  EXPECT_EQ(e[0], uint64_t{vhdx::kUnmapped});
+  EXPECT_EQ(e[4], uint64_t{vhdx::kUnmapped});
+  EXPECT_GE(e[2] & kOffsetMask, end - kMiB) << "a block was put where an unmapped entry not yet written named";
+  EXPECT_EQ(std::vector<uint64_t>({e[1] & kOffsetMask, e[3] & kOffsetMask}), std::vector<uint64_t>({x1, x9}));
+  for (uint64_t entry : {e[1], e[2], e[3]}) EXPECT_EQ(entry & 7, uint64_t{vhdx::kFullyPresent});
+  spit("c.vhdx", f->content());
+  EXPECT_TRUE(qemu_raw("c.vhdx") == ours);
+  // A remount does not reuse space (UNMAPPED entries name none): a write into
+  // an unmapped block gets a new block at the end, as QEMU gives it one.
+  auto again = open(f->content(), true, &f);
+  ASSERT_TRUE(again);
+  ASSERT_TRUE(run((*again)->write(9 * kMiB + 100, pattern(100, 0x99))));
+  ASSERT_TRUE(run((*again)->close()));
+  EXPECT_EQ(bat_of(f->content(), {9})[0], end | vhdx::kFullyPresent);
+  spit("c2.vhdx", f->content());
+  const Bytes raw = qemu_raw("c2.vhdx");
+  EXPECT_TRUE(all_are(std::span(raw).subspan(9 * kMiB, 100), 0));
+  EXPECT_TRUE(all_are(std::span(raw).subspan(9 * kMiB + 100, 100), 0x99));
+}
+
+// A read that looked block 9 up before the discard is still in flight (its
+// host read held at a gate): the space is not reused until it completed.
+TEST_F(VhdxWrite, SpaceIsNotReusedWhileAnIoThatFoundItIsInFlight) {
+  make_blocks();
+  const Bytes base = slurp("i.vhdx");
+  const uint64_t x9 = bat_of(base, {9})[0] & kOffsetMask;
+  io::MemFile mem(io::MemFileOptions{}, base);
+  auto gated = std::make_unique<GatedReads>(mem);
+  GatedReads* gate = gated.get();
+  ImageOptions opts;
+  opts.file.writable = true;
+  auto d = run(open_vhdx(std::move(gated), (dir_ / "i.vhdx").string(), opts));
+  ASSERT_TRUE(d) << d.status().to_string();
+  EXPECT_TRUE(all_are(read(**d, 9 * kMiB, 512), 0x33));  // the BAT slice is cached
+  gate->arm(x9, x9 + kMiB);
+  Bytes buf(4096);
+  bool done = false;
+  Status result;
+  {
+    io::ScopedEngine scope(engine_.get());
+    spawn_then((*d)->read(9 * kMiB, buf), [&](Status st) {
+      result = std::move(st);
+      done = true;
+    });
+  }
+  ASSERT_EQ(gate->waiting(), 1);
+  ASSERT_TRUE(run((*d)->discard(9 * kMiB, kMiB)));
+  ASSERT_TRUE(run((*d)->flush()));
+  const uint64_t end = mem.size();
+  ASSERT_TRUE(run((*d)->write(5 * kMiB, pattern(4096, 0x55))));
+  EXPECT_EQ(mem.size(), end + kMiB) << "the space of block 9 was reused under a read that found it";
+  gate->open_gate();
+  {
+    io::ScopedEngine scope(engine_.get());
+    while (!done) engine_->run_once(100);
+  }
+  ASSERT_TRUE(result) << result.to_string();
+  EXPECT_TRUE(all_are(buf, 0x33) || all_are(buf, 0));
+  ASSERT_TRUE(run((*d)->write(6 * kMiB, pattern(4096, 0x66))));
+  EXPECT_EQ(mem.size(), end + kMiB) << "the space of block 9 was not reused after the read";
+  const Bytes ours = view(**d);
+  ASSERT_TRUE(run((*d)->close()));
+  const std::vector<uint64_t> e = bat_of(mem.content(), {5, 6, 9});
+  EXPECT_EQ(e[0] & kOffsetMask, end);
+  EXPECT_EQ(e[1], x9 | vhdx::kFullyPresent);
+  EXPECT_EQ(e[2], uint64_t{vhdx::kUnmapped});
+  spit("c.vhdx", mem.content());
+  EXPECT_TRUE(qemu_raw("c.vhdx") == ours);
+}
+
+// A fixed image (LeaveBlocksAllocated) keeps every block FULLY_PRESENT where
+// it was: discarded blocks are zeroed (punched) in place.
+TEST_F(VhdxWrite, FixedImagesZeroDiscardedBlocksInPlace) {
+  sh("qemu-img create -q -f vhdx -o subformat=fixed,block_size=1M,block_state_zero=off i.vhdx 16M && "
+     "qemu-io -c 'write -P 0x44 0 16M' i.vhdx >/dev/null");
+  const Bytes base = slurp("i.vhdx");
+  const std::vector<uint64_t> before = bat_of(base, {1, 2, 3, 4});
+  io::MemFile* f = nullptr;
+  auto d = open(base, true, &f);
+  ASSERT_TRUE(d) << d.status().to_string();
+  const uint64_t allocated = f->allocated_bytes();
+  ASSERT_TRUE(run((*d)->discard(2 * kMiB, 2 * kMiB)));
+  EXPECT_TRUE(all_are(read(**d, 2 * kMiB, 2 * kMiB), 0));
+  EXPECT_GE(allocated - f->allocated_bytes(), 2 * kMiB);
+  ASSERT_TRUE(run((*d)->write(3 * kMiB, pattern(4096, 0x45))));  // in place again
+  const Bytes ours = view(**d);
+  ASSERT_TRUE(run((*d)->close()));
+  EXPECT_EQ(f->content().size(), base.size());
+  EXPECT_TRUE(bat_of(f->content(), {1, 2, 3, 4}) == before);
+  spit("c.vhdx", f->content());
+  EXPECT_TRUE(qemu_raw("c.vhdx") == ours);
+}
+
+// Discards, a write-back, writes into the freed space, another discard, and
+// a fault at every host operation from the first discard on (the later
+// operations still run, some fail): every image the host could hold opens
+// writable (no two entries name one block), QEMU and we read it the same, and
+// each block holds its old bytes, its new ones or zeros, nothing else.
+TEST_F(VhdxWrite, DiscardAndReuseLeaveEveryCrashImageValid) {
+  make_blocks();
+  const Bytes base = slurp("i.vhdx");
+  std::mt19937_64 rng(5);
+  int faults = 0;
+  for (uint64_t k = 1; k < 200 && !HasFailure(); k += 3) {
+    io::MemFile* f = nullptr;
+    auto d = open(base, true, &f, true);
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(run((*d)->write(5 * kMiB, pattern(8192, 0x21))));  // flushed: must survive
+    ASSERT_TRUE(run((*d)->flush()));
+    const uint64_t ops = f->counters().total();
+    f->fail_nth(io::OpKind::any, k, EIO);
+    (void)run((*d)->discard(9 * kMiB, kMiB));
+    (void)run((*d)->discard(kMiB, kMiB));
+    (void)run((*d)->flush());
+    (void)run((*d)->write(6 * kMiB + 512, pattern(4096, 0x22)));
+    (void)run((*d)->write(7 * kMiB, pattern(4096, 0x23)));
+    (void)run((*d)->discard(0, kMiB));
+    (void)run((*d)->write(2 * kMiB + 4096, pattern(4096, 0x24)));
+    (void)run((*d)->flush());
+    if (f->counters().total() - ops < k) break;  // the fault never fired: every step had its turn
+    ++faults;
+    for (const Bytes& image : {f->content(), f->crash_image(rng())}) {
+      const std::string at = "fault at operation " + std::to_string(k);
+      const Bytes ours = our_replay(image);
+      auto ro = open(ours, false);
+      ASSERT_TRUE(ro) << at << ": " << ro.status().to_string();
+      EXPECT_TRUE(all_are(read(**ro, 5 * kMiB, 8192), 0x21)) << at;
+      const Bytes disk = view(**ro);
+      auto holds = [&](uint64_t off, uint64_t len, std::initializer_list<uint8_t> allowed) {
+        const auto part = std::span(disk).subspan(off, len);
+        for (uint8_t v : allowed)
+          if (all_are(part, v)) return true;
+        return false;
+      };
+      EXPECT_TRUE(holds(9 * kMiB, kMiB, {0x33, 0})) << at;
+      EXPECT_TRUE(holds(kMiB, kMiB, {0x11, 0})) << at;
+      EXPECT_TRUE(holds(0, kMiB, {0x11, 0})) << at;
+      EXPECT_TRUE(holds(6 * kMiB + 512, 4096, {0x22, 0})) << at;
+      EXPECT_TRUE(holds(7 * kMiB, 4096, {0x23, 0})) << at;
+      EXPECT_TRUE(holds(6 * kMiB + 512 + 4096, kMiB - 512 - 4096, {0})) << at;
+      EXPECT_TRUE(holds(2 * kMiB + 4096, 4096, {0x24, 0x11})) << at;
+      spit("ours.vhdx", ours);
+      spit("theirs.vhdx", image);
+      sh("qemu-img check -q -r all theirs.vhdx");
+      EXPECT_TRUE(qemu_raw("ours.vhdx") == qemu_raw("theirs.vhdx")) << at;
+      EXPECT_TRUE(qemu_raw("ours.vhdx") == disk) << at;
+    }
+  }
+  EXPECT_GE(faults, 10);
 }
 
 }  // namespace
