@@ -101,7 +101,8 @@ VpcWriter::VpcWriter(io::HostFile& file, std::string path, const Layout& l, Dyna
       bitmap_(static_cast<size_t>(bitmap_size(l.dyn.block_size)), file.mem_align(), false),
       free_offset_(l.free_offset),
       footer_at_(l.free_offset),
-      zero_from_(file.size()) {
+      zero_from_(file.size()),
+      bitmap_full_(std::make_unique<std::atomic<uint64_t>[]>((map.entries() + 63) / 64)) {
   std::memset(bitmap_.data(), 0xff, bitmap_.size());
 }
 
@@ -136,6 +137,7 @@ void VpcWriter::publish(uint64_t first, const HostRun& run) {
     const auto sector = static_cast<uint32_t>((run.host + i * stride) / kSector);
     map_.publish(first + i, sector);
     store_be32(bat_.data() + at + (first + i) * 4, sector);
+    set_bitmap_full(first + i);  // written all ones with the block
   }
   dirty_.add(first, run.units);
 }
@@ -156,6 +158,51 @@ Task<Status> VpcWriter::write_metadata() {
     QCOWFS_CO_TRY(co_await file_.write(bat_base(l_.dyn) + from, bytes));
     dirty_.clear();
   }
+  co_return Status::ok();
+}
+
+}  // namespace qcowfs::image::vpc
+
+namespace qcowfs::image::vpc {
+
+bool VpcWriter::needs_before_unit_write(uint64_t block) const {
+  return (bitmap_full_[block / 64].load(std::memory_order_acquire) >> (block % 64) & 1) == 0;
+}
+
+void VpcWriter::set_bitmap_full(uint64_t block) {
+  bitmap_full_[block / 64].fetch_or(uint64_t{1} << (block % 64), std::memory_order_release);
+}
+
+// The bits of the block's sectors (most significant bit first); the padding
+// up to bitmap_size() is not looked at.
+bool VpcWriter::all_ones(std::span<const std::byte> bitmap) const {
+  const uint64_t sectors = l_.dyn.block_size / kSector;
+  const auto full = static_cast<size_t>(sectors / 8);
+  if (!std::all_of(bitmap.begin(), bitmap.begin() + static_cast<std::ptrdiff_t>(full),
+                   [](std::byte b) { return b == std::byte{0xff}; }))
+    return false;
+  const unsigned rest = sectors % 8;
+  const auto mask = static_cast<uint8_t>(0xff00u >> rest);
+  return rest == 0 || (static_cast<uint8_t>(bitmap[full]) & mask) == mask;
+}
+
+// As QEMU's get_image_offset(..., write=true), which writes an all-ones
+// bitmap with bdrv_pwrite_sync before writing into a block; here the bitmap
+// is read first and rewritten only when a bit is clear.
+Task<Status> VpcWriter::before_unit_write(uint64_t block) {
+  if (!needs_before_unit_write(block)) co_return Status::ok();
+  const uint32_t sector = map_.entry(block);
+  if (sector == kBatUnallocated) co_return Status::ok();  // a new block gets its bitmap with its data
+  const uint64_t at = uint64_t{sector} * kSector;
+  io::AlignedBuffer old(bitmap_.size(), file_.mem_align(), true);
+  auto got = co_await file_.read(at, old.span());
+  if (!got) co_return got.status().with_context(fmt::format("reading the sector bitmap of VHD block {}", block));
+  if (*got < old.size() || !all_ones(old.span())) {
+    Status st = co_await file_.write(at, bitmap_.span());
+    if (st) st = co_await file_.flush();
+    if (!st) co_return st.with_context(fmt::format("rewriting the sector bitmap of VHD block {} all ones", block));
+  }
+  set_bitmap_full(block);
   co_return Status::ok();
 }
 

@@ -13,11 +13,23 @@
 // (so the file covers every block before a BAT entry names it: QEMU refuses a
 // BAT block past the end of the file), then the changed BAT sectors; the
 // driver flushes again. VHD has no dirty flag.
+// Existing blocks: before the first in-place write or zeroing of an open into
+// a block whose sector bitmap is not known to be all ones, the bitmap is read
+// and, if any bit is clear, rewritten all ones and flushed
+// (before_unit_write), as QEMU's get_image_offset(..., write=true) rewrites it
+// before writing into a block; otherwise readers that honour the bitmap
+// (Hyper-V, Virtual PC, VirtualBox) would not see the write. One bit per block
+// says the bitmap is known all ones (blocks this open allocated or checked),
+// so later writes pay one atomic load.
 // Thread-safety: as ExtentWriter (calls under the driver's allocation lock);
-// publish() stores entries atomically into the DynamicMap that readers use.
+// publish() stores entries atomically into the DynamicMap that readers use;
+// needs_before_unit_write() is an atomic load, from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 
 #include "image/extent_writer.h"
@@ -66,8 +78,13 @@ class VpcWriter final : public ExtentWriter {
   void publish(uint64_t first, const HostRun& run) override;
   bool dirty() const override { return footer_at_ != free_offset_ || !dirty_.empty(); }
   Task<Status> write_metadata() override;
+  bool needs_before_unit_write(uint64_t block) const override;
+  Task<Status> before_unit_write(uint64_t block) override;
 
  private:
+  void set_bitmap_full(uint64_t block);
+  bool all_ones(std::span<const std::byte> bitmap) const;
+
   io::HostFile& file_;
   std::string path_;
   Layout l_;
@@ -79,6 +96,9 @@ class VpcWriter final : public ExtentWriter {
   uint64_t footer_at_;        // where write_metadata() last put the footer (or free_offset at open)
   uint64_t zero_from_;        // host bytes from here on read as zeros (never written)
   DirtyRange dirty_;          // BAT entries changed
+  // One bit per BAT entry: the block's sector bitmap is known to be all ones
+  // (set with release once it is durable; read with acquire).
+  std::unique_ptr<std::atomic<uint64_t>[]> bitmap_full_;
 };
 
 }  // namespace qcowfs::image::vpc

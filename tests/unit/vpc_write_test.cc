@@ -2,9 +2,11 @@
 // memory with 4 KiB blocks): a new block goes where the end footer was, as an
 // all-ones sector bitmap then the data; the footer moves to the new end and
 // the copy at offset 0 never changes; a request over several new blocks is one
-// host write; refusals of a writable open (the image bytes unchanged, the
-// read-only open still working); block devices; and the states a crash can
-// leave (a clobbered end footer, an orphaned block) reopened and written.
+// host write; the first write into an existing block makes its sector bitmap
+// all ones, durably, before the data (as QEMU); refusals of a writable open
+// (the image bytes unchanged, the read-only open still working); block
+// devices; and the states a crash can leave (a clobbered end footer, an
+// orphaned block) reopened and written.
 // The shared write tests (image_extent_write_test.cc) cover crash images.
 #include <gtest/gtest.h>
 
@@ -96,9 +98,10 @@ struct Opened {
   Result<std::unique_ptr<BlockDriver>> driver = Status::error(EIO, "not opened");
 };
 
-Opened open(Bytes img, bool writable, bool block_device = false) {
+Opened open(Bytes img, bool writable, bool block_device = false, bool track_unflushed = false) {
   io::MemFileOptions mo;
   mo.block_device = block_device;
+  mo.track_unflushed = track_unflushed;
   Opened o;
   o.file = std::make_unique<io::MemFile>(mo, std::move(img));
   ImageOptions opts;
@@ -389,6 +392,107 @@ TEST(VpcWrite, QemuReadsAnImageWhoseEndFooterIsClobbered) {
   ASSERT_TRUE(run_now((*again.driver)->close()));
   std::copy(data.begin(), data.end(), want.begin());
   EXPECT_TRUE(q.qemu_reads(again.file->content()) == want);
+}
+
+// Where built_image() puts block i's sector bitmap, given its sector.
+uint64_t bitmap_at(uint32_t sector) { return uint64_t{sector} * 512; }
+
+// Blocks whose sector bitmaps have bits clear (as another tool may leave
+// them): reads change nothing; the first write into a block makes its bitmap
+// all ones, flushed before the data is written (QEMU's bdrv_pwrite_sync in
+// get_image_offset(..., write=true)); later writes into it, and writes into a
+// block whose sectors' bits are all set (its padding bits aside), write only
+// their data. Zeroing writes into a block too.
+TEST(VpcWrite, TheFirstWriteIntoABlockMakesItsSectorBitmapAllOnesDurably) {
+  Bytes img = built_image({4, 13, 22});
+  img[bitmap_at(4)] = std::byte{0x0f};   // block 0: sectors 0-3 not present
+  img[bitmap_at(13)] = std::byte{0x00};  // block 1: no sector present
+  std::fill_n(img.begin() + static_cast<std::ptrdiff_t>(bitmap_at(22) + 1), 511, std::byte{0});  // block 2: padding
+  auto o = open(img, true, false, true);
+  ASSERT_TRUE(o.driver) << o.driver.status().to_string();
+  BlockDriver& d = **o.driver;
+  Bytes back(3 * kBlock);
+  ASSERT_TRUE(run_now(d.read(0, back)));
+  EXPECT_TRUE(o.file->content() == img);
+  EXPECT_EQ(o.file->counters().writes, 0u);
+
+  const Bytes data = pattern(512, 7);
+  ASSERT_TRUE(run_now(d.write(1024, data)));
+  EXPECT_EQ(o.file->counters().writes, 2u);  // the bitmap, then the data
+  EXPECT_EQ(o.file->counters().flushes, 1u);
+  const Bytes durable = o.file->durable_content();
+  EXPECT_TRUE(all_are(std::span(durable).subspan(bitmap_at(4), 512), std::byte{0xff}))
+      << "the bitmap is not durable before the data";
+  EXPECT_TRUE(all_are(std::span(durable).subspan(bitmap_at(4) + 512 + 1024, 512), std::byte{0x10}));
+
+  ASSERT_TRUE(run_now(d.write(2048, data)));              // block 0 again
+  ASSERT_TRUE(run_now(d.write(2 * kBlock + 100, data)));  // block 2: its sectors' bits are set
+  EXPECT_EQ(o.file->counters().writes, 4u);
+  EXPECT_EQ(o.file->counters().flushes, 1u);
+
+  ASSERT_TRUE(run_now(d.write_zeroes(kBlock + 512, 1024, false)));  // block 1
+  EXPECT_EQ(o.file->counters().flushes, 2u);
+  const Bytes durable2 = o.file->durable_content();
+  EXPECT_TRUE(all_are(std::span(durable2).subspan(bitmap_at(13), 512), std::byte{0xff}));
+  ASSERT_TRUE(run_now(d.close()));
+  const Bytes out = o.file->content();
+  EXPECT_TRUE(std::equal(img.begin() + static_cast<std::ptrdiff_t>(bitmap_at(22)),
+                         img.begin() + static_cast<std::ptrdiff_t>(bitmap_at(22) + 512),
+                         out.begin() + static_cast<std::ptrdiff_t>(bitmap_at(22))))
+      << "an all-ones bitmap was rewritten";
+  auto again = open(out, false);
+  ASSERT_TRUE(again.driver);
+  ASSERT_TRUE(run_now((*again.driver)->read(0, back)));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin() + 1024));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin() + 2048));
+  EXPECT_TRUE(all_are(std::span(back).subspan(kBlock + 512, 1024), std::byte{0}));
+  EXPECT_TRUE(all_are(std::span(back).subspan(kBlock, 512), std::byte{0x11}));
+}
+
+// A request over an existing block with clear bits and a new block: the
+// existing block's bitmap is rewritten under the allocation lock, before the
+// request's host writes.
+TEST(VpcWrite, ARequestThatAllocatesTooRewritesTheBitmapOfItsExistingBlock) {
+  Bytes img = built_image({4});
+  img[bitmap_at(4)] = std::byte{0x01};
+  auto o = open(img, true);
+  ASSERT_TRUE(o.driver) << o.driver.status().to_string();
+  const Bytes data = pattern(1024, 3);
+  ASSERT_TRUE(run_now((*o.driver)->write(kBlock - 512, data)));
+  ASSERT_TRUE(run_now((*o.driver)->close()));
+  const Bytes out = o.file->content();
+  EXPECT_TRUE(all_are(std::span(out).subspan(bitmap_at(4), 512), std::byte{0xff}));
+  const uint32_t new_block = load_be32(out.data() + kBatAt + 4);
+  EXPECT_TRUE(all_are(std::span(out).subspan(bitmap_at(new_block), 512), std::byte{0xff}));
+  auto again = open(out, false);
+  ASSERT_TRUE(again.driver);
+  Bytes back(data.size());
+  ASSERT_TRUE(run_now((*again.driver)->read(kBlock - 512, back)));
+  EXPECT_TRUE(back == data);
+}
+
+// The same with qemu-img's image (2 MiB blocks, a 512-byte bitmap): QEMU
+// reads what we wrote, and our write leaves the bitmap as QEMU's would.
+TEST(VpcWrite, QemuImageBlockWithClearBitsGetsAnAllOnesBitmap) {
+  QemuImage q(8 * kMiB);
+  Bytes img = q.bytes();
+  const uint64_t end = img.size() - 512;  // a new block goes where the footer is: build one by hand
+  img.resize(end + 512 + kQemuBlock + 512);
+  std::copy_n(img.begin(), 512, img.end() - 512);                                  // the footer at the new end
+  std::fill_n(img.begin() + static_cast<std::ptrdiff_t>(end), 512, std::byte{0});  // bitmap: nothing present
+  std::fill_n(img.begin() + static_cast<std::ptrdiff_t>(end + 512), kQemuBlock, std::byte{0x42});
+  store_be32(img.data() + kQemuBatAt + 4, static_cast<uint32_t>(end / 512));  // block 1
+  auto o = open(img, true);
+  ASSERT_TRUE(o.driver) << o.driver.status().to_string();
+  const Bytes data = pattern(4096, 8);
+  ASSERT_TRUE(run_now((*o.driver)->write(kQemuBlock + 8192, data)));
+  ASSERT_TRUE(run_now((*o.driver)->close()));
+  const Bytes after = o.file->content();
+  EXPECT_TRUE(all_are(std::span(after).subspan(end, 512), std::byte{0xff}));
+  Bytes want(8 * kMiB);
+  std::fill_n(want.begin() + static_cast<std::ptrdiff_t>(kQemuBlock), kQemuBlock, std::byte{0x42});
+  std::copy(data.begin(), data.end(), want.begin() + static_cast<std::ptrdiff_t>(kQemuBlock + 8192));
+  EXPECT_TRUE(q.qemu_reads(after) == want);
 }
 
 }  // namespace
