@@ -5,7 +5,8 @@ punched and zeroed ranges, unaligned writes and the partly used last block,
 growth (refused where QEMU cannot resize the format); after a clean unmount
 `qemu-img check` is clean, `qemu-img convert -O raw` equals the view as read
 back, and a remount shows the same bytes. Plus kill -9 under a write load with
-fsync (format_helpers.kill9_under_write_load)."""
+fsync (format_helpers.kill9_under_write_load), and VHDX block states after a
+punch (whole blocks of a dynamic image unmapped, their space freed and reused)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,18 @@ import errno
 import os
 import random
 import shutil
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 import format_helpers as fh
 import helpers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
+
+import vhdx_edit  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -362,3 +369,119 @@ def test_zeroing_over_a_backing_file_records_zero_units(workdir: Path, fmt: str,
     assert covered >= length - 2 * MiB, f"QEMU sees {covered} zero bytes in the overlay: {zero}"
     for pattern, off, n in [(0x61, 0, start), (0, start, length), (0x61, start + length, size - start - length)]:
         helpers.qemu_io(overlay, f"read -P {pattern} {off} {n}", fmt=fmt, extra=["-r"])
+
+
+def vhdx_bat(image: Path, blocks: list[int]) -> list[tuple[int, int]]:
+    """(state, file offset) of the BAT entries of payload blocks `blocks`, as on disk."""
+    entries = [vhdx_edit.get_bat(image, vhdx_edit.bat_index(image, b)) for b in blocks]
+    return [(e & 7, e & ~(MiB - 1)) for e in entries]
+
+
+@pytest.mark.parametrize("variant", ["vhdx-dynamic", "vhdx-fixed"])
+def test_vhdx_punch_unmaps_whole_blocks_of_a_dynamic_image(workdir: Path, variant: str) -> None:
+    """A punch over whole blocks of a dynamic VHDX makes them PAYLOAD_BLOCK_UNMAPPED
+    (state 3, offset 0) and frees their host space (st_blocks goes down); the cut
+    blocks at either end stay FULLY_PRESENT where they were, as does every block of
+    a fixed VHDX (zeroed in place). A later write of the same mount into an
+    unallocated block reuses the freed space (the file does not grow). qemu-img check
+    is clean and QEMU reads what the mount showed."""
+    fmt, opts, _ = VARIANTS[variant]
+    dynamic = variant == "vhdx-dynamic"
+    size = 40 * MiB
+    image = fh.make_image(workdir, fmt, "p.vhdx", size, ",".join(filter(None, [opts, "block_size=1M"])),
+                          ["write -P 0x5a 0 32M"])
+    blocks = [3, 4, 5, 6, 7, 8]  # the punch cuts 3 and 8, covers 4-7
+    before = vhdx_bat(image, blocks)
+    assert all(state == 6 for state, _ in before), before
+    allocated = image.stat().st_blocks * 512
+    copy = workdir / "copy.raw"
+    with helpers.mounted(image, workdir / "view.raw", ["rw", "cache=none", f"format={fmt}"]) as m:
+        fd = os.open(m.path, os.O_RDWR)
+        try:
+            fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 3 * MiB + 512, 5 * MiB)
+            assert os.pread(fd, 5 * MiB, 3 * MiB + 512) == bytes(5 * MiB), "punched range not zero"
+            os.fsync(fd)
+            freed = allocated - image.stat().st_blocks * 512
+            assert freed >= 4 * MiB, f"the punch freed {freed} bytes of the image file"
+            file_size = image.stat().st_size
+            assert os.pwrite(fd, b"\x77" * 65536, 36 * MiB + 4096) == 65536
+            os.fsync(fd)
+            assert image.stat().st_size == file_size, "the write did not reuse the freed space"
+        finally:
+            os.close(fd)
+        shutil.copyfile(m.path, copy)
+    after = vhdx_bat(image, blocks)
+    if dynamic:
+        assert after[1:5] == [(3, 0)] * 4, after
+        assert after[0] == before[0] and after[5] == before[5], (before, after)
+        state, offset = vhdx_bat(image, [36])[0]
+        assert state == 6 and offset in {o for _, o in before[1:5]}, (state, offset, before)
+    else:
+        assert after == before, (before, after)
+    helpers.qemu_img_check(image, fmt)
+    reference = helpers.convert_to_raw(image, workdir / "qemu.raw", fmt=fmt)
+    assert helpers.files_equal(reference, copy), (
+        f"{variant}: qemu-img convert differs from the view at byte "
+        f"{helpers.first_difference(reference.read_bytes(), copy.read_bytes())}")
+    data = copy.read_bytes()
+    assert data[3 * MiB + 512:8 * MiB + 512] == bytes(5 * MiB)
+    assert data[36 * MiB:36 * MiB + 4096] == bytes(4096) and data[36 * MiB + 4096:36 * MiB + 69632] == b"\x77" * 65536
+    assert data[:3 * MiB + 512] == b"\x5a" * (3 * MiB + 512)
+
+
+def test_vhdx_punches_and_writes_beside_a_verified_write_load(workdir: Path) -> None:
+    """Threads punch, write, read and fsync their own quarters of the second half of a dynamic
+    VHDX (whole blocks unmapped, their space reused under load) while fio writes and verifies the
+    first half: fio's data stays intact, each quarter reads as its model, the file stays near the
+    disk's size (space is reused), qemu-img check is clean and QEMU reads what the mount showed."""
+    size = 96 * MiB
+    image = fh.make_image(workdir, "vhdx", "s.vhdx", size, "block_size=1M")
+    half, quarter = size // 2, size // 8
+    model = bytearray(half)
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def churn(path: Path, index: int) -> None:
+        rng = random.Random(index)
+        lo = index * quarter
+        fd = os.open(path, os.O_RDWR)
+        try:
+            while not stop.is_set():
+                off = rng.randrange(0, quarter - 3 * MiB) & ~511
+                n = rng.choice([4096, MiB, 2 * MiB + 4096, 3 * MiB])
+                r = rng.random()
+                if r < 0.4:
+                    data = bytes([rng.randrange(1, 256)]) * n
+                    os.pwrite(fd, data, half + lo + off)
+                    model[lo + off:lo + off + n] = data
+                elif r < 0.7:
+                    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, half + lo + off, n)
+                    model[lo + off:lo + off + n] = bytes(n)
+                elif r < 0.8:
+                    os.fsync(fd)
+                elif os.pread(fd, n, half + lo + off) != model[lo + off:lo + off + n]:
+                    failures.append(f"quarter {index}: {n} bytes at {half + lo + off} differ from the model")
+        except OSError as e:
+            failures.append(f"quarter {index}: {e}")
+        finally:
+            os.close(fd)
+
+    copy = workdir / "copy.raw"
+    with helpers.mounted(image, workdir / "view.raw", ["rw", "cache=none", "format=vhdx"]) as m:
+        threads = [threading.Thread(target=churn, args=(m.path, i)) for i in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            fio_verify(m.path, "--rw=randwrite", "--bsrange=4k-1M", "--offset=0", f"--size={half}", "--direct=1",
+                       "--loops=2")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not failures, failures[:5]
+        shutil.copyfile(m.path, copy)
+    assert copy.read_bytes()[half:] == model, "the punched and written half differs from the model"
+    assert image.stat().st_size < size + 32 * MiB, f"the file grew to {image.stat().st_size}: no space was reused"
+    helpers.qemu_img_check(image, "vhdx")
+    reference = helpers.convert_to_raw(image, workdir / "qemu.raw", fmt="vhdx")
+    assert helpers.files_equal(reference, copy), "qemu-img convert differs from the view"
