@@ -354,8 +354,8 @@ Task<Status> ExtentDriver::unmap_extent(const Extent& e, uint64_t guest) {
 // whole data extent is prepared and unmapped (ExtentWriter::unmap); then its
 // host space is punched (the entry no longer names it, so its bytes need not
 // read as zeros: block devices get a discard too) and kept in unmapped_ until
-// recycle_drained(). Units another request changed meanwhile are zeroed as
-// they are now, after the lock.
+// recycle_drained(), also when a later unit failed. Units another request
+// changed meanwhile are zeroed as they are now, after the lock.
 Task<Status> ExtentDriver::unmap_units(uint64_t first, uint64_t last) {
   const uint64_t us = img_.writer->unit_size();
   const uint64_t prefix = img_.writer->unit_prefix().size();
@@ -367,16 +367,21 @@ Task<Status> ExtentDriver::unmap_units(uint64_t first, uint64_t last) {
       QCOWFS_CO_TRY(co_await img_.writer->begin_change());
       changed_ = true;
     }
+    Status failed = Status::ok();
     std::vector<HostRun> runs;  // the units' host space, contiguous runs merged
     for (uint64_t u = first; u < last; ++u) {
       const uint64_t len = std::min(us, size() - u * us);
       auto e = co_await extent_at(u * us, len);
-      if (!e) co_return e.status();
+      if (!e) {
+        failed = e.status();
+        break;
+      }
       if (e->kind != ExtentKind::data || e->length != len || e->host_offset < prefix) {
         if (!reads_zero(*e, u * us)) changed.push_back(u);
         continue;
       }
-      QCOWFS_CO_TRY(co_await img_.writer->prepare(u, 1));
+      failed = co_await img_.writer->prepare(u, 1);
+      if (!failed) break;
       img_.writer->unmap(u, 1);
       const uint64_t host = e->host_offset - prefix;
       HostRun* run = runs.empty() ? nullptr : &runs.back();
@@ -390,8 +395,9 @@ Task<Status> ExtentDriver::unmap_units(uint64_t first, uint64_t last) {
     for (const HostRun& run : runs) unmapped_.push_back(Unmapped{run, epoch, false});
     for (const HostRun& run : runs) {
       Status st = co_await run.file->discard(run.host, run.units * stride);
-      if (!st) co_return st.with_context(img_.path);
+      if (!st && failed) failed = st.with_context(img_.path);
     }
+    if (!failed) co_return failed;
   }
   for (uint64_t u : changed) QCOWFS_CO_TRY(co_await write_zeroes(u * us, std::min(us, size() - u * us), true));
   co_return Status::ok();

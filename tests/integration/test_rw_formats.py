@@ -378,7 +378,7 @@ def vhdx_bat(image: Path, blocks: list[int]) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("variant", ["vhdx-dynamic", "vhdx-fixed"])
-def test_vhdx_punch_unmaps_whole_blocks_of_a_dynamic_image(workdir: Path, variant: str) -> None:
+def test_vhdx_punch_over_whole_blocks(workdir: Path, variant: str) -> None:
     """A punch over whole blocks of a dynamic VHDX makes them PAYLOAD_BLOCK_UNMAPPED
     (state 3, offset 0) and frees their host space (st_blocks goes down); the cut
     blocks at either end stay FULLY_PRESENT where they were, as does every block of
