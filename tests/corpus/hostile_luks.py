@@ -10,6 +10,7 @@ encryption header extension (0x0537be77)."""
 from __future__ import annotations
 
 import struct
+import tempfile
 from pathlib import Path
 
 import qcow2_edit as ed
@@ -18,18 +19,37 @@ KiB, MiB = 1 << 10, 1 << 20
 SLOTS_AT, SLOT_BYTES = 208, 48
 
 
+# qemu-img spends seconds on each LUKS image (its PBKDF2 benchmark runs
+# whatever iter-time says), so each kind is made once per corpus build and
+# copied into every case that starts from it.
+_made: dict[str, bytes] = {}
+
+
+def made_once(kind: str, create) -> bytes:
+    """The bytes of the image create() makes, made on the first call for kind.
+    create(path) runs qemu-img; its PBKDF2 benchmark fails now and then with
+    SHA-NI hashes, so it is tried up to 8 times."""
+    if kind not in _made:
+        with tempfile.TemporaryDirectory(prefix="hostile_luks_") as tmp:
+            img = Path(tmp) / "img"
+            for attempt in range(8):
+                try:
+                    create(img)
+                    break
+                except RuntimeError:
+                    if attempt == 7:
+                        raise
+            _made[kind] = img.read_bytes()
+    return _made[kind]
+
+
 def base(h, d: Path) -> Path:
     """4 MiB of payload, AES-256-XTS, one active key slot. sha512 for PBKDF2:
     qemu-img's PBKDF2 benchmark fails now and then with SHA-NI hashes."""
     img = d / "img.luks"
-    for attempt in range(8):
-        try:
-            h.run("qemu-img", "create", "-q", "--object", "secret,id=s0,data=hostile-pass", "-f", "luks", "-o",
-                  "key-secret=s0,iter-time=10,hash-alg=sha512", img, "4M")
-            return img
-        except RuntimeError:
-            if attempt == 7:
-                raise
+    img.write_bytes(made_once("luks", lambda p: h.run(
+        "qemu-img", "create", "-q", "--object", "secret,id=s0,data=hostile-pass", "-f", "luks", "-o",
+        "key-secret=s0,iter-time=10,hash-alg=sha512", p, "4M")))
     return img
 
 
@@ -71,15 +91,9 @@ def qcow2_luks_area(h, where):
     to (offset, length) = where(img)."""
     def make(d: Path):
         img = d / "img.qcow2"
-        for attempt in range(8):
-            try:
-                h.run("qemu-img", "create", "-q", "--object", "secret,id=s0,data=hostile-pass", "-f", "qcow2", "-o",
-                      "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.hash-alg=sha512",
-                      img, "16M")
-                break
-            except RuntimeError:
-                if attempt == 7:
-                    raise
+        img.write_bytes(made_once("qcow2-luks", lambda p: h.run(
+            "qemu-img", "create", "-q", "--object", "secret,id=s0,data=hostile-pass", "-f", "qcow2", "-o",
+            "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.hash-alg=sha512", p, "16M")))
         data = img.read_bytes()[:64 * KiB]
         pos = data.find(bytes.fromhex("0537be77"))
         assert pos > 0, "no encryption header extension"

@@ -5,6 +5,7 @@
 #include "image/crypto/crypto_luks.h"
 
 #include "crypto_test_util.h"
+#include "io_test_util.h"
 
 #include <gcrypt.h>
 #include <gtest/gtest.h>
@@ -56,12 +57,7 @@ std::string must_run(const std::string& cmd) {
 }
 
 std::vector<std::byte> read_file(const fs::path& p, size_t max = SIZE_MAX) {
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (c.size() > max) c.resize(max);
-  std::vector<std::byte> out(c.size());
-  std::memcpy(out.data(), c.data(), c.size());
-  return out;
+  return io::testing::read_file(p.string(), max);
 }
 
 void write_file(const fs::path& p, std::span<const std::byte> data, uint64_t total = 0) {

@@ -19,13 +19,7 @@
 
 namespace qcowfs::image::crypto::testing {
 
-inline std::vector<std::byte> read_file(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> v(s.size());
-  std::memcpy(v.data(), s.data(), s.size());
-  return v;
-}
+using io::testing::read_file;
 
 // "MK dump:\t28 e5 ...\n\t\t ..." -> bytes; "Payload offset:\t1032" -> bytes.
 struct Dump {

@@ -8,6 +8,7 @@
 
 #include "image/qcow2/header.h"
 #include "qcow2_test_util.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {
@@ -122,12 +123,10 @@ TEST(Qcow2Header, ParsesHeaderWrittenByQemuImg) {
                                 "-b /var/tmp/qcowfs_header_test_base.raw -F raw ") + path + " 3G";
   std::ofstream(std::string("/var/tmp/qcowfs_header_test_base.raw")).put('x');
   ASSERT_EQ(std::system(cmd.c_str()), 0);
-  std::ifstream in(path, std::ios::binary);
-  std::string data((std::istreambuf_iterator<char>(in)), {});
-  auto* raw = reinterpret_cast<const std::byte*>(data.data());
-  Bytes bytes(raw, raw + data.size());
+  Bytes bytes = io::testing::read_file(path);
+  const size_t file_size = bytes.size();
   bytes.resize(std::max<size_t>(bytes.size(), 16384));
-  auto h = parse_header(bytes, data.size());
+  auto h = parse_header(bytes, file_size);
   std::remove(path);
   std::remove("/var/tmp/qcowfs_header_test_base.raw");
   ASSERT_TRUE(h.is_ok()) << h.status().to_string();

@@ -22,6 +22,7 @@
 #include "image/qcow2/format.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image::qcow2::testing {
 
@@ -119,12 +120,9 @@ class QemuImageTest : public ::testing::Test {
   std::unique_ptr<io::MemFile> build_image(const std::string& commands) {
     std::string cmd = "cd '" + dir_.string() + "' && { " + commands + "; } >/dev/null";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::ifstream in(image_path(), std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(in)), {});
-    auto* b = reinterpret_cast<const std::byte*>(s.data());
     io::MemFileOptions o;
     o.writable = false;
-    return std::make_unique<io::MemFile>(o, Bytes(b, b + s.size()));
+    return std::make_unique<io::MemFile>(o, io::testing::read_file(image_path()));
   }
 
   std::filesystem::path dir_;

@@ -20,6 +20,7 @@
 #include "io/engine.h"
 #include "io/host_file.h"
 #include "io/run_sync.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image::qcow2::testing {
 
@@ -36,13 +37,7 @@ inline int shell(const std::string& cmd, std::string* out = nullptr) {
 
 // The bytes of a host file, and a host file replaced by bytes (images saved
 // for qemu-img and loaded into a MemFile).
-inline std::vector<std::byte> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(c.size());
-  std::memcpy(out.data(), c.data(), c.size());
-  return out;
-}
+using io::testing::read_file;
 inline void write_file(const std::string& path, const std::vector<std::byte>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));

@@ -22,6 +22,7 @@
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image {
 namespace {
@@ -198,11 +199,7 @@ class VhdxImage : public ::testing::Test {
     sh("qemu-img create -q -f vhdx -o block_size=1M,block_state_zero=off i.vhdx 16M && "
        "qemu-io -c 'write -P 0x11 0 1M' -c 'write -P 0x22 3M 4k' -c 'write -P 0x33 15M 1M' i.vhdx");
   }
-  Bytes slurp(const std::string& name) {
-    std::ifstream in(dir_ / name, std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(in)), {});
-    return Bytes(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
-  }
+  Bytes slurp(const std::string& name) { return io::testing::read_file((dir_ / name).string()); }
   Result<std::unique_ptr<BlockDriver>> open(bool writable = false, uint64_t cache_bytes = 0) {
     io::MemFileOptions o;
     o.writable = false;

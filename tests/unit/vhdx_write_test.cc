@@ -30,6 +30,7 @@
 #include "io/mem_file.h"
 #include "io/run_sync.h"
 #include "io/sync.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image {
 namespace {
@@ -142,11 +143,7 @@ class VhdxWrite : public ::testing::Test {
   }
   // The whole disk as the driver reads it.
   Bytes view(BlockDriver& d) { return read(d, 0, kDisk); }
-  Bytes slurp(const std::string& name) {
-    std::ifstream in(dir_ / name, std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(in)), {});
-    return Bytes(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
-  }
+  Bytes slurp(const std::string& name) { return io::testing::read_file((dir_ / name).string()); }
   void spit(const std::string& name, const Bytes& b) {
     std::ofstream out(dir_ / name, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));

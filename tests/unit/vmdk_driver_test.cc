@@ -18,6 +18,7 @@
 #include "io/engine.h"
 #include "io/run_sync.h"
 #include "io/when_all.h"
+#include "io_test_util.h"
 
 namespace qcowfs::image {
 namespace {
@@ -176,12 +177,7 @@ class VmdkImage : public ::testing::Test {
     std::string full = "cd '" + dir_.string() + "' && { " + cmd + "; } >/dev/null 2>&1";
     ASSERT_EQ(std::system(full.c_str()), 0) << full;
   }
-  static Bytes slurp(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(in)), {});
-    auto* b = reinterpret_cast<const std::byte*>(s.data());
-    return Bytes(b, b + s.size());
-  }
+  static Bytes slurp(const std::string& p) { return io::testing::read_file(p); }
   Result<std::unique_ptr<BlockDriver>> open(const std::string& name) {
     return io::run_sync(*engine_, open_image(path(name), ImageOptions{}));
   }
