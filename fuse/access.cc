@@ -23,7 +23,7 @@ mode_t file_permissions(mode_t view_mode, bool writable) {
 mode_t directory_permissions(mode_t view_mode, mode_t dmask) {
   mode_t bits = 0;
   for (mode_t shift : {6u, 3u, 0u})
-    if (view_mode & (S_IROTH << shift)) bits |= (S_IROTH | S_IXOTH) << shift;
+    if (view_mode & (mode_t{S_IROTH} << shift)) bits |= mode_t{S_IROTH | S_IXOTH} << shift;
   return bits & ~dmask;
 }
 

@@ -211,10 +211,10 @@ void op_init(void*, fuse_conn_info* conn) {
   conn->max_write = kMaxWrite;
   conn->max_background = kMaxBackground;
   conn->congestion_threshold = kCongestionThreshold;
-  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_WRITEBACK_CACHE);
+  conn->want &= ~unsigned{FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_WRITEBACK_CACHE};
   // ATOMIC_O_TRUNC: O_TRUNC reaches us as an open flag (which op_open
   // ignores, as a block device does) instead of a truncate to 0.
-  for (unsigned cap : {FUSE_CAP_ASYNC_READ, FUSE_CAP_ASYNC_DIO, FUSE_CAP_ATOMIC_O_TRUNC})
+  for (unsigned cap : {unsigned{FUSE_CAP_ASYNC_READ}, unsigned{FUSE_CAP_ASYNC_DIO}, unsigned{FUSE_CAP_ATOMIC_O_TRUNC}})
     if (conn->capable & cap) conn->want |= cap;
   log::debug("FUSE protocol {}.{}: max_write {}, max_background {}", conn->proto_major, conn->proto_minor,
              conn->max_write, conn->max_background);

@@ -19,6 +19,7 @@
 
 #include "image/crypto/crypto_cipher.h"
 #include "image/crypto/crypto_luks1.h"
+#include "image/endian.h"
 #include "io/fd.h"
 #include "io/log.h"
 
@@ -27,12 +28,6 @@ namespace qcowfs::image::crypto {
 namespace {
 
 // ---- Bytes of the binary headers ---------------------------------------------------------------
-
-uint16_t be16(std::span<const std::byte> b, size_t at) {
-  return static_cast<uint16_t>((std::to_integer<unsigned>(b[at]) << 8) | std::to_integer<unsigned>(b[at + 1]));
-}
-uint32_t be32(std::span<const std::byte> b, size_t at) { return (uint32_t{be16(b, at)} << 16) | be16(b, at + 2); }
-uint64_t be64(std::span<const std::byte> b, size_t at) { return (uint64_t{be32(b, at)} << 32) | be32(b, at + 4); }
 
 // A NUL-terminated string in a fixed-size field; nullopt when the field has no NUL.
 std::optional<std::string> field_string(std::span<const std::byte> b, size_t at, size_t len) {
@@ -46,8 +41,6 @@ Status invalid(std::string_view what, std::string_view why) {
   return Status::errorf(EINVAL, "{}: invalid LUKS header: {}", what, why);
 }
 
-// LUKS1 phdr field offsets.
-constexpr size_t kVersionAt = 6;  // big-endian 16 bits in both versions
 // LUKS2 binary header field offsets.
 constexpr size_t kL2HdrSize = 8, kL2Label = 24, kL2LabelLen = 48, kL2ChecksumAlg = 72, kL2ChecksumAlgLen = 32,
                  kL2Uuid = 168, kL2UuidLen = 40, kL2HdrOffset = 256;
@@ -99,14 +92,14 @@ Result<LuksInfo> parse_luks2(std::span<const std::byte> head, uint64_t available
     return invalid(what, fmt::format("truncated LUKS2 header ({} of {} bytes)", head.size(), kLuks2BinaryHeaderBytes));
   LuksInfo info;
   info.version = kLuksVersion2;
-  const uint64_t hdr_size = be64(head, kL2HdrSize);
+  const uint64_t hdr_size = load_be64(head.data() + kL2HdrSize);
   if (hdr_size < kLuks2MinHeaderBytes || hdr_size > kLuks2MaxHeaderBytes || (hdr_size & (hdr_size - 1)) != 0)
     return invalid(what, fmt::format("LUKS2 header size {} is not a power of two in {}..{}", hdr_size,
                                      kLuks2MinHeaderBytes, kLuks2MaxHeaderBytes));
   if (hdr_size > available)
     return invalid(
         what, fmt::format("LUKS2 header size {} is past the end of the header area ({} bytes)", hdr_size, available));
-  if (be64(head, kL2HdrOffset) != 0) return invalid(what, "LUKS2 primary header has a non-zero header offset");
+  if (load_be64(head.data() + kL2HdrOffset) != 0) return invalid(what, "LUKS2 primary header has a non-zero header offset");
   auto csum = field_string(head, kL2ChecksumAlg, kL2ChecksumAlgLen);
   auto uuid = field_string(head, kL2Uuid, kL2UuidLen);
   auto label = field_string(head, kL2Label, kL2LabelLen);
@@ -202,7 +195,7 @@ Status check_slot_key_material(const LuksKeySlotInfo& slot, std::string_view wha
 Result<LuksInfo> parse_luks_header(std::span<const std::byte> head, uint64_t available, std::string_view what) {
   if (head.size() < kLuksMagic.size() + 2 || !std::equal(kLuksMagic.begin(), kLuksMagic.end(), head.begin()))
     return Status::errorf(EINVAL, "{}: not a LUKS header", what);
-  const uint16_t version = be16(head, kVersionAt);
+  const uint16_t version = load_be16(head.data() + kLuksVersionAt);
   if (version == kLuksVersion1) {
     auto h = parse_luks1(head, available, what);
     if (!h) return h.status();

@@ -7,11 +7,12 @@
 #include <memory>
 #include <mutex>
 
+#include "image/endian.h"
+
 namespace qcowfs::image::crypto {
 namespace {
 
 // Field offsets in the phdr (LUKS1 on-disk format specification, table 1).
-constexpr size_t kVersionAt = 6;
 constexpr size_t kCipherNameAt = 8;
 constexpr size_t kCipherModeAt = 40;
 constexpr size_t kHashSpecAt = 72;
@@ -40,11 +41,6 @@ Status gcry_status(gcry_error_t e, std::string_view what) {
   return Status::errorf(err != 0 ? err : EINVAL, "{}: {}", what, gcry_strerror(e));
 }
 
-uint32_t be32(std::span<const std::byte> p, size_t at) {
-  return uint32_t{std::to_integer<uint8_t>(p[at])} << 24 | uint32_t{std::to_integer<uint8_t>(p[at + 1])} << 16 |
-         uint32_t{std::to_integer<uint8_t>(p[at + 2])} << 8 | uint32_t{std::to_integer<uint8_t>(p[at + 3])};
-}
-
 template <size_t N>
 std::array<std::byte, N> bytes_at(std::span<const std::byte> p, size_t at) {
   std::array<std::byte, N> a;
@@ -69,11 +65,11 @@ Result<std::string> string_at(std::span<const std::byte> p, size_t at, size_t n,
 Luks1KeySlot slot_at(std::span<const std::byte> p, size_t i) {
   const size_t at = kLuks1KeySlotsAt + i * kLuks1KeySlotBytes;
   Luks1KeySlot s;
-  s.active = be32(p, at + kSlotActiveAt);
-  s.iterations = be32(p, at + kSlotIterationsAt);
+  s.active = load_be32(p.data() + at + kSlotActiveAt);
+  s.iterations = load_be32(p.data() + at + kSlotIterationsAt);
   s.salt = bytes_at<kLuks1SaltBytes>(p, at + kSlotSaltAt);
-  s.key_material_offset = be32(p, at + kSlotKeyMaterialAt);
-  s.stripes = be32(p, at + kSlotStripesAt);
+  s.key_material_offset = load_be32(p.data() + at + kSlotKeyMaterialAt);
+  s.stripes = load_be32(p.data() + at + kSlotStripesAt);
   return s;
 }
 
@@ -83,8 +79,7 @@ Status check_prefix(std::span<const std::byte> head, std::string_view what) {
                           kLuks1HeaderBytes);
   if (!std::equal(kLuks1Magic.begin(), kLuks1Magic.end(), head.begin()))
     return Status::errorf(EINVAL, "{}: no LUKS magic", what);
-  const uint32_t version =
-      uint32_t{std::to_integer<uint8_t>(head[kVersionAt])} << 8 | std::to_integer<uint8_t>(head[kVersionAt + 1]);
+  const uint32_t version = load_be16(head.data() + kLuksVersionAt);
   if (version != kLuks1Version)
     return Status::errorf(EINVAL, "{}: LUKS version {} (expected {})", what, version, kLuks1Version);
   return Status::ok();
@@ -277,11 +272,11 @@ Result<Luks1Header> parse_luks1(std::span<const std::byte> head, uint64_t availa
   QCOWFS_TRY(check_prefix(head, what));
   Luks1Header h;
   QCOWFS_TRY(read_strings(head, h, what));
-  h.payload_offset = be32(head, kPayloadOffsetAt);
-  h.key_bytes = be32(head, kKeyBytesAt);
+  h.payload_offset = load_be32(head.data() + kPayloadOffsetAt);
+  h.key_bytes = load_be32(head.data() + kKeyBytesAt);
   h.mk_digest = bytes_at<kLuks1DigestBytes>(head, kMkDigestAt);
   h.mk_digest_salt = bytes_at<kLuks1SaltBytes>(head, kMkDigestSaltAt);
-  h.mk_digest_iter = be32(head, kMkDigestIterAt);
+  h.mk_digest_iter = load_be32(head.data() + kMkDigestIterAt);
   QCOWFS_TRY(check_algorithms(h, what));
   for (size_t i = 0; i < kLuks1KeySlots; ++i) {
     h.slots[i] = slot_at(head, i);

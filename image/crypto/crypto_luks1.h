@@ -34,6 +34,8 @@ inline constexpr size_t kLuks1HeaderBytes = 592;
 inline constexpr std::array<std::byte, 6> kLuks1Magic = {std::byte{'L'}, std::byte{'U'},  std::byte{'K'},
                                                          std::byte{'S'}, std::byte{0xba}, std::byte{0xbe}};
 inline constexpr uint16_t kLuks1Version = 1;
+// The version field (big-endian 16 bits) is at this offset in LUKS1 and LUKS2 headers alike.
+inline constexpr size_t kLuksVersionAt = 6;
 inline constexpr size_t kLuks1NameBytes = 32;  // cipher_name, mode, hash_spec
 inline constexpr size_t kLuks1UuidBytes = 40;
 inline constexpr size_t kLuks1DigestBytes = 20;

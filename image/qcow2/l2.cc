@@ -6,9 +6,10 @@
 #include "io/align.h"
 
 namespace qcowfs::image::qcow2 {
-namespace {
 
 Status corrupt(std::string msg) { return Status::error(EIO, std::move(msg)); }
+
+namespace {
 
 Status check_reserved_bits(const Geometry& g, uint64_t entry) {
   uint64_t reserved = kL2StandardReservedMask | (g.extended_l2 ? kOflagZero : 0);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "image/qcow2/format.h"
 #include "io/status.h"
@@ -22,6 +23,9 @@
 namespace qcowfs::image::qcow2 {
 
 struct Header;  // image/qcow2/header.h
+
+// EIO with `msg`: metadata found corrupt while it is parsed (an entry, a table's place).
+Status corrupt(std::string msg);
 
 // What the mapping needs to know about an image, fixed at open.
 struct Geometry {

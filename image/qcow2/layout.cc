@@ -3,13 +3,12 @@
 #include <algorithm>
 
 #include "image/endian.h"
+#include "image/qcow2/l2.h"
 #include "io/align.h"
 #include "io/buffer.h"
 
 namespace qcowfs::image::qcow2 {
 namespace {
-
-Status corrupt(std::string msg) { return Status::error(EIO, std::move(msg)); }
 
 // A table of `bytes` at `host`: aligned, inside the file, not in the header.
 Status check_table(const Header& h, uint64_t file_size, HostOffset host, uint64_t bytes, const std::string& what) {

@@ -74,9 +74,6 @@ struct Used {
   uint64_t length = 0;
 };
 
-Status refuse_writable(const std::string& path, const std::string& what) {
-  return Status::errorf(EIO, "{}: {}; qcowfs does not write to this VHDX image (mount it read-only)", path, what);
-}
 
 // One entry of a writable image's BAT: the block it uses, if any.
 Status note_entry(uint64_t i, uint64_t entry, const Geometry& g, const Regions& r, const std::string& path,

@@ -9,13 +9,17 @@
 #include "image/vhdx/crc32c.h"
 
 namespace qcowfs::image::vhdx {
-namespace {
-
 Guid load_guid(const std::byte* p) {
   Guid g;
   std::memcpy(g.data(), p, g.size());
   return g;
 }
+
+Status refuse_writable(const std::string& path, const std::string& what) {
+  return Status::errorf(EIO, "{}: {}; qcowfs does not write to this VHDX image (mount it read-only)", path, what);
+}
+
+namespace {
 
 bool checksum_ok(std::span<const std::byte> block) {
   return crc32c_with_zeroed_field(block, 4) == load_le32(block.data() + 4);

@@ -16,6 +16,13 @@
 
 namespace qcowfs::image::vhdx {
 
+// The 16 GUID bytes at p, as they are in the file.
+Guid load_guid(const std::byte* p);
+
+// EIO for a read-write open of an image a write could spoil: "PATH: WHAT;
+// qcowfs does not write to this VHDX image (mount it read-only)".
+Status refuse_writable(const std::string& path, const std::string& what);
+
 struct Header {
   int index = 0;  // 0: the header at 64 KiB, 1: at 128 KiB
   uint64_t sequence_number = 0;

@@ -14,12 +14,6 @@ constexpr size_t kZeroChunk = 1 * kMiB;  // a zero descriptor's bytes written at
 
 void store_guid(std::byte* p, const Guid& g) { std::memcpy(p, g.data(), g.size()); }
 
-Guid load_guid(const std::byte* p) {
-  Guid g;
-  std::memcpy(g.data(), p, g.size());
-  return g;
-}
-
 void store_descriptor(std::byte* d, const SectorWrite& w, uint64_t seq) {
   namespace f = log_field;
   store_le32(d, kLogDescSignature);

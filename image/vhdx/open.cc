@@ -99,9 +99,6 @@ struct WriteState {
   bool replayed = false;
 };
 
-Status refuse_writable(const std::string& path, const std::string& what) {
-  return Status::errorf(EIO, "{}: {}; qcowfs does not write to this VHDX image (mount it read-only)", path, what);
-}
 
 // The log checks a writable open adds: the log region inside the file and
 // large enough for an entry (QEMU's writer fails without one).

@@ -42,11 +42,11 @@ TEST(FusePassthrough, WindowsAndDevicesDoNot) {
 
 // O_DIRECT readers would meet the host's alignment instead of ours (any).
 TEST(FusePassthrough, OnlyHostsWithSectorAlignmentOrFiner) {
-  for (size_t align : {1, 4, 512}) {
+  for (size_t align : {size_t{1}, size_t{4}, size_t{512}}) {
     auto raw = raw_over(align);
     EXPECT_NE(ImageFile(raw.get(), false).passthrough_file(), nullptr) << align;
   }
-  for (size_t align : {0, 1024, 4096}) {  // 0: the host does not say
+  for (size_t align : {size_t{0}, size_t{1024}, size_t{4096}}) {  // 0: the host does not say
     auto raw = raw_over(align);
     EXPECT_EQ(ImageFile(raw.get(), false).passthrough_file(), nullptr) << align;
   }

@@ -84,7 +84,7 @@ TEST(InFlightIo, NoIoUsesAnOldMappingAfterItsGracePeriod) {
     threads.emplace_back([&] {
       while (!stop.load()) {
         InFlightIo::Ticket ticket = io.enter();
-        const int slot = mapping.load(std::memory_order_acquire);
+        const auto slot = static_cast<size_t>(mapping.load(std::memory_order_acquire));
         users[slot].fetch_add(1);
         for (int spin = 0; spin < 50; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
         users[slot].fetch_sub(1);
@@ -97,7 +97,7 @@ TEST(InFlightIo, NoIoUsesAnOldMappingAfterItsGracePeriod) {
     mapping.store(1 - old, std::memory_order_release);
     const uint64_t e = io.epoch();
     while (!io.drained(e)) std::this_thread::yield();
-    ASSERT_EQ(users[old].load(), 0) << "round " << round;
+    ASSERT_EQ(users[static_cast<size_t>(old)].load(), 0) << "round " << round;
     ++checked;
   }
   stop.store(true);
