@@ -1,5 +1,5 @@
 """The Debian package: packaging/build-deb.sh builds it from debian/ with
-dpkg-buildpackage (Release, tests off) and lintian passes it with no errors;
+dpkg-buildpackage (-O2 from dpkg-buildflags, tests off) and lintian passes it with no errors;
 `apt-get install ./qcowfs_*.deb` installs it into this system, the installed
 /usr/bin/qcowfs mounts an image (also as `mount -t fuse.qcowfs` and from an
 fstab line) and runs the image commands; the package is purged afterwards,
@@ -7,7 +7,7 @@ pass or fail.
 
 The package is built in $QCOWFS_BUILD_DIR/deb when set (ctest sets it), and
 build-deb.sh keeps its CMake object directory there, so reruns recompile only
-what changed; else in a pytest temporary directory (a full Release build).
+what changed; else in a pytest temporary directory (a full build).
 Both tests share one build; each installs the package and purges it.
 """
 
