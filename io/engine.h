@@ -16,7 +16,9 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <coroutine>
 #include <cstdint>
 #include <functional>
@@ -41,6 +43,8 @@ struct IoRequest {
     uring_cmd,  // IORING_OP_URING_CMD on fd: cmd_op, the command bytes in buf/length
                 // (at most kUringCmdBytes), iov/iovcnt as the SQE's addr/len;
                 // only on engines with supports_uring_cmd()
+    timeout,    // completes (result 0) once the Timespec at buf has passed, a
+                // timer on the engine: no thread waits (sleep_for())
   };
   Op op = Op::read;
   int fd = -1;
@@ -66,6 +70,12 @@ struct IoRequest {
       waiter.resume();
     }
   }
+};
+
+// Op::timeout's duration; the layout of the kernel's __kernel_timespec.
+struct Timespec {
+  int64_t tv_sec = 0;
+  long long tv_nsec = 0;
 };
 
 // Size of the command area of a 128-byte SQE (IORING_SETUP_SQE128).
@@ -142,6 +152,33 @@ IoAwaiter offload(F fn) {
   req.call = std::move(fn);
   return IoAwaiter{std::move(req)};
 }
+
+// Awaitable timer: resumes the caller on its engine after about `d` (no
+// sooner), while the engine goes on with other work.
+//   co_await io::sleep_for(std::chrono::microseconds(50));
+// Not movable once made: the request points at the awaiter's own duration.
+class SleepAwaiter {
+ public:
+  explicit SleepAwaiter(std::chrono::nanoseconds d) {
+    const int64_t ns = std::max<int64_t>(0, d.count());
+    ts_.tv_sec = ns / 1000000000;
+    ts_.tv_nsec = ns % 1000000000;
+    inner_.req.op = IoRequest::Op::timeout;
+  }
+  SleepAwaiter(const SleepAwaiter&) = delete;
+  SleepAwaiter& operator=(const SleepAwaiter&) = delete;
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(std::coroutine_handle<> h) {
+    inner_.req.buf = &ts_;
+    return inner_.await_suspend(h);
+  }
+  void await_resume() const noexcept {}
+
+ private:
+  Timespec ts_;
+  IoAwaiter inner_;
+};
+inline SleepAwaiter sleep_for(std::chrono::nanoseconds d) { return SleepAwaiter(d); }
 
 // Resumes the calling coroutine on engine `target` (via post()): moves a
 // coroutine to another event-loop thread.

@@ -4,7 +4,9 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <ctime>
 
 #include "io/thread_pool.h"
 
@@ -32,6 +34,7 @@ int64_t execute_once(const IoRequest& req) {
     }
     case Op::call: break;  // handled by execute_blocking
     case Op::uring_cmd: return -EOPNOTSUPP;  // io_uring only
+    case Op::timeout: break;                 // a timer of the engine (ThreadEngine::wait)
   }
   return r < 0 ? -errno : r;
 }
@@ -74,6 +77,12 @@ void ThreadEngine::submit_queued() {
       polling_.push_back(req);
       continue;
     }
+    if (req->op == IoRequest::Op::timeout) {
+      const auto* ts = static_cast<const Timespec*>(req->buf);
+      const auto d = std::chrono::seconds(ts->tv_sec) + std::chrono::nanoseconds(ts->tv_nsec);
+      timers_.push_back(Timer{Clock::now() + std::chrono::duration_cast<Clock::duration>(d), req});
+      continue;
+    }
     ThreadPool::shared().submit([mailbox = mailbox_, req] {
       int64_t r = execute_blocking(*req);
       mailbox->post(
@@ -87,14 +96,27 @@ void ThreadEngine::submit_queued() {
   queued_.clear();
 }
 
-// poll(2) on the mailbox eventfd and every pending poll_in fd; fired poll_in
-// requests move to ready_ with their revents as result.
+// ppoll(2) on the mailbox eventfd and every pending poll_in fd, no longer
+// than until the first timer is due; fired poll_in requests move to ready_
+// with their revents as result, timers that ran out with 0.
 void ThreadEngine::wait(int timeout_ms) {
   std::vector<pollfd>& fds = pollfds_;
   fds.clear();
   fds.push_back(pollfd{mailbox_->fd(), POLLIN, 0});
   for (IoRequest* req : polling_) fds.push_back(pollfd{req->fd, POLLIN, 0});
-  int n = ::poll(fds.data(), fds.size(), timeout_ms);
+  auto wait_for = std::chrono::nanoseconds(std::chrono::milliseconds(timeout_ms));
+  if (!timers_.empty()) {
+    const auto first = std::min_element(timers_.begin(), timers_.end(),
+                                         [](const Timer& a, const Timer& b) { return a.due < b.due; });
+    const auto until = std::max(Clock::duration::zero(), first->due - Clock::now());
+    if (timeout_ms < 0 || until < wait_for) wait_for = until;
+  }
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(wait_for.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(wait_for.count() % 1000000000);
+  const bool forever = timeout_ms < 0 && timers_.empty();
+  int n = ::ppoll(fds.data(), fds.size(), forever ? nullptr : &ts, nullptr);
+  expire_timers();
   if (n <= 0) return;  // timeout or EINTR
   if (fds[0].revents) mailbox_->drain_wakeups();
   size_t keep = 0;
@@ -109,6 +131,21 @@ void ThreadEngine::wait(int timeout_ms) {
     }
   }
   polling_.resize(keep);
+}
+
+void ThreadEngine::expire_timers() {
+  if (timers_.empty()) return;
+  const Clock::time_point now = Clock::now();
+  size_t keep = 0;
+  for (const Timer& t : timers_) {
+    if (t.due <= now) {
+      t.req->result = 0;
+      ready_.push_back(t.req);
+    } else {
+      timers_[keep++] = t;
+    }
+  }
+  timers_.resize(keep);
 }
 
 void ThreadEngine::run_posted() {

@@ -2,13 +2,15 @@
 // filtered by seccomp, old kernels). run_once() hands the queued requests to
 // ThreadPool::shared(), whose workers run the blocking syscall (pread, pwritev,
 // fdatasync, fallocate, ...) and post the completion back; it then waits in
-// poll(2) on the mailbox eventfd plus the fds of pending Op::poll_in requests.
+// ppoll(2) on the mailbox eventfd plus the fds of pending Op::poll_in requests,
+// no longer than until the first pending Op::timeout is due.
 //
 // Thread-safety: as Engine: only post() may be called from other threads.
 #pragma once
 
 #include <poll.h>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -31,12 +33,20 @@ class ThreadEngine final : public Engine {
  private:
   void submit_queued();
   void wait(int timeout_ms);
+  void expire_timers();
   void run_posted();
+
+  using Clock = std::chrono::steady_clock;
+  struct Timer {
+    Clock::time_point due;
+    IoRequest* req;
+  };
 
   std::shared_ptr<Mailbox> mailbox_;
   std::vector<IoRequest*> queued_;   // enqueued since the last run_once
   std::vector<IoRequest*> polling_;  // Op::poll_in requests waiting for readability
-  std::vector<IoRequest*> ready_;    // poll_in requests that fired this round
+  std::vector<Timer> timers_;        // Op::timeout requests not yet due
+  std::vector<IoRequest*> ready_;    // poll_in requests that fired, timers that ran out, this round
   std::vector<pollfd> pollfds_;      // wait()'s poll set, kept for its capacity
 };
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 
 #include "io/log.h"
@@ -23,6 +24,10 @@ constexpr uint64_t kWakeupTag = 1;
 constexpr uint64_t kMaxRwCount = INT_MAX & ~uint64_t{4095};
 
 unsigned clamp_len(uint64_t len) { return static_cast<unsigned>(std::min(len, kMaxRwCount)); }
+
+// Op::timeout hands the ring its Timespec as the kernel's own type.
+static_assert(sizeof(Timespec) == sizeof(__kernel_timespec));
+static_assert(offsetof(Timespec, tv_nsec) == offsetof(__kernel_timespec, tv_nsec));
 
 // Tries the fastest setup first; older kernels reject unknown flags with EINVAL.
 // With extra = IORING_SETUP_SQE128 every candidate is tried with it first.
@@ -129,6 +134,7 @@ void UringEngine::prepare_sqe(io_uring_sqe* sqe, IoRequest* req) {
       break;
     case Op::poll_in: io_uring_prep_poll_add(sqe, req->fd, POLLIN); break;
     case Op::uring_cmd: prepare_uring_cmd(sqe, req); break;
+    case Op::timeout: io_uring_prep_timeout(sqe, static_cast<__kernel_timespec*>(req->buf), 0, 0); break;
     case Op::call: break;  // never reaches the ring (see enqueue)
   }
   io_uring_sqe_set_data(sqe, req);
@@ -219,7 +225,8 @@ void UringEngine::complete(IoRequest* req, int res) {
     if (!try_prepare(req)) backlog_.push_back(req);
     return;
   }
-  req->result = res;
+  // A timer that ran out completes with -ETIME: its success.
+  req->result = req->op == IoRequest::Op::timeout && res == -ETIME ? 0 : res;
   done_.push_back(req);
 }
 

@@ -1,5 +1,5 @@
 // Engine tests, run against both engines: request completion, poll_in,
-// post() from other threads, offload, switch_to and timeouts.
+// post() from other threads, offload, switch_to, timeouts and timers.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -200,6 +200,35 @@ TEST_P(EngineTest, TimeoutReturnsWithoutWork) {
   engine_->run_once(30);
   auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_GE(elapsed, std::chrono::milliseconds(20));
+}
+
+// sleep_for() resumes no sooner than asked, on the loop's thread, and the loop
+// serves other work meanwhile (no thread sleeps): a second coroutine's shorter
+// timer and posted functions run first.
+TEST_P(EngineTest, SleepForResumesAfterItsTimeWhileTheLoopGoesOn) {
+  using namespace std::chrono_literals;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> order;
+  auto sleeper = [&](std::chrono::microseconds d, int tag) -> Task<void> {
+    co_await sleep_for(d);
+    order.push_back(tag);
+  };
+  auto both = [&]() -> Task<std::chrono::steady_clock::duration> {
+    bool short_done = false;
+    spawn_then(sleeper(2000us, 1), [&] { short_done = true; });
+    engine_->post([&] { order.push_back(0); });
+    co_await sleeper(30000us, 2);
+    co_return short_done ? std::chrono::steady_clock::now() - start : std::chrono::steady_clock::duration::zero();
+  };
+  const auto elapsed = run_sync(*engine_, both());
+  EXPECT_GE(elapsed, 30ms);
+  EXPECT_LT(elapsed, 5s);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  auto zero = []() -> Task<int> {
+    co_await sleep_for(std::chrono::nanoseconds(0));
+    co_return 7;
+  };
+  EXPECT_EQ(run_sync(*engine_, zero()), 7);
 }
 
 TEST_P(EngineTest, OffloadRunsOnAnotherThreadAndResumesHere) {
