@@ -22,11 +22,16 @@
 // tail (from the backing image, or zeros) in one host write, then published.
 // Allocating writes, publishing and metadata writeback hold one allocation
 // lock; writes into data extents take no lock (a writer may ask to see the
-// first one into each unit: ExtentWriter::before_unit_write). A discard of
-// whole data units of a writer that can_unmap() unmaps them under the lock
-// and punches their host space, which is reused only after a grace period
-// (image/in_flight.h: reads, in-place writes and zeroing then count
-// themselves). Without a writer every change is refused with EROFS.
+// first one into each unit, or hold writes into a unit it moves:
+// ExtentWriter::needs_before_unit_write; such writes are planned again under
+// the lock). A discard of whole data units of a writer that can_unmap()
+// unmaps them under the lock and punches their host space, which is reused
+// only after a grace period (image/in_flight.h: reads, in-place writes and
+// zeroing then count themselves), or, where the writer compacts (VDI), moves
+// the last units' data into their place (compact()). An I/O counted in
+// InFlightIo never waits for the allocation lock: it leaves first, since the
+// lock's holder may be waiting for the grace period. Without a writer every
+// change is refused with EROFS.
 //
 // Thread-safety: as BlockDriver. ExtentMap::try_map() is called concurrently
 // from every event-loop thread and must be thread-safe and never suspend; map()
@@ -164,13 +169,20 @@ class ExtentDriver final : public BlockDriver {
   Task<Status> write_prefixed(Allocation& a);
   Task<Status> write_in_place(const std::vector<SubWrite>& in_place);
   bool needs_before_unit_writes(uint64_t guest, uint64_t len) const;
-  Task<Status> before_unit_writes(uint64_t guest, uint64_t len, bool locked);
-  Task<Status> write_zero_extent(const Extent& e, uint64_t guest, bool unmap);
-  Task<Status> zero_data(const Extent& e, uint64_t guest, uint64_t from, uint64_t len, bool unmap);
+  Task<Status> before_unit_writes(uint64_t guest, uint64_t len);
+  Task<Result<uint64_t>> write_zero_extent(const Extent& e, uint64_t guest, bool unmap, InFlightIo::Ticket& ticket);
+  Task<Status> zero_data(const Extent& e, uint64_t guest, uint64_t len, bool unmap, InFlightIo::Ticket& ticket);
+  Task<Status> zero_data_locked(uint64_t guest, uint64_t len, bool unmap);
+  static Task<Status> zero_host(io::HostFile& file, uint64_t host, uint64_t len, bool unmap);
   Task<Status> write_zero_buffer(uint64_t guest, uint64_t len);
   Task<Status> zero_units(uint64_t guest, uint64_t len, bool unmap);
-  Task<Status> unmap_extent(const Extent& e, uint64_t guest);
+  Task<Result<uint64_t>> unmap_extent(const Extent& e, uint64_t guest, InFlightIo::Ticket& ticket);
   Task<Status> unmap_units(uint64_t first, uint64_t last);
+  Task<Status> unmap_each(uint64_t first, uint64_t last, std::vector<HostRun>& runs, std::vector<uint64_t>& changed);
+  Task<Status> punch_unmapped(const std::vector<HostRun>& runs);
+  Task<Status> compact(const std::vector<HostRun>& unmapped);
+  Task<Status> copy_units(const std::vector<UnitMove>& moves);
+  Task<void> grace_period(uint64_t epoch);
   void recycle_drained();
   InFlightIo::Ticket track();
   Task<Status> flush_files();

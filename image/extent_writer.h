@@ -13,19 +13,26 @@
 // not durable, and flushes again afterwards.
 //
 // Discard: a writer that can_unmap() takes whole allocated units out of the
-// map on a discard (VHDX's PAYLOAD_BLOCK_UNMAPPED); the driver punches their
-// host space and hands it back through recycle() once their new entries are
-// written back and no lock-free I/O that saw the old ones is in flight
-// (image/in_flight.h), so a later reserve() may use it again.
+// map on a discard (VHDX's PAYLOAD_BLOCK_UNMAPPED, VDI's discarded blocks).
+// Then either the driver punches their host space and hands it back through
+// recycle() once their new entries are written back and no lock-free I/O that
+// saw the old ones is in flight (image/in_flight.h), so a later reserve() may
+// use it again (VHDX); or, for a writer that compacts() (VDI, whose new units
+// go right after the allocated ones, so these must stay packed), the data of
+// the last units moves into the freed space and the space at the end goes
+// back to the host (begin_compaction() to end_compaction(); the driver's
+// steps are in ExtentDriver::compact).
 //
 // Thread-safety: before_first_write(), begin_change(), prepare(), reserve(),
-// unreserve(), publish(), mark_zero(), unmap(), recycle(), before_unit_write(),
-// write_metadata(), grow() and close_clean() are called with the driver's
-// allocation lock held (one at a time, in any event-loop thread); run_limit(),
-// has_zero_state(), can_unmap() and needs_before_unit_write() with it held or
-// not, from any thread (they must be pure or atomic reads). publish(), unmap()
-// and mark_zero() must make their entries visible to ExtentMap::try_map() on
-// other threads (atomic stores).
+// unreserve(), publish(), mark_zero(), unmap(), recycle(), the compaction
+// calls, before_unit_write(), write_metadata(), grow() and close_clean() are
+// called with the driver's allocation lock held (one at a time, in any
+// event-loop thread); run_limit(), has_zero_state(), can_unmap(), compacts()
+// and needs_before_unit_write() with it held or not, from any thread (they
+// must be pure or atomic reads; needs_before_unit_write() sequentially
+// consistent where a compaction sets it). publish(), unmap(), mark_zero(),
+// commit_compaction() and cancel_compaction() must make their entries visible
+// to ExtentMap::try_map() on other threads (atomic stores).
 #pragma once
 
 #include <algorithm>
@@ -33,6 +40,7 @@
 #include <cstdint>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "io/host_file.h"
 #include "io/status.h"
@@ -70,6 +78,14 @@ struct FileTail {
     next = run.host;
     zero_from = std::max(zero_from, run.host + run.units * unit);
   }
+};
+
+// One unit's data moving inside the image (a compaction): the unit's bytes,
+// prefix included, are copied from one unit of host space to another.
+struct UnitMove {
+  uint64_t unit = 0;  // the guest unit
+  HostRun from;       // one unit each
+  HostRun to;
 };
 
 // The entries [lo, hi) of a table that changed since it was last written
@@ -153,9 +169,39 @@ class ExtentWriter {
   // reserve() zeroes reused space or returns it with fresh = false. Default:
   // the space is not used again.
   virtual void recycle(const HostRun& /*space*/) {}
+  // Whether unmapped units are compacted instead of recycled: after the
+  // unmap()s of one discard, the data of the last allocated units moves into
+  // the space the unmapped ones freed, and the space this leaves at the end
+  // goes back to the host. The same answer for the whole open; only writers
+  // that can_unmap(). Default: no.
+  virtual bool compacts() const { return false; }
+  // After the unmap()s of one discard: the moves that pack the allocated
+  // units again (none when the unmapped units were the last ones). From now
+  // on until cancel_compaction() or end_compaction(),
+  // needs_before_unit_write(m.unit) is true for every move m, so that in-place
+  // writes into a moving unit wait for the allocation lock and find its new
+  // place.
+  virtual std::vector<UnitMove> begin_compaction() { return {}; }
+  // Every move's data is durable at its `to`: the moving units' entries name
+  // it and the unmapped units no longer count as allocated, visible to
+  // readers at once, written back by write_metadata(). Their `from` space and
+  // the unmapped units' space beyond the allocated ones is vacated: reserve()
+  // hands it out again only once this commit is durable.
+  virtual void commit_compaction() {}
+  // The compaction failed before commit_compaction(): the unmapped units
+  // name their space again (the driver zeroed it, as a discard does that
+  // does not unmap) and nothing moves.
+  virtual void cancel_compaction() {}
+  // After commit_compaction(), once no I/O that found the old places is in
+  // flight; durable: the commit was written back and flushed. Moved units are
+  // written in place without the lock again, and once durable the vacated
+  // space at the end goes back to the host (else at close_clean()).
+  virtual Task<Status> end_compaction(bool /*durable*/) { co_return Status::ok(); }
   // Whether an in-place write or zeroing into allocated unit `unit` must first
-  // go through before_unit_write(). Called on every in-place write, without
-  // the lock: an atomic load at most. Default: never.
+  // go through before_unit_write() (or wait for a compaction that moves it).
+  // Called on every in-place write, without the lock: an atomic load at most.
+  // The driver then writes under the allocation lock, looking the unit up
+  // again there. Default: never.
   virtual bool needs_before_unit_write(uint64_t /*unit*/) const { return false; }
   // Before the first in-place write or zeroing of this open into allocated
   // unit `unit`, durably: what QEMU changes in a unit it writes into (a VHD
@@ -172,8 +218,9 @@ class ExtentWriter {
   // Grows the disk to new_size guest bytes (larger than today's; resizable()
   // only), durably. Errors: EINVAL for a size the format cannot have.
   virtual Task<Status> grow(uint64_t /*new_size*/) { co_return Status::error(EINVAL, "the format cannot be resized"); }
-  // After the last write_metadata() of a clean close (whether or not anything
-  // was changed): clears the dirty or in-use flag.
+  // After the last write_metadata() of a clean close, flushed (whether or not
+  // anything was changed): clears the dirty or in-use flag, and gives back
+  // space a compaction vacated that end_compaction() could not.
   virtual Task<Status> close_clean() { co_return Status::ok(); }
 };
 

@@ -1,11 +1,12 @@
-// VdiMap: the ExtentMap of a VDI image over its block map, read whole at open
-// and immutable afterwards. Entries are classified as QEMU's vdi_co_preadv()
-// and vdi_co_block_status() do: an allocated entry (below 0xfffffffe) names
-// the data block at offset_data + entry * block_size (block_extra is ignored,
-// as QEMU ignores it); unallocated and discarded blocks read as zeros and are
-// reported "present, zero". An entry QEMU's check calls corrupt (not below
-// blocks_in_image) reads as EIO here.
-// Entries change only through publish() (VdiWriter, for blocks it allocated).
+// VdiMap: the ExtentMap of a VDI image over its block map, read whole at
+// open (unchanged afterwards on read-only opens). Entries are classified as
+// QEMU's vdi_co_preadv() and vdi_co_block_status() do: an allocated entry
+// (below 0xfffffffe) names the data block at offset_data + entry * block_size
+// (block_extra is ignored, as QEMU ignores it); unallocated and discarded
+// blocks read as zeros and are reported "present, zero". An entry QEMU's
+// check calls corrupt (not below blocks_in_image) reads as EIO here.
+// Entries change only through publish() (VdiWriter: blocks it allocated,
+// discarded or moved).
 // Thread-safety: try_map() may run concurrently on any thread with one
 // publish() at a time (entries are atomic). The host file must outlive the map.
 #pragma once
@@ -28,7 +29,8 @@ class VdiMap final : public ExtentMap {
   Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) override;
   // The block map entry of block (< the blocks that map the disk).
   uint32_t entry(uint64_t block) const;
-  // Block now maps to data block `entry` (allocated, written, not yet on disk).
+  // Block's entry is now `entry` (a data block whose data is written, or
+  // kDiscarded), not yet on disk.
   void publish(uint64_t block, uint32_t entry);
   uint64_t blocks() const { return bmap_.size(); }
 

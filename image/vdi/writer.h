@@ -7,14 +7,32 @@
 // image qemu-img and VirtualBox make) the header and the changed part of the
 // block map go out in one host write, so that a crash never leaves a block map
 // and a blocks_allocated that disagree (qemu-img check's "allocated blocks
-// mismatch"); otherwise the header is written first, then the block map
-// sectors, as QEMU does. VDI has no dirty flag.
+// mismatch"); otherwise two writes, ordered so that no entry on disk is ever
+// at or past the blocks_allocated on disk: the header first when the count
+// grew (as QEMU writes), the block map first when it shrank. VDI has no dirty
+// flag.
+//
+// Discard (dynamic images; a static image keeps every block, zeroed in
+// place): whole blocks become discarded (VDI_DISCARDED, reads as zeros) and
+// the data blocks stay packed, as VirtualBox's discard keeps them: the data
+// of the last data blocks moves into the freed ones (the compaction calls of
+// ExtentWriter; ExtentDriver::compact copies, flushes and waits out the I/O
+// in flight), blocks_allocated drops by the blocks discarded, and the file is
+// cut after the last allocated block once that is durable (a block device,
+// or a file with bytes after the blocks, is punched there instead). A
+// reverse map (data block -> block, 4 bytes a block) finds the owner of each
+// last data block. While a block moves, needs_before_unit_write() is true
+// for it (one bit a block, sequentially consistent atomics).
+//
 // Thread-safety: as ExtentWriter (calls under the driver's allocation lock);
-// publish() stores entries atomically into the VdiMap that readers use.
+// publish() and the compaction store entries atomically into the VdiMap that
+// readers use; needs_before_unit_write() from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "image/extent_writer.h"
 #include "image/vdi/header.h"
@@ -31,7 +49,9 @@ class VdiWriter final : public ExtentWriter {
  public:
   // meta: the file's bytes [meta_base(h), meta_end(h)) (zero-padded past the
   // end of the file); header_bytes: the first kHeaderBytes of the file when
-  // meta_base(h) is not 0 (else empty: meta holds the header).
+  // meta_base(h) is not 0 (else empty: meta holds the header). Every entry of
+  // map below blocks_allocated and no data block named twice (vdi.cc's
+  // check_allocation).
   VdiWriter(io::HostFile& file, std::string path, const Header& h, VdiMap& map, io::AlignedBuffer header_bytes,
             io::AlignedBuffer meta);
 
@@ -44,12 +64,34 @@ class VdiWriter final : public ExtentWriter {
   Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
+  bool can_unmap() const override { return !h_.is_static(); }
+  void unmap(uint64_t first, uint64_t n) override;
+  bool compacts() const override { return can_unmap(); }
+  std::vector<UnitMove> begin_compaction() override;
+  void commit_compaction() override;
+  void cancel_compaction() override;
+  Task<Status> end_compaction(bool durable) override;
+  bool needs_before_unit_write(uint64_t unit) const override;
   bool dirty() const override { return header_dirty_ || !dirty_.empty(); }
   Task<Status> write_metadata() override;
+  Task<Status> close_clean() override;
 
  private:
+  // A block unmapped since the last compaction, and the data block it had.
+  struct Freed {
+    uint64_t block;
+    uint32_t index;
+  };
+
   bool joint() const { return meta_base(h_) == 0; }
+  uint64_t host_of(uint32_t index) const { return h_.offset_data + uint64_t{index} * h_.block_size; }
+  uint64_t data_end() const { return host_of(blocks_allocated_); }
+  HostRun place(uint32_t index) { return HostRun{&file_, host_of(index), 1, false}; }
+  void set_entry(uint64_t block, uint32_t entry);
+  void set_moving(uint64_t block, bool moving);
   Task<Status> cover_allocated_blocks();
+  Task<Status> sync_vacated();
+  Task<Status> give_back_vacated();
   void patch_header(std::byte* header) const;
 
   io::HostFile& file_;
@@ -59,9 +101,18 @@ class VdiWriter final : public ExtentWriter {
   io::AlignedBuffer header_;  // used when !joint()
   io::AlignedBuffer meta_;
   uint32_t blocks_allocated_;
-  uint64_t zero_from_;  // host bytes from here on read as zeros (never written)
+  uint32_t disk_allocated_;  // blocks_allocated as last written
+  uint64_t zero_from_;       // host bytes from here on read as zeros (never written)
   bool header_dirty_ = false;
   DirtyRange dirty_;  // block map entries changed
+  // Compaction (dynamic images only). owner_[index]: the block whose entry
+  // names data block index, kUnallocated for none; blocks_allocated_ long.
+  std::vector<uint32_t> owner_;
+  std::vector<Freed> freed_;                   // unmapped since the last compaction
+  std::vector<UnitMove> moves_;                // of the compaction under way
+  std::vector<std::atomic<uint64_t>> moving_;  // a bit a block: moves_[i].unit
+  uint64_t vacated_end_ = 0;  // host end of data blocks vacated and not yet given back (0: none)
+  bool unsynced_ = false;     // a committed compaction not yet known durable
 };
 
 }  // namespace qcowfs::image::vdi

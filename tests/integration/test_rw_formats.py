@@ -5,8 +5,11 @@ punched and zeroed ranges, unaligned writes and the partly used last block,
 growth (refused where QEMU cannot resize the format); after a clean unmount
 `qemu-img check` is clean, `qemu-img convert -O raw` equals the view as read
 back, and a remount shows the same bytes. Plus kill -9 under a write load with
-fsync (format_helpers.kill9_under_write_load), and VHDX block states after a
-punch (whole blocks of a dynamic image unmapped, their space freed and reused)."""
+fsync (format_helpers.kill9_under_write_load), VHDX block states after a
+punch (whole blocks of a dynamic image unmapped, their space freed and reused),
+and the VDI block map after a punch (whole blocks of a dynamic image discarded,
+the last data blocks moved into their place, the file cut); punches beside a
+verified write load for both."""
 
 from __future__ import annotations
 
@@ -429,13 +432,77 @@ def test_vhdx_punch_over_whole_blocks(workdir: Path, variant: str) -> None:
     assert data[:3 * MiB + 512] == b"\x5a" * (3 * MiB + 512)
 
 
-def test_vhdx_punches_and_writes_beside_a_verified_write_load(workdir: Path) -> None:
-    """Threads punch, write, read and fsync their own quarters of the second half of a dynamic
-    VHDX (whole blocks unmapped, their space reused under load) while fio writes and verifies the
-    first half: fio's data stays intact, each quarter reads as its model, the file stays near the
-    disk's size (space is reused), qemu-img check is clean and QEMU reads what the mount showed."""
+VDI_DISCARDED = 0xFFFFFFFE
+
+
+def vdi_layout(image: Path) -> tuple[int, int, list[int]]:
+    """(offset_data, blocks_allocated, block map entries) of a VDI image, as on disk."""
+    raw = image.read_bytes()
+    word = lambda at: int.from_bytes(raw[at:at + 4], "little")  # noqa: E731
+    offset_bmap, offset_data = word(340), word(344)
+    disk_size = int.from_bytes(raw[368:376], "little")
+    blocks = (disk_size + MiB - 1) // MiB
+    return offset_data, word(388), [word(offset_bmap + 4 * b) for b in range(blocks)]
+
+
+def test_vdi_punch_over_whole_blocks(workdir: Path) -> None:
+    """A punch over whole blocks of a dynamic VDI discards them (VDI_DISCARDED) and moves the last
+    data blocks into their place: blocks_allocated drops by their number, the file ends after the
+    last allocated block (st_blocks goes down) as soon as the punch returns; the cut blocks at either
+    end keep their data blocks. A later write into an unallocated block gets data block
+    blocks_allocated, as QEMU allocates. qemu-img check is clean, QEMU reads what the mount showed,
+    and so does a remount."""
+    size = 40 * MiB
+    image = fh.make_image(workdir, "vdi", "p.vdi", size, "", ["write -P 0x5a 0 32M"])
+    offset_data, count, entries = vdi_layout(image)
+    assert count == 32 and entries[:32] == list(range(32)), (count, entries)
+    allocated = image.stat().st_blocks * 512
+    copy = workdir / "copy.raw"
+    with helpers.mounted(image, workdir / "view.raw", ["rw", "cache=none", "format=vdi"]) as m:
+        fd = os.open(m.path, os.O_RDWR)
+        try:
+            fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 3 * MiB + 512, 5 * MiB)  # 4-7 whole
+            assert os.pread(fd, 5 * MiB, 3 * MiB + 512) == bytes(5 * MiB), "punched range not zero"
+            _, count, entries = vdi_layout(image)
+            assert count == 28, count
+            assert entries[4:8] == [VDI_DISCARDED] * 4, entries
+            assert entries[28:32] == [4, 5, 6, 7], entries  # the last data blocks moved into the freed ones
+            assert entries[:4] == [0, 1, 2, 3] and entries[8:28] == list(range(8, 28)), entries
+            assert image.stat().st_size == offset_data + 28 * MiB, image.stat().st_size
+            freed = allocated - image.stat().st_blocks * 512
+            assert freed >= 4 * MiB, f"the punch freed {freed} bytes of the image file"
+            assert os.pwrite(fd, b"\x77" * 65536, 36 * MiB + 4096) == 65536
+            os.fsync(fd)
+            _, count, entries = vdi_layout(image)
+            assert count == 29 and entries[36] == 28, (count, entries[36])
+        finally:
+            os.close(fd)
+        shutil.copyfile(m.path, copy)
+    helpers.qemu_img_check(image, "vdi")
+    reference = helpers.convert_to_raw(image, workdir / "qemu.raw", fmt="vdi")
+    assert helpers.files_equal(reference, copy), (
+        f"qemu-img convert differs from the view at byte "
+        f"{helpers.first_difference(reference.read_bytes(), copy.read_bytes())}")
+    data = copy.read_bytes()
+    assert data[:3 * MiB + 512] == b"\x5a" * (3 * MiB + 512)
+    assert data[3 * MiB + 512:8 * MiB + 512] == bytes(5 * MiB)
+    assert data[8 * MiB + 512:32 * MiB] == b"\x5a" * (24 * MiB - 512)
+    assert data[36 * MiB:36 * MiB + 4096] == bytes(4096) and data[36 * MiB + 4096:36 * MiB + 69632] == b"\x77" * 65536
+    with helpers.mounted(image, workdir / "again.raw", ["format=vdi"]) as m:
+        fh.assert_view_equals(m.path, copy, image)
+
+
+@pytest.mark.parametrize("variant", ["vhdx-dynamic", "vdi-dynamic"])
+def test_punches_and_writes_beside_a_verified_write_load(workdir: Path, variant: str) -> None:
+    """Threads punch, write, read and fsync their own quarters of the second half of the disk (whole
+    blocks unmapped and their space reused (VHDX), or discarded and the last data blocks moved into
+    their place (VDI), under load) while fio writes and verifies the first half: fio's data stays
+    intact, each quarter reads as its model, the file stays near the disk's size, qemu-img check is
+    clean and QEMU reads what the mount showed."""
+    fmt, opts, _ = VARIANTS[variant]
     size = 96 * MiB
-    image = fh.make_image(workdir, "vhdx", "s.vhdx", size, "block_size=1M")
+    image = fh.make_image(workdir, fmt, f"s.{fmt}", size, ",".join(filter(None, [opts, "block_size=1M"]))
+                          if fmt == "vhdx" else opts)
     half, quarter = size // 2, size // 8
     model = bytearray(half)
     failures: list[str] = []
@@ -467,7 +534,7 @@ def test_vhdx_punches_and_writes_beside_a_verified_write_load(workdir: Path) -> 
             os.close(fd)
 
     copy = workdir / "copy.raw"
-    with helpers.mounted(image, workdir / "view.raw", ["rw", "cache=none", "format=vhdx"]) as m:
+    with helpers.mounted(image, workdir / "view.raw", ["rw", "cache=none", f"format={fmt}"]) as m:
         threads = [threading.Thread(target=churn, args=(m.path, i)) for i in range(4)]
         for t in threads:
             t.start()
@@ -482,6 +549,11 @@ def test_vhdx_punches_and_writes_beside_a_verified_write_load(workdir: Path) -> 
         shutil.copyfile(m.path, copy)
     assert copy.read_bytes()[half:] == model, "the punched and written half differs from the model"
     assert image.stat().st_size < size + 32 * MiB, f"the file grew to {image.stat().st_size}: no space was reused"
-    helpers.qemu_img_check(image, "vhdx")
-    reference = helpers.convert_to_raw(image, workdir / "qemu.raw", fmt="vhdx")
+    helpers.qemu_img_check(image, fmt)
+    reference = helpers.convert_to_raw(image, workdir / "qemu.raw", fmt=fmt)
     assert helpers.files_equal(reference, copy), "qemu-img convert differs from the view"
+    if fmt == "vdi":
+        offset_data, count, entries = vdi_layout(image)
+        named = sorted(e for e in entries if e < VDI_DISCARDED)
+        assert named == list(range(count)), "the data blocks are not packed"
+        assert image.stat().st_size <= offset_data + count * MiB, "vacated data blocks were not cut off"
