@@ -257,7 +257,7 @@ TEST_P(ExtentWrite, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
   std::mt19937_64 rng(std::hash<std::string>{}(GetParam().name) & 0xffff);
   Model m;
   int checks = 0;
-  for (int step = 0; step < 120 && !::testing::Test::HasFailure(); ++step) {
+  for (int step = 0; step < 120 / io::testing::kSanitizerScale && !::testing::Test::HasFailure(); ++step) {
     const uint64_t r = rng() % 100;
     const uint64_t off = rng() % kDisk;
     const uint64_t len = std::min<uint64_t>(kDisk - off, 1 + rng() % (r < 50 ? 200000 : 1500000));
@@ -286,7 +286,7 @@ TEST_P(ExtentWrite, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
   ASSERT_TRUE(run(d->close()));
   m.flushed();
   check_crash(file->content(), m, "after close", true);
-  EXPECT_GE(checks, 20);
+  EXPECT_GE(checks, 20 / io::testing::kSanitizerScale);
 }
 
 INSTANTIATE_TEST_SUITE_P(Images, ExtentWrite,

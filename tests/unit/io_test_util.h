@@ -22,6 +22,23 @@
 
 namespace qcowfs::io::testing {
 
+// The long crash-consistency tests (every flush and cut point of a random
+// workload, each image checked by qemu-img) run 1/kSanitizerScale of their
+// steps in the sanitizer build (tests/run-all.sh's build-asan, where the same
+// work is several times slower): it needs the code paths, which the first
+// steps already take; the main build runs every step.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr int kSanitizerScale = 3;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr int kSanitizerScale = 3;
+#else
+inline constexpr int kSanitizerScale = 1;
+#endif
+#else
+inline constexpr int kSanitizerScale = 1;
+#endif
+
 // The bytes of a host file (empty when it cannot be read; at most max bytes),
 // read in one piece: the tests load images of many megabytes, and a byte-wise
 // stream iterator is slow in the sanitizer builds.

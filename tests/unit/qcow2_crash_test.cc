@@ -83,7 +83,7 @@ TEST_P(Qcow2Crash, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
   std::mt19937_64 rng(std::hash<std::string>{}(GetParam()) & 0xffff);
   Model m;
   int checks = 0;
-  for (int step = 0; step < 160; ++step) {
+  for (int step = 0; step < 160 / io::testing::kSanitizerScale; ++step) {
     uint64_t r = rng() % 100;
     uint64_t off = rng() % kDisk;
     uint64_t len = std::min<uint64_t>(kDisk - off, 1 + rng() % (r < 50 ? 200000 : 1500000));
@@ -123,7 +123,7 @@ TEST_P(Qcow2Crash, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
   ASSERT_TRUE(run(drv.close()));
   m.flushed();
   check_crash(file->content(), m, "after close");
-  EXPECT_GE(checks, 20);
+  EXPECT_GE(checks, 20 / io::testing::kSanitizerScale);
   // The final image is clean: no leaks either.
   write_file(img_->path(), file->content());
   auto final_check = testing::qemu_img_check(img_->path());

@@ -312,7 +312,7 @@ TEST_F(VhdxWrite, ACrashAtEveryStepOfABatUpdateReplays) {
   const Bytes base = slurp("i.vhdx");
   std::mt19937_64 rng(11);
   int crash_points = 0;
-  for (uint64_t k = 1; k < 40 && !HasFailure(); ++k) {
+  for (uint64_t k = 1; k < 40 && !HasFailure(); k += io::testing::kSanitizerScale) {
     io::MemFile* f = nullptr;
     auto d = open(base, true, &f, true);
     ASSERT_TRUE(d);
@@ -340,7 +340,7 @@ TEST_F(VhdxWrite, ACrashAtEveryStepOfABatUpdateReplays) {
       EXPECT_TRUE(qemu_raw("ours.vhdx") == qemu_raw("theirs.vhdx")) << "step " << k;
     }
   }
-  EXPECT_GE(crash_points, 10);
+  EXPECT_GE(crash_points, 10 / io::testing::kSanitizerScale);
 }
 
 TEST_F(VhdxWrite, NewBlocksGoAtTheEndOfTheFileInOneRunWithFullyPresentEntries) {
@@ -696,7 +696,7 @@ TEST_F(VhdxWrite, DiscardAndReuseLeaveEveryCrashImageValid) {
   const Bytes base = slurp("i.vhdx");
   std::mt19937_64 rng(5);
   int faults = 0;
-  for (uint64_t k = 1; k < 200 && !HasFailure(); k += 3) {
+  for (uint64_t k = 1; k < 200 && !HasFailure(); k += 3 * io::testing::kSanitizerScale) {
     io::MemFile* f = nullptr;
     auto d = open(base, true, &f, true);
     ASSERT_TRUE(d);
@@ -741,7 +741,7 @@ TEST_F(VhdxWrite, DiscardAndReuseLeaveEveryCrashImageValid) {
       EXPECT_TRUE(qemu_raw("ours.vhdx") == disk) << at;
     }
   }
-  EXPECT_GE(faults, 10);
+  EXPECT_GE(faults, 10 / io::testing::kSanitizerScale);
 }
 
 }  // namespace
