@@ -161,10 +161,6 @@ Task<Status> VpcWriter::write_metadata() {
   co_return Status::ok();
 }
 
-}  // namespace qcowfs::image::vpc
-
-namespace qcowfs::image::vpc {
-
 bool VpcWriter::needs_before_unit_write(uint64_t block) const {
   return (bitmap_full_[block / 64].load(std::memory_order_acquire) >> (block % 64) & 1) == 0;
 }
