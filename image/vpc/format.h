@@ -56,5 +56,20 @@ inline constexpr uint64_t kMaxTableEntries = 1ull << 25;
 
 // The sector bitmap before each block: one bit a sector, in whole sectors.
 constexpr uint64_t bitmap_size(uint64_t block_size) { return (block_size / (8 * kSector) + 511) & ~uint64_t{511}; }
+// New blocks qcowfs allocates keep their data 4 KiB-aligned in the file (a
+// 512-byte bitmap would put every block's data off the host's 4 KiB blocks,
+// and filesystems serialize unaligned direct I/O: ext4 wrote 1 MiB extending
+// writes 4.6x slower 512 bytes off): the block starts 4 KiB-aligned with
+// kNewBlockAlign - bitmap_size bytes of zeros, then the bitmap the BAT entry
+// names, then the data. The spec lets blocks start at any sector; QEMU, which
+// puts a new block where the footer was, reads such images as any other.
+inline constexpr uint64_t kNewBlockAlign = 4096;
+// The zeros before a new block's bitmap (none when the block size keeps no
+// 4 KiB alignment anyway).
+constexpr uint64_t new_block_pad(uint64_t block_size) {
+  const uint64_t bitmap = bitmap_size(block_size);
+  if (block_size % kNewBlockAlign != 0) return 0;
+  return (kNewBlockAlign - bitmap % kNewBlockAlign) % kNewBlockAlign;
+}
 
 }  // namespace qcowfs::image::vpc

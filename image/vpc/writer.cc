@@ -99,27 +99,31 @@ VpcWriter::VpcWriter(io::HostFile& file, std::string path, const Layout& l, Dyna
       footer_(std::move(footer)),
       bat_(std::move(bat)),
       bitmap_(static_cast<size_t>(bitmap_size(l.dyn.block_size)), file.mem_align(), false),
+      pad_(new_block_pad(l.dyn.block_size)),
+      prefix_(static_cast<size_t>(pad_ + bitmap_.size()), file.mem_align(), true),
       free_offset_(l.free_offset),
       footer_at_(l.free_offset),
       zero_from_(file.size()),
       bitmap_full_(std::make_unique<std::atomic<uint64_t>[]>((map.entries() + 63) / 64)) {
   std::memset(bitmap_.data(), 0xff, bitmap_.size());
+  std::memset(prefix_.data() + pad_, 0xff, bitmap_.size());
 }
 
 // New blocks are numbered by their first sector: the last one must be below
 // kBatUnallocated. On a block device the blocks and the footer must fit.
 Task<Result<HostRun>> VpcWriter::reserve(uint64_t /*first*/, uint64_t n) {
   const uint64_t stride = unit_stride();
-  const uint64_t end = free_offset_ + n * stride;
-  if ((end - stride) / kSector >= kBatUnallocated)
+  const uint64_t host = pad_ == 0 ? free_offset_ : align_up(free_offset_, kNewBlockAlign);
+  const uint64_t end = host + n * stride;
+  if ((end - stride + pad_) / kSector >= kBatUnallocated)
     co_return Status::errorf(ENOSPC, "the VHD image has no room for more blocks (BAT entries are 32-bit sectors)");
   if (file_.is_block_device() && end + kFooterSize > file_.size())
     co_return Status::errorf(ENOSPC, "the VHD image's block device is full ({} bytes)", file_.size());
   HostRun run;
   run.file = &file_;
-  run.host = free_offset_;
+  run.host = host;
   run.units = n;
-  run.fresh = zero_from_ <= run.host + bitmap_.size();  // the old footer lies under the first bitmap
+  run.fresh = zero_from_ <= run.host + prefix_.size();  // the old footer lies under the first prefix
   free_offset_ = end;
   co_return run;
 }
@@ -134,7 +138,7 @@ void VpcWriter::publish(uint64_t first, const HostRun& run) {
   const uint64_t stride = unit_stride();
   const uint64_t at = l_.dyn.table_offset - bat_base(l_.dyn);
   for (uint64_t i = 0; i < run.units; ++i) {
-    const auto sector = static_cast<uint32_t>((run.host + i * stride) / kSector);
+    const auto sector = static_cast<uint32_t>((run.host + i * stride + pad_) / kSector);
     map_.publish(first + i, sector);
     store_be32(bat_.data() + at + (first + i) * 4, sector);
     set_bitmap_full(first + i);  // written all ones with the block

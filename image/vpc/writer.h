@@ -1,8 +1,10 @@
 // VpcWriter: the ExtentWriter of a dynamic VHD opened read-write, as QEMU
 // 7.2's vpc_co_pwritev() / alloc_block() / rewrite_footer() write one: a new
 // block goes where the footer at the end of the file is (QEMU's
-// free_data_block_offset), as its sector bitmap (all ones) then block_size
-// bytes of data; the footer moves to the new end of the file and the BAT entry
+// free_data_block_offset), rounded up to 4 KiB, as zero padding, its sector
+// bitmap (all ones) and block_size bytes of data, the data 4 KiB-aligned
+// (format.h's new_block_pad; QEMU puts the bitmap right at the old footer's
+// place, so its data is 4 KiB-aligned for one block in eight); the footer moves to the new end of the file and the BAT entry
 // (a big-endian sector number) names the block. The footer copy at offset 0,
 // which QEMU and qcowfs read first, never changes. Several new blocks of one
 // request are contiguous and written by the driver in one host write, each
@@ -72,7 +74,8 @@ class VpcWriter final : public ExtentWriter {
   static uint64_t bat_end(const DynHeader& h);
 
   uint64_t unit_size() const override { return l_.dyn.block_size; }
-  std::span<const std::byte> unit_prefix() const override { return bitmap_.span(); }
+  // The zero padding and the bitmap (format.h's new_block_pad).
+  std::span<const std::byte> unit_prefix() const override { return prefix_.span(); }
   Task<Result<HostRun>> reserve(uint64_t first, uint64_t n) override;
   void unreserve(const HostRun& run) override;
   void publish(uint64_t first, const HostRun& run) override;
@@ -92,6 +95,8 @@ class VpcWriter final : public ExtentWriter {
   io::AlignedBuffer footer_;
   io::AlignedBuffer bat_;
   io::AlignedBuffer bitmap_;  // a new block's sector bitmap: all ones
+  uint64_t pad_;              // zeros before a new block's bitmap
+  io::AlignedBuffer prefix_;  // pad_ zeros, then the bitmap
   uint64_t free_offset_;      // where the next new block goes
   uint64_t footer_at_;        // where write_metadata() last put the footer (or free_offset at open)
   uint64_t zero_from_;        // host bytes from here on read as zeros (never written)

@@ -41,6 +41,12 @@ constexpr uint32_t kBlocks = 8;
 constexpr uint64_t kBatAt = 1536;
 constexpr uint64_t kDataAt = 2048;
 constexpr uint64_t kStride = 512 + kBlock;
+// A new block of qcowfs': zero padding up to 4 KiB before its bitmap, so that
+// its data is 4 KiB-aligned.
+constexpr uint64_t kNewStride = 4096 + kBlock;
+
+// Where qcowfs puts a new block's bitmap when the file's blocks end at `free`.
+uint64_t new_bitmap_at(uint64_t free) { return (free + 4095) / 4096 * 4096 + 4096 - 512; }
 
 void put_footer(Bytes& img, uint64_t at, uint32_t type, uint64_t data_offset = 512) {
   std::byte* p = img.data() + at;
@@ -149,10 +155,14 @@ bool all_are(std::span<const std::byte> s, std::byte v) {
   return std::all_of(s.begin(), s.end(), [v](std::byte b) { return b == v; });
 }
 
-TEST(VpcWrite, NewBlockGoesWhereTheFooterWasAndTheFooterMoves) {
+TEST(VpcWrite, NewBlockGoesWhereTheFooterWasWithItsData4KiBAlignedAndTheFooterMoves) {
   QemuImage q(8 * kMiB);
   const Bytes before = q.bytes();
   const uint64_t old_end = before.size() - 512;  // the end footer: QEMU's free_data_block_offset
+  const uint64_t bitmap = new_bitmap_at(old_end);
+  ASSERT_GE(bitmap, old_end);
+  ASSERT_LT(bitmap, old_end + 8192);  // the next 4 KiB boundary, then 3.5 KiB of padding
+  EXPECT_EQ((bitmap + 512) % 4096, 0u) << "the data is not 4 KiB-aligned";
   auto o = open(before, true);
   ASSERT_TRUE(o.driver) << o.driver.status().to_string();
   BlockDriver& d = **o.driver;
@@ -160,13 +170,16 @@ TEST(VpcWrite, NewBlockGoesWhereTheFooterWasAndTheFooterMoves) {
   ASSERT_TRUE(run_now(d.write(kQemuBlock + 12345, data)));
   ASSERT_TRUE(run_now(d.close()));
   const Bytes after = o.file->content();
-  ASSERT_EQ(after.size(), old_end + 512 + kQemuBlock + 512);
+  ASSERT_EQ(after.size(), bitmap + 512 + kQemuBlock + 512);
   EXPECT_TRUE(std::equal(before.begin(), before.begin() + 512, after.begin())) << "the footer copy at 0 changed";
   EXPECT_TRUE(std::equal(before.begin(), before.begin() + 512, after.end() - 512)) << "the end footer is not the copy";
-  EXPECT_TRUE(all_are(std::span(after).subspan(old_end, 512), std::byte{0xff})) << "the bitmap is not all ones";
-  EXPECT_EQ(load_be32(after.data() + kQemuBatAt + 4), old_end / 512);
+  EXPECT_TRUE(all_are(std::span(after).subspan(bitmap, 512), std::byte{0xff})) << "the bitmap is not all ones";
+  EXPECT_TRUE(all_are(std::span(after).subspan(bitmap - 3584, 3584), std::byte{0})) << "the padding";
+  EXPECT_TRUE(std::equal(before.end() - 512, before.end(), after.begin() + static_cast<std::ptrdiff_t>(old_end)))
+      << "the old end footer, now unused space before the 4 KiB boundary, was written";
+  EXPECT_EQ(load_be32(after.data() + kQemuBatAt + 4), bitmap / 512);
   EXPECT_EQ(load_be32(after.data() + kQemuBatAt), 0xFFFFFFFFu);
-  EXPECT_TRUE(std::equal(data.begin(), data.end(), after.begin() + static_cast<std::ptrdiff_t>(old_end + 512 + 12345)));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), after.begin() + static_cast<std::ptrdiff_t>(bitmap + 512 + 12345)));
   // Only the BAT's first sector and the new space changed.
   EXPECT_TRUE(std::equal(before.begin(), before.begin() + kQemuBatAt, after.begin()));
   EXPECT_TRUE(std::equal(before.begin() + kQemuBatAt + 512, before.begin() + static_cast<std::ptrdiff_t>(old_end),
@@ -187,12 +200,12 @@ TEST(VpcWrite, ARequestOverSeveralNewBlocksIsOneHostWriteWithEachBitmap) {
   ASSERT_TRUE(run_now(d.close()));
   const Bytes img = o.file->content();
   for (uint32_t i = 0; i < 4; ++i) {
-    const uint64_t at = kDataAt + i * kStride;
+    const uint64_t at = new_bitmap_at(kDataAt) + i * kNewStride;
     EXPECT_EQ(load_be32(img.data() + kBatAt + 4 * (1 + i)), at / 512) << i;
     EXPECT_TRUE(all_are(std::span(img).subspan(at, 512), std::byte{0xff})) << "bitmap of block " << 1 + i;
   }
-  EXPECT_TRUE(all_are(std::span(img).subspan(kDataAt + 512, 100), std::byte{0})) << "copy-on-write head";
-  EXPECT_EQ(img.size(), kDataAt + 4 * kStride + 512);
+  EXPECT_TRUE(all_are(std::span(img).subspan(new_bitmap_at(kDataAt) + 512, 100), std::byte{0})) << "copy-on-write head";
+  EXPECT_EQ(img.size(), new_bitmap_at(kDataAt) + 3 * kNewStride + kStride + 512);
   auto again = open(img, false);
   ASSERT_TRUE(again.driver);
   Bytes back(data.size());
@@ -215,7 +228,7 @@ TEST(VpcWrite, InPlaceWritesAndZeroingBesideANewBlock) {
   const Bytes img = o.file->content();
   EXPECT_EQ(load_be32(img.data() + kBatAt), 5u);
   EXPECT_EQ(load_be32(img.data() + kBatAt + 8), 14u);
-  EXPECT_EQ(load_be32(img.data() + kBatAt + 4), (before.size() - 512) / 512);
+  EXPECT_EQ(load_be32(img.data() + kBatAt + 4), new_bitmap_at(before.size() - 512) / 512);
   EXPECT_TRUE(std::equal(before.begin(), before.begin() + 512, img.end() - 512));
   auto again = open(img, false);
   ASSERT_TRUE(again.driver);
@@ -296,7 +309,7 @@ TEST(VpcWrite, BlockDeviceGivesEnospcWhenFullAndGrowsInsideOtherwise) {
   std::copy(data.begin(), data.end(), want.begin() + static_cast<std::ptrdiff_t>(4 * 512 + 512));
   EXPECT_TRUE(full.file->content() == want);
 
-  img.resize(img.size() + kStride + 1000, std::byte{0x77});  // a device with room for one block and its footer
+  img.resize(new_bitmap_at(old_end) + kStride + 512 + 1000, std::byte{0x77});  // room for one block and its footer
   auto room = open(img, true, true);
   ASSERT_TRUE(room.driver) << room.driver.status().to_string();
   ASSERT_TRUE(run_now((*room.driver)->write(3 * kBlock + 512, data)));
@@ -304,8 +317,9 @@ TEST(VpcWrite, BlockDeviceGivesEnospcWhenFullAndGrowsInsideOtherwise) {
   ASSERT_TRUE(run_now((*room.driver)->close()));
   const Bytes out = room.file->content();
   ASSERT_EQ(out.size(), img.size());
-  EXPECT_EQ(load_be32(out.data() + kBatAt + 12), old_end / 512);
-  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 512, out.begin() + static_cast<std::ptrdiff_t>(old_end + kStride)));
+  EXPECT_EQ(load_be32(out.data() + kBatAt + 12), new_bitmap_at(old_end) / 512);
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 512,
+                         out.begin() + static_cast<std::ptrdiff_t>(new_bitmap_at(old_end) + kStride)));
   auto again = open(out, false);
   ASSERT_TRUE(again.driver);
   Bytes back(kBlock);
@@ -317,8 +331,8 @@ TEST(VpcWrite, BlockDeviceGivesEnospcWhenFullAndGrowsInsideOtherwise) {
 
 // A crash after the data write and before the footer: the bitmap of a block no
 // entry names lies over the old end footer. QEMU and qcowfs open it (the
-// footer copy at 0 is read first); the next block goes there again and the
-// stale bytes do not show.
+// footer copy at 0 is read first); the next block goes there again (from the
+// next 4 KiB boundary on) and the stale bytes do not show.
 TEST(VpcWrite, CrashLeftoversAreWrittenOverWithoutShowing) {
   Bytes img = built_image({4});
   const uint64_t old_end = img.size() - 512;
@@ -330,8 +344,9 @@ TEST(VpcWrite, CrashLeftoversAreWrittenOverWithoutShowing) {
   ASSERT_TRUE(run_now((*o.driver)->write(2 * kBlock + 1024, data)));
   ASSERT_TRUE(run_now((*o.driver)->close()));
   const Bytes out = o.file->content();
-  EXPECT_EQ(load_be32(out.data() + kBatAt + 8), old_end / 512);
-  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 512, out.begin() + static_cast<std::ptrdiff_t>(old_end + kStride)));
+  EXPECT_EQ(load_be32(out.data() + kBatAt + 8), new_bitmap_at(old_end) / 512);
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 512,
+                         out.begin() + static_cast<std::ptrdiff_t>(new_bitmap_at(old_end) + kStride)));
   auto again = open(out, false);
   ASSERT_TRUE(again.driver);
   Bytes back(kBlock);
