@@ -12,12 +12,14 @@
 #   raw          1 GiB raw image (format=raw): randread4k-ro randread4k randwrite4k seqread1m-ro
 #                seqread1m seqwrite1m
 #   qcow2-full   fully written 1 GiB qcow2: randread4k randwrite4k (overwrite) seqread1m
-#   qcow2-empty  empty 1 GiB qcow2: seqwrite1m and randwrite4k (allocating)
+#   qcow2-empty  empty 1 GiB qcow2: seqwrite1m, seqwrite1m-fill (one pass: allocating only) and
+#                randwrite4k (allocating)
 #   FMT-full     fully written 1 GiB image of FMT (qcow2 vmdk vhdx vdi qed vpc parallels; made by
 #                qemu-img convert from the raw image), read-only mounts: randread4k-ro seqread1m-ro.
 #                With SETS="qcow2-full-ro vmdk-full ..." a second table puts each format beside qcow2.
 #   FMT-rw       the fully written FMT image, read-write: randwrite4k (overwrite); FMT-empty an
-#                empty 1 GiB FMT image (qemu-img create; vpc with force_size=on): seqwrite1m.
+#                empty 1 GiB FMT image (qemu-img create; vpc with force_size=on): seqwrite1m and
+#                seqwrite1m-fill (one pass: every write allocates).
 #                With qcow2-full (or qcow2-rw, its overwrites alone) and qcow2-empty in SETS a
 #                table puts each writable format beside qcow2.
 #   raw-lat, qcow2-lat  low queue depth on the raw image and the fully written qcow2:
@@ -31,7 +33,7 @@
 # on a fresh copy of the image. The shared disk here drifts by up to 2x within minutes, so each
 # ratio is taken within a round and the table shows the median over rounds (values: medians).
 # Env: ROUNDS (default 3), RUNTIME (s per job, default 5), SETS (default "raw qcow2-full
-# qcow2-empty"; qcow2-full-ro is qcow2-full's read-only jobs, the reference of the FMT-full sets), OUT (table file), RAW_OUT (every measurement, one per line).
+# qcow2-empty"; JOBS: only these of each set's jobs; qcow2-full-ro is qcow2-full's read-only jobs, the reference of the FMT-full sets), OUT (table file), RAW_OUT (every measurement, one per line).
 # BEFORE=OLD_BINARY compares two builds instead: in each round the raw host file, qsd, OLD_BINARY
 # ("before") and BINARY ("after") run each job back to back, both over /dev/fuse, and the table
 # shows after / before beside the round-to-round spread of the raw host file (the run's noise).
@@ -138,7 +140,7 @@ for round in $(seq "$rounds"); do
     case $set in
       raw) tmpl=$work/raw.img fmt=raw jobs="randread4k-ro randread4k randwrite4k seqread1m-ro seqread1m seqwrite1m" ;;
       qcow2-full) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k randwrite4k seqread1m" ;;
-      qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m randwrite4k" ;;
+      qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m seqwrite1m-fill randwrite4k" ;;
       qcow2-full-ro) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k-ro seqread1m-ro" ;;
       qcow2-enc-full) tmpl=$work/full.qcow2-enc fmt=qcow2-enc jobs="randread4k randwrite4k seqread1m" ;;
       raw-lat|qcow2-lat)
@@ -149,11 +151,12 @@ for round in $(seq "$rounds"); do
               [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
       *-rw) fmt=${set%-rw} tmpl=$work/full.$fmt jobs="randwrite4k"
             [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
-      *-empty) fmt=${set%-empty} tmpl=$work/empty.$fmt jobs="seqwrite1m"
+      *-empty) fmt=${set%-empty} tmpl=$work/empty.$fmt jobs="seqwrite1m seqwrite1m-fill"
                [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
       *) echo "unknown set $set" >&2; exit 2 ;;
     esac
     for job in $jobs; do
+      [ -n "${JOBS:-}" ] && [[ " $JOBS " != *" $job "* ]] && continue
       for sys in $systems; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
     done
   done
@@ -162,7 +165,7 @@ done
 python3 - "$results" "$rounds" "${before:+compare}" <<'PY' | tee "${OUT:-/dev/null}"
 import sys, collections, statistics
 # lines: ROUND SET SYSTEM JOB VALUE IOPS MIBS MiB/s  (or ROUND SET SYSTEM JOB FAILED)
-def is_mb(job): return job.removesuffix("-ro").endswith("1m")
+def is_mb(job): return job.removesuffix("-ro").removesuffix("-fill").endswith("1m")
 runs = collections.OrderedDict()
 lats = collections.OrderedDict()  # (set, job) -> round -> system -> (IOPS, mean us, p99 us)
 for line in open(sys.argv[1]):
