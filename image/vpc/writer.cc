@@ -123,7 +123,9 @@ Task<Result<HostRun>> VpcWriter::reserve(uint64_t /*first*/, uint64_t n) {
   run.file = &file_;
   run.host = host;
   run.units = n;
-  run.fresh = zero_from_ <= run.host + prefix_.size();  // the old footer lies under the first prefix
+  // The old footer lies before the first unit's data: under its prefix, or in
+  // the unused space before the 4 KiB boundary.
+  run.fresh = zero_from_ <= run.host + prefix_.size();
   free_offset_ = end;
   co_return run;
 }
