@@ -20,9 +20,20 @@
 // per host-contiguous run; runs of unallocated or zero units get contiguous
 // host space from the writer and are written with their copy-on-write head and
 // tail (from the backing image, or zeros) in one host write, then published.
-// Allocating writes, publishing and metadata writeback hold one allocation
-// lock; writes into data extents take no lock (a writer may ask to see the
-// first one into each unit, or hold writes into a unit it moves:
+// An allocating write plans, reserves its host space and registers itself
+// as a batch under one allocation lock, writes its data without it, and
+// publishes under it again: the data writes of concurrent allocating
+// requests overlap at the host. Batches publish in the order they reserved;
+// when one fails, new reservations wait, every later batch is given back
+// with it (newest first, so every writer's unreserve() gives back its latest
+// reservation) and written again from the start. A request for a unit that
+// a batch is allocating waits for that batch, or, where it writes bytes of
+// fresh space that batch's host write leaves out, writes them straight into
+// that space and completes once that batch is published (it "rides" it). Metadata writeback, growth, a
+// compaction and close first let the batches in flight publish (quiesce()),
+// so what they write never counts space whose data is not written. Writes
+// into data extents take no lock (a writer may ask to see the first one into
+// each unit, or hold writes into a unit it moves:
 // ExtentWriter::needs_before_unit_write; such writes are planned again under
 // the lock). A discard of whole data units of a writer that can_unmap()
 // unmaps them under the lock and punches their host space, which is reused
@@ -40,6 +51,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -146,6 +158,8 @@ class ExtentDriver final : public BlockDriver {
   struct SubRead;
   struct SubWrite;
   struct Allocation;
+  struct Batch;
+  using Event = std::shared_ptr<io::AsyncEvent>;
 
   Task<Result<Extent>> extent_at(uint64_t guest, uint64_t len);
   Task<Status> plan(uint64_t start, std::span<std::byte> buf, std::vector<SubRead>& out);
@@ -163,6 +177,16 @@ class ExtentDriver final : public BlockDriver {
   Task<Status> first_write();
   Task<Status> first_write_locked();
   Task<Status> write_allocating(uint64_t off, std::span<const std::byte> buf);
+  Task<Result<Event>> begin_batch(uint64_t off, std::span<const std::byte> buf, Batch& b);
+  Task<Status> write_batch(Batch& b);
+  void settle();
+  void roll_back();
+  Event pending(uint64_t first, uint64_t n) const;
+  std::pair<std::shared_ptr<Batch>, const Allocation*> pending_allocation(const Allocation& a) const;
+  bool can_ride(const Allocation& space, const Allocation& a) const;
+  void ride(const Allocation& space, const Allocation& a, std::vector<SubWrite>& out) const;
+  Task<void> quiesce(io::AsyncMutex::Guard& lock);
+  void open_gate();
   Task<Status> reserve_all(std::vector<Allocation>& allocs);
   Task<Status> fill_cow(Allocation& a);
   Task<Status> write_allocation(Allocation& a);
@@ -208,6 +232,12 @@ class ExtentDriver final : public BlockDriver {
   const bool unmaps_;
   InFlightIo in_flight_;
   std::vector<Unmapped> unmapped_;  // alloc_ held
+  // Allocating writes in flight, in the order they reserved (alloc_ held).
+  std::deque<std::shared_ptr<Batch>> batches_;
+  bool failing_ = false;
+  int quiescers_ = 0;     // quiesce() calls waiting or holding the lock with nothing in flight  // a batch of batches_ failed: the later ones are given back with it
+  Event gate_;     // set while new batches wait (a failure, a quiesce()); opened when they may go on
+  Event drained_;  // set while someone waits for batches_ to empty
 };
 
 }  // namespace qcowfs::image

@@ -52,6 +52,21 @@ struct ExtentDriver::Allocation {
   io::AlignedBuffer tail;
 };
 
+// An allocating request in flight (write_allocating): its host writes, and
+// how it ended. settled is set once it is published, has failed, or must be
+// done again; requests for its units wait for it.
+struct ExtentDriver::Batch {
+  enum class State { writing, written, failed, published, retry };
+  std::vector<SubWrite> in_place;
+  std::vector<Allocation> allocs;
+  State state = State::writing;
+  Status result = Status::ok();
+  Event settled = std::make_shared<io::AsyncEvent>();
+  // The batch whose reserved space some of in_place's writes go into (ride()):
+  // this one is done only once that one is published.
+  std::shared_ptr<Batch> rides;
+};
+
 // Whether extent e at guest offset guest reads as zeros.
 bool ExtentDriver::reads_zero(const Extent& e, uint64_t guest) const {
   if (e.kind == ExtentKind::zero) return true;
@@ -181,41 +196,210 @@ Task<Status> ExtentDriver::first_write_locked() {
   co_return Status::ok();
 }
 
-// A request that allocates, or writes into units the writer must see first:
-// planned again under the allocation lock (another request may have
-// allocated some of its units meanwhile, a compaction moved them), every host
-// write issued together (in-place ones too: under the lock no unit moves),
-// the new units published once all succeeded.
+// A request that allocates, or writes into units the writer must see first,
+// as one batch: planned again under the allocation lock (another request may
+// have allocated some of its units meanwhile, a compaction moved them), its
+// new units' space reserved there; every host write issued together without
+// the lock (in-place ones too: no unit moves while a batch is in flight, see
+// quiesce()); then published under the lock, in reservation order (settle()).
+// A batch given back because an earlier one failed is done again.
 Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::byte> buf) {
-  auto lock = co_await alloc_.lock();
+  for (;;) {
+    auto batch = std::make_shared<Batch>();
+    InFlightIo::Ticket ticket;
+    {
+      auto lock = co_await alloc_.lock();
+      auto wait = co_await begin_batch(off, buf, *batch);
+      if (!wait) co_return wait.status();
+      if (*wait) {
+        lock.release();
+        co_await (*wait)->wait();
+        continue;
+      }
+      // Entered before the lock goes: a discard from now on waits for these
+      // host writes before it hands out the space they found.
+      ticket = track();
+      batches_.push_back(batch);
+    }
+    Status st = co_await write_batch(*batch);
+    ticket.leave();  // before waiting for the lock, which a grace period may hold
+    {
+      auto lock = co_await alloc_.lock();
+      if (!st && !batch->allocs.empty()) {
+        failing_ = true;
+        if (!gate_) gate_ = std::make_shared<io::AsyncEvent>();
+      }
+      batch->state = st ? Batch::State::written : Batch::State::failed;
+      batch->result = std::move(st);
+      settle();
+    }
+    co_await batch->settled->wait();
+    if (batch->state == Batch::State::retry) continue;
+    if (batch->rides && batch->result) {
+      co_await batch->rides->settled->wait();
+      if (batch->rides->state != Batch::State::published) continue;  // its space was given back
+    }
+    co_return batch->result;
+  }
+}
+
+// Under the allocation lock: b planned, its new units prepared and their
+// space reserved (returns no event); or the event to wait for before trying
+// again: new batches are held (gate_), or another batch is allocating one of
+// b's units.
+Task<Result<ExtentDriver::Event>> ExtentDriver::begin_batch(uint64_t off, std::span<const std::byte> buf, Batch& b) {
+  if (gate_) co_return gate_;
   QCOWFS_CO_TRY(co_await first_write_locked());
-  std::vector<SubWrite> in_place;
-  std::vector<Allocation> allocs;
-  QCOWFS_CO_TRY(co_await plan_write(off, buf, in_place, allocs));
-  if (!changed_ && !allocs.empty()) {
+  QCOWFS_CO_TRY(co_await plan_write(off, buf, b.in_place, b.allocs));
+  for (size_t i = 0; i < b.allocs.size();) {
+    auto [owner, space] = pending_allocation(b.allocs[i]);
+    if (owner == nullptr) {
+      ++i;
+      continue;
+    }
+    if (!can_ride(*space, b.allocs[i]) || (b.rides && b.rides != owner)) co_return owner->settled;
+    ride(*space, b.allocs[i], b.in_place);
+    b.rides = owner;
+    b.allocs.erase(b.allocs.begin() + static_cast<ptrdiff_t>(i));
+  }
+  if (!changed_ && !b.allocs.empty()) {
     QCOWFS_CO_TRY(co_await img_.writer->begin_change());
     changed_ = true;
   }
-  for (Allocation& a : allocs) {
+  for (Allocation& a : b.allocs) {
     QCOWFS_CO_TRY(co_await fill_cow(a));
     QCOWFS_CO_TRY(co_await img_.writer->prepare(a.first_unit, a.units));
   }
-  for (const SubWrite& w : in_place)
+  for (const SubWrite& w : b.in_place)
     if (needs_before_unit_writes(w.guest, w.src.size()))
       QCOWFS_CO_TRY(co_await before_unit_writes(w.guest, w.src.size()));
   recycle_drained();
-  QCOWFS_CO_TRY(co_await reserve_all(allocs));
+  QCOWFS_CO_TRY(co_await reserve_all(b.allocs));
+  co_return Event{};
+}
+
+// Every host write of a batch, issued together.
+Task<Status> ExtentDriver::write_batch(Batch& b) {
   std::vector<Task<Status>> tasks;
-  tasks.reserve(in_place.size() + allocs.size());
-  for (const SubWrite& w : in_place) tasks.push_back(w.file->write(w.host, w.src));
-  for (Allocation& a : allocs) tasks.push_back(write_allocation(a));
-  Status st = co_await io::when_all(std::move(tasks));
-  if (!st) {
-    for (auto it = allocs.rbegin(); it != allocs.rend(); ++it) img_.writer->unreserve(it->run);
-    co_return st;
+  tasks.reserve(b.in_place.size() + b.allocs.size());
+  for (const SubWrite& w : b.in_place) tasks.push_back(w.file->write(w.host, w.src));
+  for (Allocation& a : b.allocs) tasks.push_back(write_allocation(a));
+  co_return co_await io::when_all(std::move(tasks));
+}
+
+// The settled event of a batch in flight that allocates one of units
+// [first, first + n), or none (alloc_ held).
+ExtentDriver::Event ExtentDriver::pending(uint64_t first, uint64_t n) const {
+  for (const auto& b : batches_)
+    for (const Allocation& a : b->allocs)
+      if (a.first_unit < first + n && first < a.first_unit + a.units) return b->settled;
+  return nullptr;
+}
+
+// The batch in flight, and its allocation, that allocates one of a's units
+// (nullptr: none). alloc_ held.
+std::pair<std::shared_ptr<ExtentDriver::Batch>, const ExtentDriver::Allocation*> ExtentDriver::pending_allocation(
+    const Allocation& a) const {
+  for (const auto& b : batches_)
+    for (const Allocation& x : b->allocs)
+      if (x.first_unit < a.first_unit + a.units && a.first_unit < x.first_unit + x.units) return {b, &x};
+  return {nullptr, nullptr};
+}
+
+// Whether a, planned over units that allocation `space` of a batch in flight
+// is allocating, can be written straight into the space reserved for them
+// instead of waiting for its publication: all of a's units are among
+// space's, their old bytes are zeros, and a's bytes are ones that space's
+// one host write leaves out (fresh space it does not write: around its
+// request, or with a prefix after it only, since the head is written then).
+bool ExtentDriver::can_ride(const Allocation& space, const Allocation& a) const {
+  if (a.first_unit < space.first_unit || a.first_unit + a.units > space.first_unit + space.units) return false;
+  if (!space.old_zero || !space.run.fresh) return false;
+  const uint64_t written_end = space.guest + space.src.size();
+  if (a.guest >= written_end) return true;
+  return img_.writer->unit_prefix().empty() && a.guest + a.src.size() <= space.guest;
+}
+
+// a's bytes as in-place writes into the space reserved by `space`, one per
+// unit (units of a run are a stride apart, each after its prefix).
+void ExtentDriver::ride(const Allocation& space, const Allocation& a, std::vector<SubWrite>& out) const {
+  const uint64_t us = img_.writer->unit_size();
+  const uint64_t prefix = img_.writer->unit_prefix().size();
+  const uint64_t stride = img_.writer->unit_stride();
+  for (uint64_t guest = a.guest; guest < a.guest + a.src.size();) {
+    const uint64_t unit = guest / us;
+    const uint64_t n = std::min(a.guest + a.src.size(), (unit + 1) * us) - guest;
+    const uint64_t host = space.run.host + (unit - space.first_unit) * stride + prefix + guest % us;
+    out.push_back(SubWrite{space.run.file, host, guest, a.src.subspan(guest - a.guest, n)});
+    guest += n;
   }
-  for (const Allocation& a : allocs) img_.writer->publish(a.first_unit, a.run);
-  co_return Status::ok();
+}
+
+// Publishes the batches at the head of batches_ that have been written, in
+// reservation order; those that allocate nothing settle as soon as they are
+// done, with their result. Once a failed batch is at the head and no later one is still
+// writing, all of them are given back (roll_back()). alloc_ held.
+void ExtentDriver::settle() {
+  // Batches that allocate nothing hold no place in the order: done, they go.
+  std::erase_if(batches_, [](const std::shared_ptr<Batch>& b) {
+    if (!b->allocs.empty() || b->state == Batch::State::writing) return false;
+    b->settled->set();
+    return true;
+  });
+  while (!batches_.empty()) {
+    Batch& b = *batches_.front();
+    if (b.state == Batch::State::failed) break;
+    if (b.state == Batch::State::writing) return;
+    for (const Allocation& a : b.allocs) img_.writer->publish(a.first_unit, a.run);
+    b.state = Batch::State::published;
+    b.settled->set();
+    batches_.pop_front();
+  }
+  if (!batches_.empty()) {
+    for (const auto& b : batches_)
+      if (b->state == Batch::State::writing) return;
+    roll_back();
+  }
+  if (drained_) std::exchange(drained_, nullptr)->set();
+  if (quiescers_ == 0) open_gate();
+}
+
+// The batch at the head failed and every later one has been written or has
+// failed: their space is given back newest first (so that each unreserve()
+// gives back the writer's latest reservation, and VDI's block numbers stay
+// without gaps). The failed ones return their error, the others are done
+// again. alloc_ held.
+void ExtentDriver::roll_back() {
+  for (auto it = batches_.rbegin(); it != batches_.rend(); ++it) {
+    Batch& b = **it;
+    for (auto a = b.allocs.rbegin(); a != b.allocs.rend(); ++a) img_.writer->unreserve(a->run);
+    if (b.state == Batch::State::written) b.state = Batch::State::retry;
+  }
+  for (const auto& b : batches_) b->settled->set();
+  batches_.clear();
+  failing_ = false;
+}
+
+// Takes the allocation lock once no batch is in flight: new batches wait
+// meanwhile (gate_) and those in flight publish. For whatever must not see
+// space reserved whose entry is not published (metadata writeback, growth, a
+// compaction, close). On return `lock` holds the lock with batches_ empty.
+Task<void> ExtentDriver::quiesce(io::AsyncMutex::Guard& lock) {
+  ++quiescers_;
+  while (!batches_.empty()) {
+    if (!gate_) gate_ = std::make_shared<io::AsyncEvent>();
+    if (!drained_) drained_ = std::make_shared<io::AsyncEvent>();
+    Event drained = drained_;
+    lock.release();
+    co_await drained->wait();
+    lock = co_await alloc_.lock();
+  }
+  if (--quiescers_ == 0 && !failing_) open_gate();
+}
+
+// New batches may go on (alloc_ held).
+void ExtentDriver::open_gate() {
+  if (gate_) std::exchange(gate_, nullptr)->set();
 }
 
 // Host space for every allocation, in order; on failure the ones already
@@ -415,6 +599,8 @@ Task<Status> ExtentDriver::unmap_units(uint64_t first, uint64_t last) {
   std::vector<uint64_t> changed;
   {
     auto lock = co_await alloc_.lock();
+    // A compaction moves the last allocated units: none may be in flight.
+    if (img_.writer->compacts()) co_await quiesce(lock);
     if (!changed_) {
       QCOWFS_CO_TRY(co_await img_.writer->begin_change());
       changed_ = true;
@@ -573,6 +759,12 @@ Task<Status> ExtentDriver::zero_units(uint64_t guest, uint64_t len, bool unmap) 
   std::vector<uint64_t> allocated;
   {
     auto lock = co_await alloc_.lock();
+    // A unit being allocated is zeroed once it is published.
+    while (Event busy = pending(first, last - first)) {
+      lock.release();
+      co_await busy->wait();
+      lock = co_await alloc_.lock();
+    }
     if (!changed_) {
       QCOWFS_CO_TRY(co_await img_.writer->begin_change());
       changed_ = true;
@@ -610,6 +802,7 @@ Task<Status> ExtentDriver::discard(uint64_t off, uint64_t len) { co_return co_aw
 Task<Status> ExtentDriver::truncate(uint64_t new_size) {
   if (img_.writer == nullptr) co_return refuse_write();
   auto lock = co_await alloc_.lock();
+  co_await quiesce(lock);
   const uint64_t now = size();
   if (new_size == now) co_return Status::ok();
   if (!img_.writer->resizable())
@@ -634,6 +827,7 @@ Task<Status> ExtentDriver::flush_files() {
 // next write_metadata(), which could name it again, flushes first).
 Task<Status> ExtentDriver::writeback() {
   auto lock = co_await alloc_.lock();
+  co_await quiesce(lock);
   if (img_.writer->dirty()) {
     QCOWFS_CO_TRY(co_await flush_files());
     Status st = co_await img_.writer->write_metadata();
@@ -663,6 +857,7 @@ Task<Status> ExtentDriver::close() {
   QCOWFS_CO_TRY(co_await flush());
   {
     auto lock = co_await alloc_.lock();
+    co_await quiesce(lock);
     QCOWFS_CO_TRY(co_await img_.writer->close_clean());
   }
   QCOWFS_CO_TRY(co_await flush_files());

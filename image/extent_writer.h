@@ -72,11 +72,14 @@ struct FileTail {
     next += n * unit;
     return run;
   }
-  // Gives back the latest take(): its space may hold part of a failed write
-  // now, so it is no longer fresh.
+  // Gives back a take() whose data write failed: its space may hold part of
+  // that write now, so it is no longer fresh. Only the latest take() goes
+  // back to the allocator; space something else took after it since (a QED
+  // L2 table) is left unused.
   void give_back(const HostRun& run, uint64_t unit) {
-    next = run.host;
-    zero_from = std::max(zero_from, run.host + run.units * unit);
+    const uint64_t end = run.host + run.units * unit;
+    zero_from = std::max(zero_from, end);
+    if (end == next) next = run.host;
   }
 };
 

@@ -147,7 +147,7 @@ Task<Status> QedWriter::write_l1() {
 }
 
 Task<Status> QedWriter::write_metadata() {
-  slices_.release_pins();  // no allocation is in flight (allocation lock held)
+  slices_.release_pins();  // no allocation is in flight (ExtentDriver::quiesce)
   if (!dirty()) co_return Status::ok();
   QCOWFS_CO_TRY(co_await cover_allocated());
   QCOWFS_CO_TRY(co_await slices_.write_dirty());

@@ -118,7 +118,7 @@ void VhdxWriter::add_free(uint64_t host, uint64_t n) {
 
 // The changed BAT sectors, as few log entries as the log allows.
 Task<Status> VhdxWriter::write_metadata() {
-  slices_.release_pins();  // no allocation is in flight (allocation lock held)
+  slices_.release_pins();  // no allocation is in flight (ExtentDriver::quiesce)
   if (!dirty()) co_return Status::ok();
   const uint64_t per_entry = max_entry_sectors(h_.log_length);
   if (per_entry == 0) co_return Status::errorf(EIO, "{}: the VHDX log is too small to write", path_);

@@ -250,7 +250,7 @@ Task<Status> VmdkWriter::cover_grains() {
 }
 
 Task<Status> VmdkWriter::write_metadata() {
-  slices_.release_pins();  // no allocation is in flight (allocation lock held)
+  slices_.release_pins();  // no allocation is in flight (ExtentDriver::quiesce)
   if (!slices_.dirty()) co_return Status::ok();
   QCOWFS_CO_TRY(co_await cover_grains());
   co_return co_await slices_.write_dirty();

@@ -17,7 +17,11 @@
 #include "image/vhdx/vhdx.h"
 #include "image/vmdk/vmdk.h"
 #include "image/vpc/vpc.h"
+#include <chrono>
+
+#include "forwarding_file.h"
 #include "io/mem_file.h"
+#include "io/when_all.h"
 #include "qcow2_write_test_util.h"
 
 namespace qcowfs::image {
@@ -54,6 +58,54 @@ struct Variant {
 // leak at the end of the file as an "ERROR" line, counted as a leak), and for
 // Parallels the `inuse` flag ("image was not closed correctly"; -r all clears
 // it), which every image open read-write has on disk, by QEMU's design.
+// A HostFile whose data writes (64 KiB or more) wait until `hold` of them
+// are in flight, or until release(): shows how many allocating writes reach
+// the host at once. The `fail`-th data write (from 1; 0: none) fails with EIO
+// and writes nothing.
+class HeldDataWrites final : public qcowfs::testing::ForwardingFile {
+ public:
+  static constexpr size_t kData = 64 * 1024;
+  HeldDataWrites(std::unique_ptr<io::HostFile> f, int hold, int fail)
+      : ForwardingFile(std::move(f)), hold_(hold), fail_(fail) {}
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override {
+    if (buf.size() >= kData) {
+      const bool ok = co_await held();  // not inside a condition: GCC 12 miscompiles that
+      if (!ok) co_return Status::error(EIO, "injected data write failure");
+    }
+    co_return co_await inner().write(off, buf);
+  }
+  Task<Status> writev(uint64_t off, std::span<const iovec> iov) override {
+    size_t n = 0;
+    for (const iovec& v : iov) n += v.iov_len;
+    if (n >= kData) {
+      const bool ok = co_await held();
+      if (!ok) co_return Status::error(EIO, "injected data write failure");
+    }
+    co_return co_await inner().writev(off, iov);
+  }
+  void release() { gate_.set(); }
+  bool released() { return gate_.is_set(); }
+  int max_in_flight() const { return max_in_flight_; }
+  int data_writes() const { return seen_; }
+
+ private:
+  // Waits for the gate; false for the write that fails.
+  Task<bool> held() {
+    const int mine = ++seen_;
+    max_in_flight_ = std::max(max_in_flight_, ++in_flight_);
+    if (in_flight_ >= hold_) gate_.set();
+    co_await gate_.wait();
+    --in_flight_;
+    co_return mine != fail_;
+  }
+  int hold_;
+  int fail_;
+  io::AsyncEvent gate_;
+  int in_flight_ = 0;  // touched only on the test's engine thread
+  int max_in_flight_ = 0;
+  int seen_ = 0;
+};
+
 bool only_allowed_findings(const std::string& format, const std::string& out) {
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
@@ -82,7 +134,7 @@ class ExtentWrite : public ::testing::TestWithParam<Variant> {
   }
 
   // One line per format.
-  Task<Result<std::unique_ptr<BlockDriver>>> open_format(std::unique_ptr<io::MemFile> mem, const ImageOptions& o) {
+  Task<Result<std::unique_ptr<BlockDriver>>> open_format(std::unique_ptr<io::HostFile> mem, const ImageOptions& o) {
     if (format_ == "vdi") return open_vdi(std::move(mem), path_, o);
     if (format_ == "qed") return open_qed(std::move(mem), path_, o);
     if (format_ == "vpc") return open_vpc(std::move(mem), path_, o);
@@ -91,20 +143,35 @@ class ExtentWrite : public ::testing::TestWithParam<Variant> {
     return open_parallels(std::move(mem), path_, o);
   }
 
-  // A writable driver over a MemFile holding the image.
-  std::unique_ptr<BlockDriver> open(io::MemFile** file_out) {
+  // A writable driver over a MemFile holding the image (seen through
+  // `held` when given: the MemFile is then its inner file).
+  std::unique_ptr<BlockDriver> open(io::MemFile** file_out, HeldDataWrites** held = nullptr, int hold = 0,
+                                    int fail = 0) {
     io::MemFileOptions mo;
     mo.track_unflushed = true;
     auto mem = std::make_unique<io::MemFile>(mo, read_file(path_));
     *file_out = mem.get();
+    std::unique_ptr<io::HostFile> file = std::move(mem);
+    if (held != nullptr) {
+      auto h = std::make_unique<HeldDataWrites>(std::move(file), hold, fail);
+      *held = h.get();
+      file = std::move(h);
+    }
     ImageOptions o;
     o.file.writable = true;
-    auto d = run(open_format(std::move(mem), o));
+    auto d = run(open_format(std::move(file), o));
     EXPECT_TRUE(d) << d.status().to_string();
     return d ? std::move(*d) : nullptr;
   }
 
   bool checkable() const { return format_ != "vpc"; }
+  // Every unit is data from the start (nothing is ever allocated). Not so a
+  // fixed VHDX as qemu-img makes it: its blocks are ZERO until written, and a
+  // write into one goes through the allocating path.
+  bool all_in_place() const {
+    const std::string name = GetParam().name;
+    return name == "vdi_static" || name == "vpc_fixed";
+  }
 
   // VHDX: QEMU refuses a read-only open of an image whose log needs replay.
   // The image after our replay (a writable open and close), whose bytes must
@@ -165,6 +232,8 @@ class ExtentWrite : public ::testing::TestWithParam<Variant> {
       }
     }
   }
+
+  void concurrent_writes(int fail);
 
   std::unique_ptr<io::Engine> engine_;
   std::string format_;
@@ -249,6 +318,74 @@ TEST_P(ExtentWrite, ARequestOverNewBlocksIsOneHostWrite) {
   EXPECT_EQ(file->counters().writes - writes_before, 1u);
   ASSERT_TRUE(run(d->close()));
 }
+
+// Four writes into new units at once (A to D), E over A's data and F after
+// it, 512 KiB into the image: A to D reach the host together; E waits for A
+// to publish, then writes over it; F goes to the host at once, into the
+// space A reserved where A's unit holds it (the unit is 1 MiB or more: F
+// rides A), else into a new unit of its own. With `fail` = 1, A's data write
+// fails: B to D (and F, reserved after them or riding A) are given back and
+// written again, E then allocates A's units itself, and the image is
+// consistent. The bytes QEMU reads afterwards are the model's.
+void ExtentWrite::concurrent_writes(int fail) {
+  io::MemFile* file = nullptr;
+  HeldDataWrites* held = nullptr;
+  auto d = open(&file, &held, 5, fail);
+  ASSERT_TRUE(d);
+  struct W {
+    uint64_t off, len;
+  };
+  const std::array<W, 6> ws = {W{0, 256 * 1024},         W{2 * kMiB, 256 * 1024}, W{4 * kMiB + 4096, 300 * 1024},
+                               W{6 * kMiB, kMiB},         W{64 * 1024, 64 * 1024}, W{512 * 1024, 64 * 1024}};
+  std::vector<std::vector<std::byte>> data;
+  for (size_t i = 0; i < ws.size(); ++i) data.emplace_back(ws[i].len, static_cast<std::byte>(0x31 + i));
+  std::array<Status, 6> results;
+  std::vector<Task<Status>> tasks;
+  for (size_t i = 0; i < ws.size(); ++i)
+    tasks.push_back([](BlockDriver& drv, W w, std::span<const std::byte> src, Status& out) -> Task<Status> {
+      out = co_await drv.write(w.off, src);
+      co_return Status::ok();
+    }(*d, ws[i], data[i], results[i]));
+  // Lets the writes go after 2 s should they never be four at the host (the
+  // lock held across data writes): the test then fails instead of hanging.
+  tasks.push_back([](HeldDataWrites& h) -> Task<Status> {
+    for (int i = 0; i < 200 && !h.released(); ++i) co_await io::sleep_for(std::chrono::milliseconds(10));
+    h.release();
+    co_return Status::ok();
+  }(*held));
+  ASSERT_TRUE(run(io::when_all(std::move(tasks))));
+  EXPECT_GE(held->max_in_flight(), 5) << "allocating writes did not reach the host together";
+  // A to F once each; after A's failure, B to D and F once more where they
+  // allocated (F either rode A, or allocated after D).
+  EXPECT_EQ(held->data_writes(), fail == 1 && !all_in_place() ? 10 : 6);
+  Model m;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (fail == 1 && i == 0) {
+      EXPECT_EQ(results[i].code(), EIO) << results[i].to_string();
+      continue;
+    }
+    EXPECT_TRUE(results[i]) << "write " << i << ": " << results[i].to_string();
+    std::memcpy(m.now.data() + ws[i].off, data[i].data(), ws[i].len);
+  }
+  std::vector<std::byte> got(kDisk);
+  ASSERT_TRUE(run(d->read(0, got)));
+  // Where every unit is allocated, A and E are two writes in flight at once
+  // over the same bytes: either may land last.
+  const std::span<const std::byte> e_range(got.data() + ws[4].off, ws[4].len);
+  if (all_in_place() && fail == 0 && e_range[0] == data[0][0]) {
+    EXPECT_TRUE(std::equal(e_range.begin(), e_range.end(), data[0].begin() + ws[4].off));
+    std::memcpy(m.now.data() + ws[4].off, data[0].data() + ws[4].off, ws[4].len);
+  }
+  EXPECT_TRUE(got == m.now) << "the view differs from what the writes left";
+  ASSERT_TRUE(run(d->close()));
+  m.flushed();
+  // A failure may leak the space of a run something was placed after (a QED L2 table).
+  check_crash(file->content(), m, "after close", fail == 0);
+}
+
+TEST_P(ExtentWrite, AllocatingWritesReachTheHostTogether) { concurrent_writes(0); }
+
+TEST_P(ExtentWrite, AFailedAllocationAmongOthersIsGivenBackWithTheLaterOnes) { concurrent_writes(1); }
 
 TEST_P(ExtentWrite, EveryCutPointLeavesAValidImageWithFlushedDataIntact) {
   io::MemFile* file = nullptr;
