@@ -17,7 +17,7 @@ void VdiMap::publish(uint64_t block, uint32_t entry) {
 }
 
 VdiMap::VdiMap(io::HostFile& file, std::string path, const Header& header, std::vector<uint32_t> bmap)
-    : file_(file), path_(std::move(path)), h_(header), bmap_(std::move(bmap)) {}
+    : file_(file), path_(std::move(path)), h_(header), offset_data_(header.offset_data), bmap_(std::move(bmap)) {}
 
 // Unallocated and discarded blocks from `block` on: zeros.
 Extent VdiMap::zero_run(uint64_t block, uint64_t guest, uint64_t len) const {
@@ -55,7 +55,7 @@ Result<Extent> VdiMap::data_run(uint64_t block, uint64_t guest, uint64_t len) co
   Extent e;
   e.kind = ExtentKind::data;
   e.file = &file_;
-  e.host_offset = h_.offset_data + uint64_t{first} * h_.block_size + guest % h_.block_size;
+  e.host_offset = offset_data_.load(std::memory_order_relaxed) + uint64_t{first} * h_.block_size + guest % h_.block_size;
   e.length = std::min(len, end - guest);
   // Static images: QEMU's BDRV_BLOCK_RECURSE asks the host file for holes.
   e.host_holes_are_zero = h_.is_static();

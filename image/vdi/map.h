@@ -11,6 +11,7 @@
 // publish() at a time (entries are atomic). The host file must outlive the map.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -33,6 +34,9 @@ class VdiMap final : public ExtentMap {
   // kDiscarded), not yet on disk.
   void publish(uint64_t block, uint32_t entry);
   uint64_t blocks() const { return bmap_.size(); }
+  // The data area starts at offset_data from now on (VdiWriter, while no
+  // entry names a data block; the next publish() orders it for readers).
+  void set_offset_data(uint32_t offset_data) { offset_data_.store(offset_data, std::memory_order_relaxed); }
 
  private:
   Extent zero_run(uint64_t block, uint64_t guest, uint64_t len) const;
@@ -42,6 +46,7 @@ class VdiMap final : public ExtentMap {
   io::HostFile& file_;
   std::string path_;
   Header h_;
+  std::atomic<uint32_t> offset_data_;
   std::vector<uint32_t> bmap_;
 };
 

@@ -41,6 +41,7 @@ Task<Result<HostRun>> VdiWriter::reserve(uint64_t /*first*/, uint64_t n) {
   if (n > h_.blocks_in_image - std::min(blocks_allocated_, h_.blocks_in_image))
     co_return Status::errorf(ENOSPC, "the VDI image has no free blocks left ({} of {} allocated)", blocks_allocated_,
                              h_.blocks_in_image);
+  align_data_area();
   HostRun run;
   run.file = &file_;
   run.host = data_end();
@@ -55,6 +56,25 @@ Task<Result<HostRun>> VdiWriter::reserve(uint64_t /*first*/, uint64_t n) {
   if (compacts()) owner_.resize(blocks_allocated_, kUnallocated);
   header_dirty_ = true;
   co_return run;
+}
+
+// Before the first block of an image with none allocated (and none on
+// disk, nothing vacated): a data area that starts off the host's alignment
+// (qemu-img puts it right after the block map, at 4608 bytes for small disks)
+// moves to the next aligned offset, so that every data block is aligned and
+// the host need not serialize unaligned direct writes (ext4 does). The header's
+// offset_data changes with the next write-back, in the same write as the
+// first entry that names a block (or before it).
+void VdiWriter::align_data_area() {
+  if (blocks_allocated_ != 0 || disk_allocated_ != 0 || vacated_end_ != 0 || unsynced_) return;
+  const uint64_t align = std::max<uint64_t>(kDataAlign, file_.offset_align());
+  const uint64_t aligned = align_up(uint64_t{h_.offset_data}, align);
+  if (aligned == h_.offset_data || aligned > UINT32_MAX) return;
+  // A block device keeps the layout when the moved data area would not fit.
+  if (file_.is_block_device() && aligned + uint64_t{h_.blocks_in_image} * h_.block_size > file_.size()) return;
+  h_.offset_data = static_cast<uint32_t>(aligned);
+  map_.set_offset_data(h_.offset_data);
+  header_dirty_ = true;
 }
 
 void VdiWriter::unreserve(const HostRun& run) {
@@ -196,6 +216,7 @@ Task<Status> VdiWriter::close_clean() {
 
 void VdiWriter::patch_header(std::byte* header) const {
   store_le32(header + offsetof(HeaderLayout, blocks_allocated), blocks_allocated_);
+  store_le32(header + offsetof(HeaderLayout, offset_data), h_.offset_data);
 }
 
 // Every allocated block inside the file (a block written only in part ends

@@ -10,7 +10,9 @@
 // mismatch"); otherwise two writes, ordered so that no entry on disk is ever
 // at or past the blocks_allocated on disk: the header first when the count
 // grew (as QEMU writes), the block map first when it shrank. VDI has no dirty
-// flag.
+// flag. The first block of an image with none moves a data area that starts
+// off 4 KiB (qemu-img's, at 4608 bytes for small disks) to the next 4 KiB
+// boundary (align_data_area()), written back with that header.
 //
 // Discard (dynamic images; a static image keeps every block, zeroed in
 // place): whole blocks become discarded (VDI_DISCARDED, reads as zeros) and
@@ -93,6 +95,7 @@ class VdiWriter final : public ExtentWriter {
   Task<Status> sync_vacated();
   Task<Status> give_back_vacated();
   void patch_header(std::byte* header) const;
+  void align_data_area();
 
   io::HostFile& file_;
   std::string path_;

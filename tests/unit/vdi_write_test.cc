@@ -206,6 +206,47 @@ TEST_F(VdiWrite, AllocationThatCouldOverwriteABlockIsRefused) {
   }
 }
 
+// qemu-img puts the data area right after the block map (4608 bytes here):
+// the first block of an image with none allocated moves it to the next 4 KiB
+// boundary, in the header written back with the first entries, so that every
+// data block is 4 KiB-aligned. QEMU checks the image clean and reads what we
+// read. An image with a block allocated keeps its data area where it is.
+TEST_F(VdiWrite, TheFirstBlockOfAnEmptyImageAlignsItsDataArea) {
+  sh(fmt::format("qemu-img create -q -f vdi i.vdi {}", kDisk));
+  const Bytes empty = read_file(at("i.vdi"));
+  const uint32_t old_data = layout_of(empty).offset_data;
+  ASSERT_NE(old_data % 4096, 0u) << "qemu-img's data area is 4 KiB-aligned already: nothing to show";
+  io::MemFile* f = nullptr;
+  auto d = open(empty, &f);
+  ASSERT_TRUE(d);
+  ASSERT_TRUE(run(d->write(kMiB - 4096, pattern(3 * kMiB, 0x42))));
+  ASSERT_TRUE(run(d->flush()));
+  const Layout l = layout_of(f->durable_content());
+  EXPECT_EQ(l.offset_data, (old_data + 4095) / 4096 * 4096);
+  EXPECT_EQ(l.blocks_allocated, 4u);
+  EXPECT_EQ(l.entries, (std::vector<uint32_t>{0, 1, 2, 3, vdi::kUnallocated, vdi::kUnallocated, vdi::kUnallocated,
+                                              vdi::kUnallocated, vdi::kUnallocated}));
+  const Bytes ours = view(*d);
+  EXPECT_TRUE(all_are(std::span(ours).subspan(kMiB - 4096, 3 * kMiB), 0x42));
+  ASSERT_TRUE(run(d->close()));
+  expect_qemu_reads(f->content(), ours, "after the first blocks");
+  std::string out;
+  ASSERT_EQ(shell(fmt::format("qemu-img map --output=json -f vdi {}", at("c.vdi")), &out), 0) << out;
+  EXPECT_NE(out.find(fmt::format("\"offset\": {}", l.offset_data)), std::string::npos) << out;
+
+  // Once a block is allocated (by QEMU here), the data area stays.
+  sh(fmt::format("qemu-img create -q -f vdi i.vdi {} && qemu-io -f vdi -c 'write -P 7 0 4k' i.vdi >/dev/null", kDisk));
+  const Bytes one = read_file(at("i.vdi"));
+  auto d2 = open(one, &f);
+  ASSERT_TRUE(d2);
+  ASSERT_TRUE(run(d2->write(5 * kMiB, pattern(kMiB, 0x43))));
+  const Bytes ours2 = view(*d2);
+  ASSERT_TRUE(run(d2->close()));
+  EXPECT_EQ(layout_of(f->content()).offset_data, old_data);
+  EXPECT_EQ(layout_of(f->content()).entries[5], 1u);
+  expect_qemu_reads(f->content(), ours2, "after a block next to QEMU's");
+}
+
 // Block 2 discarded: block 8's data (the last data block) moves into data
 // block 2, block 2's entry is VDI_DISCARDED, blocks_allocated drops by one and
 // the file ends after the last allocated block, durably when the discard
