@@ -383,6 +383,54 @@ void ExtentWrite::concurrent_writes(int fail) {
   check_crash(file->content(), m, "after close", fail == 0);
 }
 
+// A flush while two allocating writes are at the host waits for them to be
+// published, and writes back nothing that counts their space before: the
+// image as of the flush passes QEMU's check and holds both writes.
+TEST_P(ExtentWrite, AFlushWaitsForTheAllocationsInFlight) {
+  io::MemFile* file = nullptr;
+  HeldDataWrites* held = nullptr;
+  auto d = open(&file, &held, 3, 0);  // never three: released below
+  ASSERT_TRUE(d);
+  const std::vector<std::byte> a(kMiB, std::byte{0x61}), b(256 * 1024, std::byte{0x62});
+  int done = 0, flushed_after = -1;
+  std::vector<Task<Status>> tasks;
+  auto write = [](BlockDriver& drv, uint64_t off, std::span<const std::byte> src, int& n) -> Task<Status> {
+    QCOWFS_CO_TRY(co_await drv.write(off, src));
+    ++n;
+    co_return Status::ok();
+  };
+  tasks.push_back(write(*d, 0, a, done));
+  tasks.push_back(write(*d, 3 * kMiB + 4096, b, done));
+  tasks.push_back([](BlockDriver& drv, int& n, int& after) -> Task<Status> {
+    QCOWFS_CO_TRY(co_await drv.flush());
+    after = n;
+    co_return Status::ok();
+  }(*d, done, flushed_after));
+  tasks.push_back([](HeldDataWrites& h) -> Task<Status> {
+    co_await io::sleep_for(std::chrono::milliseconds(50));  // the flush is waiting by now
+    h.release();
+    co_return Status::ok();
+  }(*held));
+  ASSERT_TRUE(run(io::when_all(std::move(tasks))));
+  EXPECT_EQ(held->max_in_flight(), 2);
+  Model m;
+  std::memcpy(m.now.data(), a.data(), a.size());
+  std::memcpy(m.now.data() + 3 * kMiB + 4096, b.data(), b.size());
+  if (all_in_place()) {
+    // Writes in place hold nothing up: the flush went first, and owes them nothing.
+    EXPECT_EQ(flushed_after, 0);
+    m.change(0, a.size());
+    m.change(3 * kMiB + 4096, b.size());
+  } else {
+    EXPECT_EQ(flushed_after, 2) << "the flush completed before the allocations in flight";
+    m.flushed();
+  }
+  check_crash(file->durable_content(), m, "as of the flush");
+  m.flushed();
+  ASSERT_TRUE(run(d->close()));
+  check_crash(file->content(), m, "after close", true);
+}
+
 TEST_P(ExtentWrite, AllocatingWritesReachTheHostTogether) { concurrent_writes(0); }
 
 TEST_P(ExtentWrite, AFailedAllocationAmongOthersIsGivenBackWithTheLaterOnes) { concurrent_writes(1); }
