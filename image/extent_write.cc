@@ -310,14 +310,11 @@ std::pair<std::shared_ptr<ExtentDriver::Batch>, const ExtentDriver::Allocation*>
 // is allocating, can be written straight into the space reserved for them
 // instead of waiting for its publication: all of a's units are among
 // space's, their old bytes are zeros, and a's bytes are ones that space's
-// one host write leaves out (fresh space it does not write: around its
-// request, or with a prefix after it only, since the head is written then).
+// host writes leave out (fresh space: everything around its request).
 bool ExtentDriver::can_ride(const Allocation& space, const Allocation& a) const {
   if (a.first_unit < space.first_unit || a.first_unit + a.units > space.first_unit + space.units) return false;
   if (!space.old_zero || !space.run.fresh) return false;
-  const uint64_t written_end = space.guest + space.src.size();
-  if (a.guest >= written_end) return true;
-  return img_.writer->unit_prefix().empty() && a.guest + a.src.size() <= space.guest;
+  return a.guest >= space.guest + space.src.size() || a.guest + a.src.size() <= space.guest;
 }
 
 // a's bytes as in-place writes into the space reserved by `space`, one per
@@ -456,24 +453,31 @@ Task<Status> ExtentDriver::write_allocation(Allocation& a) {
 }
 
 // One host write of units that each begin with the writer's prefix: prefix,
-// then the unit's part of head + request + tail, unit after unit. The head is
-// always written (it lies between the first prefix and the request); a zero
-// tail into fresh space is left out.
+// then the unit's part of head + request + tail, unit after unit. Into fresh
+// space whose old contents are zeros, the head and tail are left out (they
+// read as zeros already): the first unit's prefix then goes out on its own
+// when a head lies between it and the request, beside the one write of the
+// rest (another request may write into the head meanwhile: can_ride()).
 Task<Status> ExtentDriver::write_prefixed(Allocation& a) {
   const HostRun& r = a.run;
   const std::span<const std::byte> prefix = img_.writer->unit_prefix();
   const uint64_t us = img_.writer->unit_size();
-  const bool tail_reads_zero = a.old_zero && r.fresh;
-  if (a.old_zero) {
+  const bool around_reads_zero = a.old_zero && r.fresh;
+  if (a.old_zero && !around_reads_zero) {
     a.head = io::AlignedBuffer(static_cast<size_t>(a.head_len), mem_align(), true);
-    if (!tail_reads_zero) a.tail = io::AlignedBuffer(static_cast<size_t>(a.tail_len), mem_align(), true);
+    a.tail = io::AlignedBuffer(static_cast<size_t>(a.tail_len), mem_align(), true);
   }
   std::array<std::span<const std::byte>, 3> pieces = {a.head.span().first(static_cast<size_t>(a.head_len)), a.src,
                                                       a.tail.span()};
-  if (tail_reads_zero) pieces[2] = {};
+  uint64_t at = 0;  // guest bytes from the start of the first unit
+  if (around_reads_zero) {
+    pieces[0] = {};
+    pieces[2] = {};
+    at = a.head_len;
+  }
+  const uint64_t first_at = at;
   std::vector<iovec> iov;
   iov.reserve(2 * a.units + 2);
-  uint64_t at = 0;  // guest bytes from the start of the first unit
   for (std::span<const std::byte> piece : pieces) {
     while (!piece.empty()) {
       if (at % us == 0) iov.push_back(iov_of(prefix));
@@ -483,7 +487,11 @@ Task<Status> ExtentDriver::write_prefixed(Allocation& a) {
       at += n;
     }
   }
-  co_return co_await r.file->writev(r.host, iov);
+  if (first_at == 0) co_return co_await r.file->writev(r.host, iov);
+  std::vector<Task<Status>> writes;
+  writes.push_back(r.file->write(r.host, prefix));
+  writes.push_back(r.file->writev(r.host + prefix.size() + first_at, iov));
+  co_return co_await io::when_all(std::move(writes));
 }
 
 Task<Status> ExtentDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unmap) {

@@ -314,8 +314,11 @@ TEST_P(ExtentWrite, ARequestOverNewBlocksIsOneHostWrite) {
   ASSERT_TRUE(run(d->write(6 * kMiB, std::span(data).first(512))));
   const uint64_t writes_before = file->counters().writes;
   ASSERT_TRUE(run(d->write(kMiB - 4096, data)));
-  // Four new units (or, static VDI, in place): one host write.
-  EXPECT_EQ(file->counters().writes - writes_before, 1u);
+  // Four new units (or, static VDI, in place): one host write. A dynamic
+  // VHD's new 2 MiB blocks each begin with a bitmap; the zeros between the
+  // first one and the request are left out (fresh space), so that bitmap is a
+  // host write of its own.
+  EXPECT_EQ(file->counters().writes - writes_before, GetParam().name == std::string("vpc_dynamic") ? 2u : 1u);
   ASSERT_TRUE(run(d->close()));
 }
 
@@ -323,7 +326,9 @@ TEST_P(ExtentWrite, ARequestOverNewBlocksIsOneHostWrite) {
 // it, 512 KiB into the image: A to D reach the host together; E waits for A
 // to publish, then writes over it; F goes to the host at once, into the
 // space A reserved where A's unit holds it (the unit is 1 MiB or more: F
-// rides A), else into a new unit of its own. With `fail` = 1, A's data write
+// rides A), else into a new unit of its own. G (4 KiB, not held) lies just
+// before C's data, in the head C leaves out: it rides C (with a VHD, whose
+// blocks begin with a bitmap, too), or allocates a 4 KiB cluster. With `fail` = 1, A's data write
 // fails: B to D (and F, reserved after them or riding A) are given back and
 // written again, E then allocates A's units itself, and the image is
 // consistent. The bytes QEMU reads afterwards are the model's.
@@ -335,11 +340,12 @@ void ExtentWrite::concurrent_writes(int fail) {
   struct W {
     uint64_t off, len;
   };
-  const std::array<W, 6> ws = {W{0, 256 * 1024},         W{2 * kMiB, 256 * 1024}, W{4 * kMiB + 4096, 300 * 1024},
-                               W{6 * kMiB, kMiB},         W{64 * 1024, 64 * 1024}, W{512 * 1024, 64 * 1024}};
+  const std::array<W, 7> ws = {W{0, 256 * 1024},  W{2 * kMiB, 256 * 1024},  W{4 * kMiB + 4096, 300 * 1024},
+                               W{6 * kMiB, kMiB},  W{64 * 1024, 64 * 1024},  W{512 * 1024, 64 * 1024},
+                               W{4 * kMiB, 4096}};
   std::vector<std::vector<std::byte>> data;
   for (size_t i = 0; i < ws.size(); ++i) data.emplace_back(ws[i].len, static_cast<std::byte>(0x31 + i));
-  std::array<Status, 6> results;
+  std::array<Status, 7> results;
   std::vector<Task<Status>> tasks;
   for (size_t i = 0; i < ws.size(); ++i)
     tasks.push_back([](BlockDriver& drv, W w, std::span<const std::byte> src, Status& out) -> Task<Status> {
@@ -356,8 +362,14 @@ void ExtentWrite::concurrent_writes(int fail) {
   ASSERT_TRUE(run(io::when_all(std::move(tasks))));
   EXPECT_GE(held->max_in_flight(), 5) << "allocating writes did not reach the host together";
   // A to F once each; after A's failure, B to D and F once more where they
-  // allocated (F either rode A, or allocated after D).
-  EXPECT_EQ(held->data_writes(), fail == 1 && !all_in_place() ? 10 : 6);
+  // allocated (F either rode A, or allocated after D); and where G rode C,
+  // G again, before C: C's space given back is no longer fresh, so G writes
+  // its whole unit (zeros around it), which counts.
+  if (fail == 1 && !all_in_place()) {
+    EXPECT_TRUE(held->data_writes() == 10 || held->data_writes() == 11) << held->data_writes();
+  } else {
+    EXPECT_EQ(held->data_writes(), 6);
+  }
   Model m;
   for (size_t i = 0; i < ws.size(); ++i) {
     if (fail == 1 && i == 0) {

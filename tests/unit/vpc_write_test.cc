@@ -189,14 +189,17 @@ TEST(VpcWrite, NewBlockGoesWhereTheFooterWasWithItsData4KiBAlignedAndTheFooterMo
   EXPECT_TRUE(q.qemu_reads(after) == want);
 }
 
-TEST(VpcWrite, ARequestOverSeveralNewBlocksIsOneHostWriteWithEachBitmap) {
+// The request and the bitmaps of blocks 2..4 are one host write; block 1's
+// bitmap goes out on its own, since the 100 bytes between it and the request
+// are fresh space that reads as zeros and is not written.
+TEST(VpcWrite, ARequestOverSeveralNewBlocksIsOneHostWriteAfterTheFirstBitmap) {
   auto o = open(built_image({}), true);
   ASSERT_TRUE(o.driver) << o.driver.status().to_string();
   BlockDriver& d = **o.driver;
   const Bytes data = pattern(3 * kBlock + 1000, 9);  // blocks 1..4, the first and last in part
   const uint64_t writes = o.file->counters().writes;
   ASSERT_TRUE(run_now(d.write(kBlock + 100, data)));
-  EXPECT_EQ(o.file->counters().writes - writes, 1u);
+  EXPECT_EQ(o.file->counters().writes - writes, 2u);
   ASSERT_TRUE(run_now(d.close()));
   const Bytes img = o.file->content();
   for (uint32_t i = 0; i < 4; ++i) {
