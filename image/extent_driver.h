@@ -29,10 +29,10 @@
 // reservation) and written again from the start. A request for a unit that
 // a batch is allocating waits for that batch, or, where it writes bytes of
 // fresh space that batch's host write leaves out, writes them straight into
-// that space and completes once that batch is published (it "rides" it). Metadata writeback, growth, a
-// compaction and close first let the batches in flight publish (quiesce()),
-// so what they write never counts space whose data is not written. Writes
-// into data extents take no lock (a writer may ask to see the first one into
+// that space and completes once that batch is published (it "rides" it).
+// Metadata writeback, growth, a compaction and close first let the batches
+// in flight publish (quiesce()), so what they write never counts space
+// whose data is not written. Writes into data extents take no lock (a writer may ask to see the first one into
 // each unit, or hold writes into a unit it moves:
 // ExtentWriter::needs_before_unit_write; such writes are planned again under
 // the lock). A discard of whole data units of a writer that can_unmap()
@@ -182,7 +182,7 @@ class ExtentDriver final : public BlockDriver {
   void settle();
   void roll_back();
   Event pending(uint64_t first, uint64_t n) const;
-  std::pair<std::shared_ptr<Batch>, const Allocation*> pending_allocation(const Allocation& a) const;
+  std::pair<std::shared_ptr<Batch>, const Allocation*> pending_allocation(uint64_t first, uint64_t n) const;
   bool can_ride(const Allocation& space, const Allocation& a) const;
   void ride(const Allocation& space, const Allocation& a, std::vector<SubWrite>& out) const;
   Task<void> quiesce(io::AsyncMutex::Guard& lock);
@@ -234,10 +234,9 @@ class ExtentDriver final : public BlockDriver {
   std::vector<Unmapped> unmapped_;  // alloc_ held
   // Allocating writes in flight, in the order they reserved (alloc_ held).
   std::deque<std::shared_ptr<Batch>> batches_;
-  bool failing_ = false;
-  int quiescers_ = 0;     // quiesce() calls waiting or holding the lock with nothing in flight  // a batch of batches_ failed: the later ones are given back with it
-  Event gate_;     // set while new batches wait (a failure, a quiesce()); opened when they may go on
-  Event drained_;  // set while someone waits for batches_ to empty
+  int quiescers_ = 0;  // quiesce() calls waiting, or holding the lock with nothing in flight
+  Event gate_;         // while new batches wait (a failure, a quiesce()); set when they may go on
+  Event drained_;      // while someone waits for batches_ to empty; set when it is
 };
 
 }  // namespace qcowfs::image

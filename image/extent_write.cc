@@ -225,10 +225,8 @@ Task<Status> ExtentDriver::write_allocating(uint64_t off, std::span<const std::b
     ticket.leave();  // before waiting for the lock, which a grace period may hold
     {
       auto lock = co_await alloc_.lock();
-      if (!st && !batch->allocs.empty()) {
-        failing_ = true;
-        if (!gate_) gate_ = std::make_shared<io::AsyncEvent>();
-      }
+      // A failure gives back every later batch: hold new ones until then.
+      if (!st && !batch->allocs.empty() && !gate_) gate_ = std::make_shared<io::AsyncEvent>();
       batch->state = st ? Batch::State::written : Batch::State::failed;
       batch->result = std::move(st);
       settle();
@@ -252,7 +250,7 @@ Task<Result<ExtentDriver::Event>> ExtentDriver::begin_batch(uint64_t off, std::s
   QCOWFS_CO_TRY(co_await first_write_locked());
   QCOWFS_CO_TRY(co_await plan_write(off, buf, b.in_place, b.allocs));
   for (size_t i = 0; i < b.allocs.size();) {
-    auto [owner, space] = pending_allocation(b.allocs[i]);
+    auto [owner, space] = pending_allocation(b.allocs[i].first_unit, b.allocs[i].units);
     if (owner == nullptr) {
       ++i;
       continue;
@@ -287,23 +285,20 @@ Task<Status> ExtentDriver::write_batch(Batch& b) {
   co_return co_await io::when_all(std::move(tasks));
 }
 
-// The settled event of a batch in flight that allocates one of units
-// [first, first + n), or none (alloc_ held).
-ExtentDriver::Event ExtentDriver::pending(uint64_t first, uint64_t n) const {
-  for (const auto& b : batches_)
-    for (const Allocation& a : b->allocs)
-      if (a.first_unit < first + n && first < a.first_unit + a.units) return b->settled;
-  return nullptr;
-}
-
-// The batch in flight, and its allocation, that allocates one of a's units
-// (nullptr: none). alloc_ held.
+// The batch in flight, and its allocation, that allocates one of units
+// [first, first + n) (nullptr: none). alloc_ held.
 std::pair<std::shared_ptr<ExtentDriver::Batch>, const ExtentDriver::Allocation*> ExtentDriver::pending_allocation(
-    const Allocation& a) const {
+    uint64_t first, uint64_t n) const {
   for (const auto& b : batches_)
     for (const Allocation& x : b->allocs)
-      if (x.first_unit < a.first_unit + a.units && a.first_unit < x.first_unit + x.units) return {b, &x};
+      if (x.first_unit < first + n && first < x.first_unit + x.units) return {b, &x};
   return {nullptr, nullptr};
+}
+
+// The settled event of that batch, or none (alloc_ held).
+ExtentDriver::Event ExtentDriver::pending(uint64_t first, uint64_t n) const {
+  auto owner = pending_allocation(first, n).first;
+  return owner ? owner->settled : nullptr;
 }
 
 // Whether a, planned over units that allocation `space` of a batch in flight
@@ -334,8 +329,8 @@ void ExtentDriver::ride(const Allocation& space, const Allocation& a, std::vecto
 
 // Publishes the batches at the head of batches_ that have been written, in
 // reservation order; those that allocate nothing settle as soon as they are
-// done, with their result. Once a failed batch is at the head and no later one is still
-// writing, all of them are given back (roll_back()). alloc_ held.
+// done, with their result. Once a failed batch is at the head and no later
+// one is still writing, all of them are given back (roll_back()). alloc_ held.
 void ExtentDriver::settle() {
   // Batches that allocate nothing hold no place in the order: done, they go.
   std::erase_if(batches_, [](const std::shared_ptr<Batch>& b) {
@@ -374,7 +369,6 @@ void ExtentDriver::roll_back() {
   }
   for (const auto& b : batches_) b->settled->set();
   batches_.clear();
-  failing_ = false;
 }
 
 // Takes the allocation lock once no batch is in flight: new batches wait
@@ -391,7 +385,7 @@ Task<void> ExtentDriver::quiesce(io::AsyncMutex::Guard& lock) {
     co_await drained->wait();
     lock = co_await alloc_.lock();
   }
-  if (--quiescers_ == 0 && !failing_) open_gate();
+  if (--quiescers_ == 0) open_gate();  // nothing in flight: no failure left to give back either
 }
 
 // New batches may go on (alloc_ held).

@@ -27,7 +27,9 @@
 // unreserve(), publish(), mark_zero(), unmap(), recycle(), the compaction
 // calls, before_unit_write(), write_metadata(), grow() and close_clean() are
 // called with the driver's allocation lock held (one at a time, in any
-// event-loop thread); run_limit(), has_zero_state(), can_unmap(), compacts()
+// event-loop thread; write_metadata(), grow(), the compaction calls and
+// close_clean() also with no reservation in flight: every reserve() before
+// them was published or given back); run_limit(), has_zero_state(), can_unmap(), compacts()
 // and needs_before_unit_write() with it held or not, from any thread (they
 // must be pure or atomic reads; needs_before_unit_write() sequentially
 // consistent where a compaction sets it). publish(), unmap(), mark_zero(),

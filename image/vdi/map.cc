@@ -55,7 +55,8 @@ Result<Extent> VdiMap::data_run(uint64_t block, uint64_t guest, uint64_t len) co
   Extent e;
   e.kind = ExtentKind::data;
   e.file = &file_;
-  e.host_offset = offset_data_.load(std::memory_order_relaxed) + uint64_t{first} * h_.block_size + guest % h_.block_size;
+  const uint64_t data = offset_data_.load(std::memory_order_relaxed);
+  e.host_offset = data + uint64_t{first} * h_.block_size + guest % h_.block_size;
   e.length = std::min(len, end - guest);
   // Static images: QEMU's BDRV_BLOCK_RECURSE asks the host file for holes.
   e.host_holes_are_zero = h_.is_static();
