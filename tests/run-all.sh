@@ -126,6 +126,13 @@ if [ "$failed" -ne 0 ]; then
       sed -n '/The following tests FAILED/,/^Errors while running/p' "$log" | grep -E '^[[:space:]]+[0-9]+ - ' || true
     fi
   done
+  # Why they failed: the first assertion lines and pytest's short summary of
+  # each failed test (the CI report keeps only the end of the log).
+  for log in "$log_dir"/*.log; do
+    [ -e "$log" ] || continue
+    grep -E '^E   ' "$log" | head -n 12 | cut -c1-300 || true
+    grep -E '^(FAILED|ERROR) |^\[  FAILED  \]' "$log" | head -n 20 | cut -c1-300 || true
+  done
 fi
 echo "run-all: $passed passed, $failed failed (in ${SECONDS}s)"
 [ "$failed" -eq 0 ]
