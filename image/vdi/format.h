@@ -23,8 +23,10 @@ inline constexpr uint32_t kSectorSize = 512;
 // The only block size QEMU accepts (block/vdi.c has no CONFIG_VDI_BLOCK_SIZE).
 inline constexpr uint32_t kBlockSize = 1024 * 1024;
 // qcowfs moves the data area of an image with no block allocated to this
-// alignment (or the host's, if larger) before the first block.
-inline constexpr uint32_t kDataAlign = 4096;
+// alignment (or the host's, if larger) before the first block: VirtualBox's
+// (VDI_DATA_ALIGN, 1 MiB), so that every 1 MiB block is a whole aligned MiB
+// of the host file.
+inline constexpr uint32_t kDataAlign = 1 << 20;
 
 // Block map entries.
 inline constexpr uint32_t kUnallocated = 0xffffffff;  // never written: reads as zeros in QEMU

@@ -59,10 +59,13 @@ Task<Result<HostRun>> VdiWriter::reserve(uint64_t /*first*/, uint64_t n) {
 }
 
 // Before the first block of an image with none allocated (and none on
-// disk, nothing vacated): a data area that starts off the host's alignment
-// (qemu-img puts it right after the block map, at 4608 bytes for small disks)
-// moves to the next aligned offset, so that every data block is aligned and
-// the host need not serialize unaligned direct writes (ext4 does). The header's
+// disk, nothing vacated): a data area that starts off kDataAlign (1 MiB, as
+// VirtualBox aligns it) or off the host's alignment (qemu-img puts it right
+// after the block map, at 4608 bytes for small disks) moves to the next
+// aligned offset, so that every data block is aligned: the host need not
+// serialize unaligned direct writes (ext4 does), and a 1 MiB write is one
+// aligned MiB of the host file, not one split over two of the host disk's
+// own chunks. The header's
 // offset_data changes with the next write-back, in the same write as the
 // first entry that names a block (or before it).
 void VdiWriter::align_data_area() {

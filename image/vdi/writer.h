@@ -11,8 +11,9 @@
 // at or past the blocks_allocated on disk: the header first when the count
 // grew (as QEMU writes), the block map first when it shrank. VDI has no dirty
 // flag. The first block of an image with none moves a data area that starts
-// off 4 KiB (qemu-img's, at 4608 bytes for small disks) to the next 4 KiB
-// boundary (align_data_area()), written back with that header.
+// off 1 MiB (qemu-img's, at 4608 bytes for small disks) to the next 1 MiB
+// boundary, as VirtualBox aligns it (align_data_area()), written back with
+// that header.
 //
 // Discard (dynamic images; a static image keeps every block, zeroed in
 // place): whole blocks become discarded (VDI_DISCARDED, reads as zeros) and

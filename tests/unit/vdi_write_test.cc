@@ -207,22 +207,23 @@ TEST_F(VdiWrite, AllocationThatCouldOverwriteABlockIsRefused) {
 }
 
 // qemu-img puts the data area right after the block map (4608 bytes here):
-// the first block of an image with none allocated moves it to the next 4 KiB
-// boundary, in the header written back with the first entries, so that every
-// data block is 4 KiB-aligned. QEMU checks the image clean and reads what we
+// the first block of an image with none allocated moves it to the next 1 MiB
+// boundary (VirtualBox's alignment), in the header written back with the
+// first entries, so that every data block is a whole aligned MiB. QEMU checks the image clean and reads what we
 // read. An image with a block allocated keeps its data area where it is.
 TEST_F(VdiWrite, TheFirstBlockOfAnEmptyImageAlignsItsDataArea) {
   sh(fmt::format("qemu-img create -q -f vdi i.vdi {}", kDisk));
   const Bytes empty = read_file(at("i.vdi"));
   const uint32_t old_data = layout_of(empty).offset_data;
-  ASSERT_NE(old_data % 4096, 0u) << "qemu-img's data area is 4 KiB-aligned already: nothing to show";
+  ASSERT_NE(old_data % vdi::kDataAlign, 0u) << "qemu-img's data area is aligned already: nothing to show";
   io::MemFile* f = nullptr;
   auto d = open(empty, &f);
   ASSERT_TRUE(d);
   ASSERT_TRUE(run(d->write(kMiB - 4096, pattern(3 * kMiB, 0x42))));
   ASSERT_TRUE(run(d->flush()));
   const Layout l = layout_of(f->durable_content());
-  EXPECT_EQ(l.offset_data, (old_data + 4095) / 4096 * 4096);
+  EXPECT_EQ(l.offset_data, (old_data + vdi::kDataAlign - 1) / vdi::kDataAlign * vdi::kDataAlign);
+  EXPECT_EQ(l.offset_data, kMiB);
   EXPECT_EQ(l.blocks_allocated, 4u);
   EXPECT_EQ(l.entries, (std::vector<uint32_t>{0, 1, 2, 3, vdi::kUnallocated, vdi::kUnallocated, vdi::kUnallocated,
                                               vdi::kUnallocated, vdi::kUnallocated}));
