@@ -20,8 +20,11 @@
 #   FMT-rw       the fully written FMT image, read-write: randwrite4k (overwrite); FMT-empty an
 #                empty 1 GiB FMT image (qemu-img create; vpc with force_size=on): seqwrite1m and
 #                seqwrite1m-fill (one pass: every write allocates).
-#                With qcow2-full (or qcow2-rw, its overwrites alone) and qcow2-empty in SETS a
-#                table puts each writable format beside qcow2.
+#                A table puts each writable format beside qcow2: in each round, right before
+#                the format's own qcowfs run, the same job runs on a fresh copy of the fully
+#                written (for -rw) or empty (for -empty) qcow2 image (system qcow2-ref), and
+#                the ratio is taken between those two adjacent runs (the disk drifts too much
+#                over the minutes between a round's qcow2 set and a format's set).
 #   raw-lat, qcow2-lat  low queue depth on the raw image and the fully written qcow2:
 #                randread4k-qd1 randwrite4k-qd1 (psync) randread4k-qd1u randwrite4k-qd1u
 #                (io_uring QD1) randread4k-qd4 randwrite4k-qd4 (io_uring QD4); a latency table
@@ -106,6 +109,10 @@ measure() {
   local round=$1 set=$2 sys=$3 tmpl=$4 fmt=$5 job=$6
   local img="$work/$sys.img" mnt="$work/$sys.mnt" mode=rw qpid=
   case $job in *-ro) mode=ro ;; esac
+  if [ "$sys" = qcow2-ref ]; then  # qcow2's same job, next to the format's (see the header)
+    fmt=qcow2 tmpl=$work/full.qcow2
+    [ "${set%-empty}" != "$set" ] && tmpl=$work/empty.qcow2
+  fi
   local opts="$mode,cache=none,format=${fmt%-enc}" fio_job=${job%-ro} qsd_object= qsd_fmt_opts=
   if [ "$fmt" = qcow2-enc ]; then
     opts+=",key-file=$key" qsd_object="secret,id=s0,data=benchpw" qsd_fmt_opts=",encrypt.format=luks,encrypt.key-secret=s0"
@@ -117,7 +124,7 @@ measure() {
   cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
   case $sys in
     qsd) qsdpid=$(FMT=${fmt%-enc} QSD_OBJECT=$qsd_object QSD_FMT_OPTS=$qsd_fmt_opts WRITABLE=$([ $mode = ro ] && echo off || echo on) "$here/qsd-mount.sh" "$img" "$mnt") ;;
-    qcowfs) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
+    qcowfs|qcow2-ref) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
     qcowfs-ring) set_uring Y; "$bin" -f -o "$opts,fuse_uring=on" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
     before) set_uring N; "$before" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
     after) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
@@ -155,9 +162,14 @@ for round in $(seq "$rounds"); do
                [ -f "$tmpl" ] || { echo "unknown set $set" >&2; exit 2; } ;;
       *) echo "unknown set $set" >&2; exit 2 ;;
     esac
+    set_systems=$systems
+    case $set in
+      qcow2-*) ;;
+      *-rw|*-empty) [ -z "$before" ] && set_systems="raw-host qsd qcow2-ref qcowfs qcowfs-ring" ;;
+    esac
     for job in $jobs; do
       [ -n "${JOBS:-}" ] && [[ " $JOBS " != *" $job "* ]] && continue
-      for sys in $systems; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
+      for sys in $set_systems; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
     done
   done
 done
@@ -247,9 +259,9 @@ if others:
         print(f"| {s.removesuffix('-full')} | {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
               f"| {'-' if r is None else f'{r:.2f}x'} | {ratio(rounds, 'qcowfs', 'qsd')} "
               f"| {ratio(rounds, 'qcowfs', 'raw-host')} |")
-# Each writable format beside qcow2: overwrites against qcow2-full, allocating writes against
-# qcow2-empty, ratios taken within a round.
-# (qcow2-rw: the overwrites alone, without qcow2-full's reads.)
+# Each writable format beside qcow2: the qcow2-ref run just before the format's (overwrites on
+# the fully written qcow2, allocating writes on the empty one), ratios taken within a round;
+# without one (older raw results), qcow2-full/qcow2-rw and qcow2-empty of the same round.
 wref = {(s, job): rounds for (s, job), rounds in runs.items() if s in ("qcow2-full", "qcow2-rw", "qcow2-empty")}
 writers = [(s, job, rounds) for (s, job), rounds in runs.items()
            if (s.endswith("-rw") or s.endswith("-empty")) and s not in ("qcow2-empty", "qcow2-rw")]
@@ -259,8 +271,11 @@ if writers:
     for s, job, rounds in writers:
         q = (wref.get(("qcow2-rw", job)) or wref.get(("qcow2-full", job), {})) if s.endswith("-rw") \
             else wref.get(("qcow2-empty", job), {})
-        r = med([v["qcowfs"] / q[k]["qcowfs"] for k, v in rounds.items()
-                 if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
+        if any(v.get("qcow2-ref") for v in rounds.values()):
+            r = med([v["qcowfs"] / v["qcow2-ref"] for v in rounds.values() if v.get("qcowfs") and v.get("qcow2-ref")])
+        else:
+            r = med([v["qcowfs"] / q[k]["qcowfs"] for k, v in rounds.items()
+                     if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
         name = s.removesuffix("-rw").removesuffix("-empty")
         print(f"| {name} | {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
               f"| {'-' if r is None else f'{r:.2f}x'} | {fmt(med([v.get('qsd') for v in rounds.values()]), job)} "
