@@ -30,12 +30,12 @@
 // a batch is allocating waits for that batch, or, where it writes bytes of
 // fresh space that batch's host write leaves out, writes them straight into
 // that space and completes once that batch is published (it "rides" it).
-// Metadata writeback, growth, a compaction and close first let the batches
-// in flight publish (quiesce()), so what they write never counts space
-// whose data is not written. Writes into data extents take no lock (a writer may ask to see the first one into
-// each unit, or hold writes into a unit it moves:
-// ExtentWriter::needs_before_unit_write; such writes are planned again under
-// the lock). A discard of whole data units of a writer that can_unmap()
+// Metadata writeback, growth, a compaction and close first let the batches in
+// flight publish (quiesce()), so what they write never counts space whose
+// data is not written. Writes into data extents take no lock (a writer may
+// ask to see the first one into each unit, or hold writes into a unit it
+// moves: ExtentWriter::needs_before_unit_write; such writes are planned again
+// under the lock). A discard of whole data units of a writer that can_unmap()
 // unmaps them under the lock and punches their host space, which is reused
 // only after a grace period (image/in_flight.h: reads, in-place writes and
 // zeroing then count themselves), or, where the writer compacts (VDI), moves

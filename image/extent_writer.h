@@ -29,12 +29,13 @@
 // called with the driver's allocation lock held (one at a time, in any
 // event-loop thread; write_metadata(), grow(), the compaction calls and
 // close_clean() also with no reservation in flight: every reserve() before
-// them was published or given back); run_limit(), has_zero_state(), can_unmap(), compacts()
-// and needs_before_unit_write() with it held or not, from any thread (they
-// must be pure or atomic reads; needs_before_unit_write() sequentially
-// consistent where a compaction sets it). publish(), unmap(), mark_zero(),
-// commit_compaction() and cancel_compaction() must make their entries visible
-// to ExtentMap::try_map() on other threads (atomic stores).
+// them was published or given back); run_limit(), has_zero_state(),
+// can_unmap(), compacts() and needs_before_unit_write() with it held or not,
+// from any thread (they must be pure or atomic reads;
+// needs_before_unit_write() sequentially consistent where a compaction sets
+// it). publish(), unmap(), mark_zero(), commit_compaction() and
+// cancel_compaction() must make their entries visible to ExtentMap::try_map()
+// on other threads (atomic stores).
 #pragma once
 
 #include <algorithm>

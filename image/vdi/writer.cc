@@ -58,16 +58,15 @@ Task<Result<HostRun>> VdiWriter::reserve(uint64_t /*first*/, uint64_t n) {
   co_return run;
 }
 
-// Before the first block of an image with none allocated (and none on
-// disk, nothing vacated): a data area that starts off kDataAlign (1 MiB, as
+// Before the first block of an image with none allocated (and none on disk,
+// nothing vacated): a data area that starts off kDataAlign (1 MiB, as
 // VirtualBox aligns it) or off the host's alignment (qemu-img puts it right
 // after the block map, at 4608 bytes for small disks) moves to the next
 // aligned offset, so that every data block is aligned: the host need not
 // serialize unaligned direct writes (ext4 does), and a 1 MiB write is one
-// aligned MiB of the host file, not one split over two of the host disk's
-// own chunks. The header's
-// offset_data changes with the next write-back, in the same write as the
-// first entry that names a block (or before it).
+// aligned MiB of the host file, not one split over two of the host disk's own
+// chunks. The header's offset_data changes with the next write-back, in the
+// same write as the first entry that names a block (or before it).
 void VdiWriter::align_data_area() {
   if (blocks_allocated_ != 0 || disk_allocated_ != 0 || vacated_end_ != 0 || unsynced_) return;
   const uint64_t align = std::max<uint64_t>(kDataAlign, file_.offset_align());

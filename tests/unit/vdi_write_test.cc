@@ -209,8 +209,9 @@ TEST_F(VdiWrite, AllocationThatCouldOverwriteABlockIsRefused) {
 // qemu-img puts the data area right after the block map (4608 bytes here):
 // the first block of an image with none allocated moves it to the next 1 MiB
 // boundary (VirtualBox's alignment), in the header written back with the
-// first entries, so that every data block is a whole aligned MiB. QEMU checks the image clean and reads what we
-// read. An image with a block allocated keeps its data area where it is.
+// first entries, so that every data block is a whole aligned MiB. QEMU checks
+// the image clean and reads what we read. An image with a block allocated
+// keeps its data area where it is.
 TEST_F(VdiWrite, TheFirstBlockOfAnEmptyImageAlignsItsDataArea) {
   sh(fmt::format("qemu-img create -q -f vdi i.vdi {}", kDisk));
   const Bytes empty = read_file(at("i.vdi"));
