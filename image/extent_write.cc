@@ -451,10 +451,12 @@ Task<Status> ExtentDriver::write_allocation(Allocation& a) {
 // space whose old contents are zeros, the head and tail are left out (they
 // read as zeros already): the first unit's prefix then goes out on its own
 // when a head lies between it and the request, beside the one write of the
-// rest (another request may write into the head meanwhile: can_ride()).
+// rest (another request may write into the head meanwhile: can_ride()). The
+// first unit's prefix_hole is never written.
 Task<Status> ExtentDriver::write_prefixed(Allocation& a) {
   const HostRun& r = a.run;
   const std::span<const std::byte> prefix = img_.writer->unit_prefix();
+  const std::span<const std::byte> first_prefix = prefix.subspan(static_cast<size_t>(r.prefix_hole));
   const uint64_t us = img_.writer->unit_size();
   const bool around_reads_zero = a.old_zero && r.fresh;
   if (a.old_zero && !around_reads_zero) {
@@ -474,16 +476,16 @@ Task<Status> ExtentDriver::write_prefixed(Allocation& a) {
   iov.reserve(2 * a.units + 2);
   for (std::span<const std::byte> piece : pieces) {
     while (!piece.empty()) {
-      if (at % us == 0) iov.push_back(iov_of(prefix));
+      if (at % us == 0) iov.push_back(iov_of(at == 0 ? first_prefix : prefix));
       const auto n = static_cast<size_t>(std::min<uint64_t>(piece.size(), us - at % us));
       iov.push_back(iov_of(piece.first(n)));
       piece = piece.subspan(n);
       at += n;
     }
   }
-  if (first_at == 0) co_return co_await r.file->writev(r.host, iov);
+  if (first_at == 0) co_return co_await r.file->writev(r.host + r.prefix_hole, iov);
   std::vector<Task<Status>> writes;
-  writes.push_back(r.file->write(r.host, prefix));
+  writes.push_back(r.file->write(r.host + r.prefix_hole, first_prefix));
   writes.push_back(r.file->writev(r.host + prefix.size() + first_at, iov));
   co_return co_await io::when_all(std::move(writes));
 }

@@ -62,6 +62,9 @@ struct HostRun {
   // data written so far): the driver need not write zero copy-on-write parts
   // it can leave out of its one host write.
   bool fresh = false;
+  // Leading bytes of the first unit's prefix that the driver leaves out of
+  // its host write: padding that no reader looks at (a hole in new space).
+  uint64_t prefix_hole = 0;
 };
 
 // Host space handed out from the end of a file, for the formats whose file

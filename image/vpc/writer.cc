@@ -99,7 +99,8 @@ VpcWriter::VpcWriter(io::HostFile& file, std::string path, const Layout& l, Dyna
       footer_(std::move(footer)),
       bat_(std::move(bat)),
       bitmap_(static_cast<size_t>(bitmap_size(l.dyn.block_size)), file.mem_align(), false),
-      pad_(new_block_pad(l.dyn.block_size)),
+      align_(new_block_align(l.dyn.block_size, file.is_block_device())),
+      pad_(new_block_pad(l.dyn.block_size, align_)),
       prefix_(static_cast<size_t>(pad_ + bitmap_.size()), file.mem_align(), true),
       free_offset_(l.free_offset),
       footer_at_(l.free_offset),
@@ -113,7 +114,7 @@ VpcWriter::VpcWriter(io::HostFile& file, std::string path, const Layout& l, Dyna
 // kBatUnallocated. On a block device the blocks and the footer must fit.
 Task<Result<HostRun>> VpcWriter::reserve(uint64_t /*first*/, uint64_t n) {
   const uint64_t stride = unit_stride();
-  const uint64_t host = pad_ == 0 ? free_offset_ : align_up(free_offset_, kNewBlockAlign);
+  const uint64_t host = pad_ == 0 ? free_offset_ : align_up(free_offset_, align_);
   const uint64_t end = host + n * stride;
   if ((end - stride + pad_) / kSector >= kBatUnallocated)
     co_return Status::errorf(ENOSPC, "the VHD image has no room for more blocks (BAT entries are 32-bit sectors)");
@@ -124,10 +125,21 @@ Task<Result<HostRun>> VpcWriter::reserve(uint64_t /*first*/, uint64_t n) {
   run.host = host;
   run.units = n;
   // The old footer lies before the first unit's data: under its prefix, or in
-  // the unused space before the 4 KiB boundary.
+  // the unused space before the aligned start.
   run.fresh = zero_from_ <= run.host + prefix_.size();
+  run.prefix_hole = padding_hole(host);
   free_offset_ = end;
   co_return run;
+}
+
+// The padding before the host-aligned part that holds the bitmap: nothing
+// reads it, so it is not written, but for an old end footer in it, which is
+// written over (with the padding from there on) rather than left in the file.
+uint64_t VpcWriter::padding_hole(uint64_t host) const {
+  const uint64_t align = std::max<uint64_t>(file_.mem_align(), file_.offset_align());
+  const uint64_t hole = align_down(pad_, align);
+  if (footer_at_ >= host && footer_at_ < host + hole) return align_down(footer_at_ - host, align);
+  return hole;
 }
 
 // The run's space may hold part of the failed write now: no longer fresh.

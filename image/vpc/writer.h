@@ -1,14 +1,17 @@
 // VpcWriter: the ExtentWriter of a dynamic VHD opened read-write, as QEMU
 // 7.2's vpc_co_pwritev() / alloc_block() / rewrite_footer() write one: a new
 // block goes where the footer at the end of the file is (QEMU's
-// free_data_block_offset), rounded up to 4 KiB, as zero padding, its sector
-// bitmap (all ones) and block_size bytes of data, the data 4 KiB-aligned
-// (format.h's new_block_pad; QEMU puts the bitmap right at the old footer's
-// place, so its data is 4 KiB-aligned for one block in eight); the footer moves to the new end of the file and the BAT entry
-// (a big-endian sector number) names the block. The footer copy at offset 0,
-// which QEMU and qcowfs read first, never changes. Several new blocks of one
-// request are contiguous and written by the driver in one host write, each
-// with its bitmap (unit_prefix()).
+// free_data_block_offset), rounded up to format.h's new_block_align() (64 KiB
+// for 2 MiB blocks), as padding, its sector bitmap (all ones) and block_size
+// bytes of data, the data so aligned (QEMU puts the bitmap right at the old
+// footer's place, so its data is 4 KiB-aligned for one block in eight). Only
+// the padding's last host-aligned part is written (HostRun::prefix_hole): the
+// rest stays a hole, but for an old end footer in it, written over. The footer
+// moves to the new end of the file and the BAT entry (a big-endian sector
+// number) names the block. The footer copy at offset 0, which QEMU and qcowfs
+// read first, never changes. Several new blocks of one request are contiguous
+// and written by the driver in one host write, each with its padding and
+// bitmap (unit_prefix()).
 //
 // Ordering (DESIGN.md): the driver flushes data and bitmaps, then
 // write_metadata() writes the footer at the new end of the file and flushes
@@ -85,6 +88,7 @@ class VpcWriter final : public ExtentWriter {
   Task<Status> before_unit_write(uint64_t block) override;
 
  private:
+  uint64_t padding_hole(uint64_t host) const;
   void set_bitmap_full(uint64_t block);
   bool all_ones(std::span<const std::byte> bitmap) const;
 
@@ -95,6 +99,7 @@ class VpcWriter final : public ExtentWriter {
   io::AlignedBuffer footer_;
   io::AlignedBuffer bat_;
   io::AlignedBuffer bitmap_;  // a new block's sector bitmap: all ones
+  uint64_t align_;            // where new blocks' data starts (format.h's new_block_align)
   uint64_t pad_;              // zeros before a new block's bitmap
   io::AlignedBuffer prefix_;  // pad_ zeros, then the bitmap
   uint64_t free_offset_;      // where the next new block goes

@@ -34,6 +34,7 @@ using Bytes = std::vector<std::byte>;
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kQemuBlock = 2 * kMiB;  // qemu-img's block size; its bitmap is 512 bytes
 constexpr uint64_t kQemuBatAt = 1536;      // where qemu-img puts the BAT
+constexpr uint64_t kQemuAlign = 65536;     // where qcowfs starts the data of a new 2 MiB block
 
 // In-memory images: 4 KiB blocks (a 512-byte bitmap), 8 BAT entries in one sector.
 constexpr uint32_t kBlock = 4096;
@@ -155,14 +156,15 @@ bool all_are(std::span<const std::byte> s, std::byte v) {
   return std::all_of(s.begin(), s.end(), [v](std::byte b) { return b == v; });
 }
 
-TEST(VpcWrite, NewBlockGoesWhereTheFooterWasWithItsData4KiBAlignedAndTheFooterMoves) {
+// qemu-img's 2 MiB blocks: the data 64 KiB-aligned; of the 63.5 KiB of
+// padding only the 3.5 KiB in the bitmap's 4 KiB page is written, the rest
+// stays a hole.
+TEST(VpcWrite, NewBlockGoesWhereTheFooterWasWithItsData64KiBAlignedAndTheFooterMoves) {
   QemuImage q(8 * kMiB);
   const Bytes before = q.bytes();
   const uint64_t old_end = before.size() - 512;  // the end footer: QEMU's free_data_block_offset
-  const uint64_t bitmap = new_bitmap_at(old_end);
-  ASSERT_GE(bitmap, old_end);
-  ASSERT_LT(bitmap, old_end + 8192);  // the next 4 KiB boundary, then 3.5 KiB of padding
-  EXPECT_EQ((bitmap + 512) % 4096, 0u) << "the data is not 4 KiB-aligned";
+  const uint64_t bitmap = (old_end + kQemuAlign - 1) / kQemuAlign * kQemuAlign + kQemuAlign - 512;
+  ASSERT_GT(bitmap, old_end + 512);  // the old footer lies before the next 64 KiB boundary (a hole after it)
   auto o = open(before, true);
   ASSERT_TRUE(o.driver) << o.driver.status().to_string();
   BlockDriver& d = **o.driver;
@@ -175,8 +177,11 @@ TEST(VpcWrite, NewBlockGoesWhereTheFooterWasWithItsData4KiBAlignedAndTheFooterMo
   EXPECT_TRUE(std::equal(before.begin(), before.begin() + 512, after.end() - 512)) << "the end footer is not the copy";
   EXPECT_TRUE(all_are(std::span(after).subspan(bitmap, 512), std::byte{0xff})) << "the bitmap is not all ones";
   EXPECT_TRUE(all_are(std::span(after).subspan(bitmap - 3584, 3584), std::byte{0})) << "the padding";
+  auto data_at = run_now(o.file->seek_data((old_end + 512 + 4095) / 4096 * 4096));  // past the old footer's page
+  ASSERT_TRUE(data_at) << data_at.status().to_string();
+  EXPECT_EQ(*data_at, bitmap + 512 - 4096) << "the padding before the bitmap's 4 KiB page was written";
   EXPECT_TRUE(std::equal(before.end() - 512, before.end(), after.begin() + static_cast<std::ptrdiff_t>(old_end)))
-      << "the old end footer, now unused space before the 4 KiB boundary, was written";
+      << "the old end footer, now unused space before the 64 KiB boundary, was written";
   EXPECT_EQ(load_be32(after.data() + kQemuBatAt + 4), bitmap / 512);
   EXPECT_EQ(load_be32(after.data() + kQemuBatAt), 0xFFFFFFFFu);
   EXPECT_TRUE(std::equal(data.begin(), data.end(), after.begin() + static_cast<std::ptrdiff_t>(bitmap + 512 + 12345)));
@@ -186,6 +191,34 @@ TEST(VpcWrite, NewBlockGoesWhereTheFooterWasWithItsData4KiBAlignedAndTheFooterMo
                          after.begin() + kQemuBatAt + 512));
   Bytes want(8 * kMiB);
   std::copy(data.begin(), data.end(), want.begin() + static_cast<std::ptrdiff_t>(kQemuBlock + 12345));
+  EXPECT_TRUE(q.qemu_reads(after) == want);
+}
+
+// After a flush the end footer lies right at the next block's 64 KiB
+// boundary, inside the padding left unwritten: that padding is written (as
+// zeros) from the footer on, so no stale footer is left inside the file.
+TEST(VpcWrite, AnEndFooterInTheNextBlocksPaddingIsWrittenOver) {
+  QemuImage q(8 * kMiB);
+  auto o = open(q.bytes(), true);
+  ASSERT_TRUE(o.driver) << o.driver.status().to_string();
+  BlockDriver& d = **o.driver;
+  const Bytes data = pattern(4096, 5);
+  ASSERT_TRUE(run_now(d.write(0, data)));
+  ASSERT_TRUE(run_now(d.flush()));
+  const Bytes flushed = o.file->content();
+  const uint64_t footer = flushed.size() - 512;
+  ASSERT_EQ(footer % kQemuAlign, 0u) << "the first block does not end on a 64 KiB boundary";
+  ASSERT_TRUE(std::equal(flushed.begin(), flushed.begin() + 512, flushed.end() - 512)) << "no footer at the end";
+  ASSERT_TRUE(run_now(d.write(3 * kQemuBlock, data)));
+  ASSERT_TRUE(run_now(d.close()));
+  const Bytes after = o.file->content();
+  const uint64_t bitmap = footer + kQemuAlign - 512;
+  EXPECT_EQ(load_be32(after.data() + kQemuBatAt + 12), bitmap / 512);
+  EXPECT_TRUE(all_are(std::span(after).subspan(footer, kQemuAlign - 512), std::byte{0})) << "the old footer is left";
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), after.begin() + static_cast<std::ptrdiff_t>(bitmap + 512)));
+  Bytes want(8 * kMiB);
+  std::copy(data.begin(), data.end(), want.begin());
+  std::copy(data.begin(), data.end(), want.begin() + static_cast<std::ptrdiff_t>(3 * kQemuBlock));
   EXPECT_TRUE(q.qemu_reads(after) == want);
 }
 
