@@ -332,6 +332,32 @@ TEST(VpcWriteRefusals, BlockReachingIntoTheEndFooter) {
   expect_refused(img, EIO, "reaches into the end footer");
 }
 
+// On a block device a new 2 MiB block's data is only 4 KiB-aligned (64 KiB
+// would take 3% of its capacity): the block fits in 4 KiB of room before it.
+TEST(VpcWrite, OnABlockDeviceNewBlocksAre4KiBAligned) {
+  QemuImage q(8 * kMiB);
+  Bytes img = q.bytes();
+  const uint64_t bitmap = new_bitmap_at(img.size() - 512);  // the next 4 KiB boundary, then 3.5 KiB of padding
+  img.resize(bitmap + 512 + kQemuBlock + 512 + 1000, std::byte{0x77});  // room for one block and its footer
+  auto o = open(img, true, true);
+  ASSERT_TRUE(o.driver) << o.driver.status().to_string();
+  const Bytes data = pattern(4096, 7);
+  ASSERT_TRUE(run_now((*o.driver)->write(kQemuBlock + 8192, data)));
+  ASSERT_TRUE(run_now((*o.driver)->close()));
+  const Bytes out = o.file->content();
+  ASSERT_EQ(out.size(), img.size());
+  EXPECT_EQ(load_be32(out.data() + kQemuBatAt + 4), bitmap / 512);
+  EXPECT_TRUE(all_are(std::span(out).subspan(bitmap - 3584, 3584), std::byte{0})) << "the padding";
+  EXPECT_TRUE(all_are(std::span(out).subspan(bitmap, 512), std::byte{0xff})) << "the bitmap";
+  auto again = open(out, false);
+  ASSERT_TRUE(again.driver) << again.driver.status().to_string();
+  Bytes back(kQemuBlock);
+  ASSERT_TRUE(run_now((*again.driver)->read(kQemuBlock, back)));
+  EXPECT_TRUE(all_are(std::span(back).first(8192), std::byte{0})) << "old device bytes show through the head";
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin() + 8192));
+  EXPECT_TRUE(all_are(std::span(back).subspan(8192 + 4096), std::byte{0})) << "old device bytes show through the tail";
+}
+
 TEST(VpcWrite, BlockDeviceGivesEnospcWhenFullAndGrowsInsideOtherwise) {
   Bytes img = built_image({4});
   const uint64_t old_end = img.size() - 512;
