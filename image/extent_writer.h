@@ -131,7 +131,8 @@ class ExtentWriter {
   // [u * unit_size(), (u + 1) * unit_size()).
   virtual uint64_t unit_size() const = 0;
   // The bytes the driver writes before each new unit's data, in the same host
-  // write (a VHD block's sector bitmap). Default: none, units back to back.
+  // write (a VHD block's padding and sector bitmap; the first unit's
+  // HostRun::prefix_hole is left out). Default: none, units back to back.
   virtual std::span<const std::byte> unit_prefix() const { return {}; }
   // Host bytes from one new unit of a run to the next.
   uint64_t unit_stride() const { return unit_prefix().size() + unit_size(); }
