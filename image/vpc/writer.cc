@@ -132,9 +132,10 @@ Task<Result<HostRun>> VpcWriter::reserve(uint64_t /*first*/, uint64_t n) {
   co_return run;
 }
 
-// The padding before the host-aligned part that holds the bitmap: nothing
-// reads it, so it is not written, but for an old end footer in it, which is
-// written over (with the padding from there on) rather than left in the file.
+// The leading padding of a block at `host` that is not written: all of it
+// before the host-aligned part that holds the bitmap (nothing reads it), but
+// an old end footer inside it is written over, with the padding from the
+// footer's aligned start on, rather than left in the file.
 uint64_t VpcWriter::padding_hole(uint64_t host) const {
   const uint64_t align = std::max<uint64_t>(file_.mem_align(), file_.offset_align());
   const uint64_t hole = align_down(pad_, align);
