@@ -1,7 +1,9 @@
 // The registry of image formats: the one list of every format qcowfs knows by
 // name, and for each the function that opens it (nullptr for a format qcowfs
 // only recognises, so that it is refused with a message naming it instead of
-// being served, and written, as if it were a raw disk).
+// being served, and written, as if it were a raw disk), and where the format
+// has them, the functions behind `qcowfs create` and `qcowfs check`: tools/
+// reaches a format only through this table.
 //
 // A format lives in its own folder (image/raw/, image/qcow2/, ...) and offers
 // the registry one OpenFormatFn through its public header; image/formats.cc
@@ -16,6 +18,8 @@
 #include <string_view>
 
 #include "image/block_driver.h"
+#include "image/check.h"
+#include "image/create.h"
 
 namespace qcowfs::image {
 
@@ -28,6 +32,10 @@ struct FormatInfo {
   std::string_view name;     // QEMU's driver name: "qcow2", "raw", "vmdk", "vpc", ...
   std::string_view display;  // for messages: "VMDK", "VHD (vpc)", ...
   OpenFormatFn open;         // nullptr: recognised only, refused when opened
+  // `qcowfs create -f NAME` (image/create.h); nullptr: the format makes no new images.
+  PrepareCreateFn prepare_create = nullptr;
+  // `qcowfs check` (image/check.h); nullptr: "This image format does not support checks".
+  CheckFormatFn check = nullptr;
   bool supported() const { return open != nullptr; }
 };
 

@@ -12,6 +12,8 @@
 #include <cstdio>
 
 #include "image/block_driver.h"
+#include "image/create.h"
+#include "image/format.h"
 #include "image/crypto/crypto_luks.h"
 #include "image/crypto/crypto_secret.h"
 #include "image/luks/luks.h"
@@ -38,6 +40,25 @@ struct CreateArgs {
   image::LuksCreateOptions luks;    // -f luks: the -o list as LUKS options
 };
 
+// The formats create makes itself (their options are qcow2's create options)
+// rather than through the registry's PrepareCreateFn.
+bool is_builtin_format(std::string_view f) { return f == "qcow2" || f == "raw" || f == "luks"; }
+
+std::string creatable_format_names() {
+  std::string names = "qcow2, raw, luks";
+  for (const image::FormatInfo& f : image::all_formats())
+    if (f.prepare_create && !is_builtin_format(f.name)) names += fmt::format(", {}", f.name);
+  return names;
+}
+
+Status check_create_format(std::string_view v) {
+  if (is_builtin_format(v)) return Status::ok();
+  const image::FormatInfo* f = image::find_format(v);
+  if (f && f->prepare_create) return Status::ok();
+  if (f) return Status::errorf(EINVAL, "Format driver '{}' does not support image creation", v);
+  return Status::errorf(EINVAL, "unknown format '{}' ({})", v, creatable_format_names());
+}
+
 Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
   CreateArgs a;
   std::vector<std::string> positional;
@@ -56,8 +77,7 @@ Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
     } else if (take_option(args, i, "--backing-format", "-F", v)) {
       a.backing_format = v;
     } else if (take_option(args, i, "--format", "-f", v)) {
-      if (v != "qcow2" && v != "raw" && v != "luks")
-        return Status::errorf(EINVAL, "unknown format '{}' (qcow2, raw or luks)", v);
+      QCOWFS_TRY(check_create_format(v));
       a.format = v;
     } else if (args[i].size() > 1 && args[i][0] == '-') {
       return Status::errorf(EINVAL, "unknown option '{}'", args[i]);
@@ -93,6 +113,7 @@ Status apply_luks_options(CreateArgs& a, q::CreateOptions& o) {
 
 Result<q::CreateOptions> build_options(CreateArgs& a) {
   q::CreateOptions o;
+  if (!is_builtin_format(a.format)) return o;  // the format parses its own (create_through_registry)
   if (a.format == "luks")
     QCOWFS_TRY(apply_luks_options(a, o));
   else
@@ -266,6 +287,102 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
   co_return files.finish(co_await q::write_new_image(**f, data.get(), *valid, luks.header));
 }
 
+// ---- every other format: through the registry (image/create.h) ----
+
+// The -o list as key=value pairs, in order.
+Result<std::vector<std::pair<std::string, std::string>>> split_options(std::string_view list) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    const std::string_view opt = list.substr(0, comma);
+    const size_t eq = opt.find('=');
+    if (eq == std::string_view::npos) return Status::errorf(EINVAL, "option '{}' needs a value (key=value)", opt);
+    out.emplace_back(std::string(opt.substr(0, eq)), std::string(opt.substr(eq + 1)));
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+Result<image::CreateRequest> build_request(const CreateArgs& a) {
+  image::CreateRequest r;
+  r.path = a.image;
+  auto options = split_options(a.option_list);
+  if (!options) return options.status();
+  r.options = std::move(*options);
+  if (auto v = image::take_create_option(r.options, "size")) {
+    auto n = image::parse_create_size("size", *v);
+    if (!n) return n.status();
+    r.size = *n;
+  }
+  if (!a.size.empty()) {
+    auto n = image::parse_create_size("size", a.size);
+    if (!n) return n.status();
+    r.size = *n;
+  }
+  if (auto v = image::take_create_option(r.options, "backing_file")) r.backing_file = *v;
+  if (auto v = image::take_create_option(r.options, "backing_fmt")) r.backing_format = *v;
+  if (!a.backing.empty()) r.backing_file = a.backing;
+  if (!a.backing_format.empty()) r.backing_format = a.backing_format;
+  return r;
+}
+
+// As inspect_backing() for qcow2: the backing file must open with its format,
+// and its size is the default size.
+Task<Status> inspect_request_backing(const CreateArgs& a, image::CreateRequest& r) {
+  if (r.backing_file.empty()) co_return Status::ok();
+  if (a.unsafe) {
+    if (r.backing_format.empty()) co_return missing_backing_format(a.image, "");
+    if (!r.size) co_return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", a.image);
+    co_return Status::ok();
+  }
+  image::ImageOptions bo;
+  bo.format = r.backing_format;
+  auto b = co_await image::open_image(image::resolve_relative(a.image, r.backing_file), bo);
+  if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", r.backing_file));
+  std::string detected((*b)->format_name());
+  uint64_t size = (*b)->size();
+  QCOWFS_CO_TRY(co_await (*b)->close());
+  if (r.backing_format.empty()) co_return missing_backing_format(a.image, detected);
+  if (!r.size) r.size = size;
+  co_return Status::ok();
+}
+
+// image::NewFiles over CreatedFiles: every file made is removed if the create fails.
+class RegistryNewFiles final : public image::NewFiles {
+ public:
+  explicit RegistryNewFiles(CreatedFiles& files) : files_(files) {}
+  Result<io::HostFile*> create(const std::string& path) override {
+    auto f = files_.create(path);
+    if (!f) return f.status();
+    open_.push_back(std::move(*f));
+    return open_.back().get();
+  }
+
+ private:
+  CreatedFiles& files_;
+  std::vector<std::unique_ptr<io::HostFile>> open_;
+};
+
+Task<Status> create_through_registry(const CreateArgs& a) {
+  const image::FormatInfo* f = image::find_format(a.format);
+  auto request = build_request(a);
+  if (!request) co_return request.status();
+  if (!request->backing_file.empty() || !request->backing_format.empty())
+    QCOWFS_CO_TRY(co_await inspect_request_backing(a, *request));
+  auto creator = f->prepare_create(*request);
+  if (!creator) co_return creator.status();
+  if (!a.quiet) fmt::print("Formatting '{}', {}\n", a.image, (*creator)->formatting());
+  std::fflush(stdout);
+  CreatedFiles files;
+  Status st;
+  {
+    RegistryNewFiles new_files(files);
+    st = co_await (*creator)->write(new_files);
+  }
+  co_return files.finish(std::move(st));
+}
+
 }  // namespace
 
 std::string_view create_usage() {
@@ -313,6 +430,10 @@ std::string_view create_usage() {
 
 int cmd_create(std::span<const std::string> args) {
   return run_tool("create", create_usage(), parse_create_args(args), [](const CreateArgs& a, io::Engine& engine) {
+    if (!is_builtin_format(a.format)) {
+      Status st = io::run_sync(engine, create_through_registry(a));
+      return st ? 0 : cmd_fail("create", st);
+    }
     const q::CreateOptions& o = a.create_options;
     if (a.format == "raw" && !o.backing_file.empty())
       return cmd_fail("create",

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "image/check.h"
 #include "image/qcow2/header.h"
 #include "io/host_file.h"
 #include "io/status.h"
@@ -39,30 +40,9 @@ namespace qcowfs::image::qcow2 {
 
 struct Bitmap;  // image/qcow2/qcow2_inspect.h
 
-enum class RepairMode { none, leaks, all };
-
-// Counters as QEMU's BdrvCheckResult / `qemu-img check --output=json` name them.
-struct CheckReport {
-  uint64_t corruptions = 0;
-  uint64_t leaks = 0;
-  uint64_t check_errors = 0;
-  uint64_t corruptions_fixed = 0;
-  uint64_t leaks_fixed = 0;
-  uint64_t image_end_offset = 0;
-  uint64_t total_clusters = 0;      // clusters the guest size spans
-  uint64_t allocated_clusters = 0;  // active L2 entries with a host cluster
-  uint64_t fragmented_clusters = 0;
-  uint64_t compressed_clusters = 0;
-  // One line per problem found (and per repair made), in the order found.
-  std::vector<std::string> messages;
-};
-
-struct CheckOptions {
-  RepairMode repair = RepairMode::none;
-  // Called now and then while walking, with the bytes of L2 tables walked so
-  // far and the bytes to walk in all (the last call has done == total).
-  std::function<void(uint64_t done, uint64_t total)> progress;
-};
+using image::CheckOptions;
+using image::CheckReport;
+using image::RepairMode;
 
 // Checks (and with opts.repair, repairs) the qcow2 image in `file` (opened
 // writable when repairing). A Status error means the check could not be done

@@ -1,0 +1,58 @@
+#include "image/create.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+namespace qcowfs::image {
+namespace {
+
+Status bad_value(std::string_view key, std::string_view value, std::string_view expected) {
+  return Status::errorf(EINVAL, "bad value '{}' for option {} (expected {})", value, key, expected);
+}
+
+}  // namespace
+
+std::optional<std::string> take_create_option(std::vector<std::pair<std::string, std::string>>& options,
+                                              std::string_view key) {
+  std::optional<std::string> value;
+  std::erase_if(options, [&](const std::pair<std::string, std::string>& o) {
+    if (o.first != key) return false;
+    value = o.second;
+    return true;
+  });
+  return value;
+}
+
+Status no_options_left(const std::vector<std::pair<std::string, std::string>>& options, std::string_view format) {
+  if (options.empty()) return Status::ok();
+  return Status::errorf(EINVAL, "Invalid parameter '{}' (not an option of the {} format)", options.front().first,
+                        format);
+}
+
+Result<bool> parse_create_bool(std::string_view key, std::string_view value) {
+  if (value == "on" || value == "true" || value == "yes") return true;
+  if (value == "off" || value == "false" || value == "no") return false;
+  return bad_value(key, value, "on or off");
+}
+
+Result<uint64_t> parse_create_size(std::string_view key, std::string_view text) {
+  uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end == text.data()) return bad_value(key, text, "a size such as 64K");
+  std::string_view suffix(end, static_cast<size_t>(text.data() + text.size() - end));
+  if (suffix == "B" || suffix == "b") suffix = "";
+  static constexpr std::string_view kSuffixes = "KMGTPE";
+  unsigned shift = 0;
+  if (suffix.size() == 1) {
+    auto pos = kSuffixes.find(static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0]))));
+    if (pos == std::string_view::npos) return bad_value(key, text, "a size with K, M, G, T, P or E");
+    shift = static_cast<unsigned>(10 * (pos + 1));
+  } else if (!suffix.empty()) {
+    return bad_value(key, text, "a size with K, M, G, T, P or E");
+  }
+  if (shift >= 64 || n > (~uint64_t{0} >> shift)) return bad_value(key, text, "a smaller size");
+  return n << shift;
+}
+
+}  // namespace qcowfs::image

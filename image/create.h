@@ -1,0 +1,80 @@
+// Creating an image: what `qcowfs create` (tools/create.cc) asks of a format,
+// format-neutral. A format that can make new images offers the registry
+// (image/format.h) a PrepareCreateFn; tools/ parses qemu-img create's command
+// line into a CreateRequest, asks the format to prepare (options checked, no
+// file touched), prints the creator's "Formatting" line, and lets it write
+// through NewFiles, which creates (and locks) each file and removes every file
+// it made if the create fails.
+//
+// Thread-safety: a Creator is used by one thread, once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io/host_file.h"
+#include "io/status.h"
+#include "io/task.h"
+
+namespace qcowfs::image {
+
+// qemu-img create's arguments. Generic parts are taken out of the -o list:
+// size=, backing_file= and backing_fmt= land in the fields; everything else
+// stays in `options` for the format, in the order given.
+struct CreateRequest {
+  std::string path;                  // the new image, as the user named it
+  std::optional<uint64_t> size;      // SIZE or size=; with a backing file, its size when not given
+  std::string backing_file;          // -b or backing_file= ("" for none)
+  std::string backing_format;        // -F or backing_fmt=
+  std::vector<std::pair<std::string, std::string>> options;  // -o key=value, not yet consumed
+};
+
+// Makes the files of one new image. Every file made through it is removed
+// again unless the create succeeds; a file that exists is taken over (locked
+// first, then truncated: never truncated while another process holds it).
+class NewFiles {
+ public:
+  virtual ~NewFiles() = default;
+  // Creates (or takes over) path, opened read-write and locked as QEMU locks
+  // an image it writes. The file lives as long as this NewFiles.
+  virtual Result<io::HostFile*> create(const std::string& path) = 0;
+};
+
+// One prepared create: options checked and resolved.
+class Creator {
+ public:
+  virtual ~Creator() = default;
+  // What qemu-img prints after "Formatting 'IMAGE', ": "fmt=vmdk size=1073741824
+  // compat6=off hwversion=undefined" (the format's options in qemu-img's order).
+  virtual std::string formatting() const = 0;
+  // Writes the new image: the image file first through files.create(path),
+  // then any further files (VMDK extents, external data files).
+  virtual Task<Status> write(NewFiles& files) = 0;
+};
+
+// Checks the request's options for one format and resolves defaults; an
+// unknown option or a bad value is EINVAL with qemu-img's wording where it has
+// one. No file is read or written here (the backing file was opened by the
+// caller, which filled in request.size from it).
+using PrepareCreateFn = Result<std::unique_ptr<Creator>> (*)(const CreateRequest& request);
+
+// Takes the option `key` out of request.options (the last one given wins, as
+// in qemu-img): its value, or nullopt when it was not given.
+std::optional<std::string> take_create_option(std::vector<std::pair<std::string, std::string>>& options,
+                                              std::string_view key);
+
+// The first option left over, as qemu-img reports it: "Invalid parameter 'x'"
+// (EINVAL); ok when none is left.
+Status no_options_left(const std::vector<std::pair<std::string, std::string>>& options, std::string_view format);
+
+// "on"/"off" (and QEMU's other spellings of a bool) -> bool.
+Result<bool> parse_create_bool(std::string_view key, std::string_view value);
+
+// "64K", "1M", "1073741824" -> bytes (qemu-img's size suffixes k/K, M, G, T, P, E).
+Result<uint64_t> parse_create_size(std::string_view key, std::string_view value);
+
+}  // namespace qcowfs::image
