@@ -10,13 +10,14 @@
 namespace qcowfs::tools {
 
 bool is_subcommand(std::string_view name) {
-  return name == "create" || name == "info" || name == "check" || name == "map";
+  return name == "create" || name == "info" || name == "check" || name == "map" || name == "resize";
 }
 
 int run_subcommand(std::string_view name, std::span<const std::string> args) {
   if (name == "create") return cmd_create(args);
   if (name == "info") return cmd_info(args);
   if (name == "check") return cmd_check(args);
+  if (name == "resize") return cmd_resize(args);
   return cmd_map(args);
 }
 

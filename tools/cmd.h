@@ -1,4 +1,4 @@
-// The qcowfs subcommands (git style: `qcowfs create|info|check|map ...`),
+// The qcowfs subcommands (git style: `qcowfs create|info|check|map|resize ...`),
 // each a function from its arguments (without the subcommand name) to a
 // process exit code. They print to stdout/stderr and run their image I/O on a
 // private Engine through io::run_sync. They use image/ and io/ only, never
@@ -32,12 +32,14 @@ int cmd_create(std::span<const std::string> args);
 int cmd_info(std::span<const std::string> args);
 int cmd_check(std::span<const std::string> args);
 int cmd_map(std::span<const std::string> args);
+int cmd_resize(std::span<const std::string> args);
 
 // Every subcommand's --help text (the man page documents the same options).
 std::string_view create_usage();
 std::string_view info_usage();
 std::string_view check_usage();
 std::string_view map_usage();
+std::string_view resize_usage();
 
 // ---- helpers shared by the subcommands ----
 
