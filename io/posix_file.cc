@@ -181,7 +181,11 @@ Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const 
 }
 
 Result<std::unique_ptr<HostFile>> create_host_file(const std::string& path, OpenOptions opts) {
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  // An existing FIFO, socket, directory or character device is refused before
+  // O_CREAT | O_TRUNC opens it (O_PATH neither blocks nor runs a device's open).
+  if (UniqueFd probe(::open(path.c_str(), O_PATH | O_CLOEXEC)); probe.valid())
+    QCOWFS_TRY(check_file_type(probe.get(), path, {}));
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644));
   if (fd.get() < 0) return Status::from_errno(errno, fmt::format("creating {}", path));
   opts.writable = true;
   return open_host_file(path, opts);

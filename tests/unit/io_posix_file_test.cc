@@ -180,6 +180,18 @@ TEST(PosixFileOpen, OpenRegularOrBlockNamesWhatTheFileIs) {
   EXPECT_EQ(missing.status().code(), ENOENT);
 }
 
+TEST(PosixFileOpen, CreateRefusesADirectoryAndLeavesAFifoAlone) {
+  TempPath dir("create_dir");
+  ASSERT_EQ(::mkdir(dir.path().c_str(), 0700), 0);
+  expect_refused(create_host_file(dir.path(), OpenOptions{}).status(), dir.path(), "a directory");  // not EISDIR
+  TempPath fifo("create_fifo");
+  ASSERT_EQ(::mkfifo(fifo.path().c_str(), 0600), 0);
+  expect_refused(create_host_file(fifo.path(), OpenOptions{}).status(), fifo.path(), "a FIFO");
+  struct stat st;
+  ASSERT_EQ(::stat(fifo.path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
 TEST(PosixFileOpen, RegularFileIsLeftBlocking) {
   TempFile t("nonblock", 4096);
   auto fd = open_regular_or_block(t.path(), O_RDWR);
