@@ -48,8 +48,9 @@ def make_non_file(path: Path, kind: str) -> None:
         path.symlink_to("/dev/zero")  # opened through the name the image gives
 
 
-def qemu_img(*args) -> None:
-    helpers.run(["qemu-img", *args])
+def qemu_img(d: Path, *args) -> None:
+    """qemu-img run in d: it creates a relative data_file= relative to its working directory."""
+    subprocess.run(["qemu-img", *[str(a) for a in args]], cwd=d, check=True, timeout=60)
 
 
 def build(role: str, d: Path) -> tuple[Path, Path]:
@@ -63,15 +64,16 @@ def build(role: str, d: Path) -> tuple[Path, Path]:
     if role in ("qcow2-backing", "qed-backing"):
         fmt = role.split("-")[0]
         image = d / f"top.{fmt}"
-        qemu_img("create", "-q", "-f", fmt, "-u", "-b", "base.raw", "-F", "raw", image, str(MiB))
+        qemu_img(d, "create", "-q", "-f", fmt, "-u", "-b", "base.raw", "-F", "raw", image, str(MiB))
         return image, d / "base.raw"
     if role == "vmdk-parent":
-        qemu_img("create", "-q", "-f", "vmdk", d / "parent.vmdk", str(MiB))
-        qemu_img("create", "-q", "-f", "vmdk", "-b", "parent.vmdk", "-F", "vmdk", d / "delta.vmdk")
+        qemu_img(d, "create", "-q", "-f", "vmdk", d / "parent.vmdk", str(MiB))
+        qemu_img(d, "create", "-q", "-f", "vmdk", "-b", "parent.vmdk", "-F", "vmdk", d / "delta.vmdk")
         assert b'parentFileNameHint="parent.vmdk"' in (d / "delta.vmdk").read_bytes()
         return d / "delta.vmdk", d / "parent.vmdk"
     assert role == "data-file"
-    qemu_img("create", "-q", "-f", "qcow2", "-o", "data_file=data.raw", d / "dq.qcow2", str(MiB))
+    qemu_img(d, "create", "-q", "-f", "qcow2", "-o", "data_file=data.raw", "dq.qcow2", str(MiB))
+    assert (d / "data.raw").is_file()
     return d / "dq.qcow2", d / "data.raw"
 
 
