@@ -54,12 +54,10 @@ IoRequest transfer(IoRequest::Op one, IoRequest::Op many, int fd, std::span<cons
 }
 
 Result<UniqueFd> open_fd(const std::string& path, bool writable, CacheMode cache) {
-  int flags = (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC;
+  int flags = writable ? O_RDWR : O_RDONLY;
   if (cache == CacheMode::none) flags |= O_DIRECT;
   if (cache == CacheMode::writethrough) flags |= O_DSYNC;
-  int fd = ::open(path.c_str(), flags);
-  if (fd < 0) return Status::from_errno(errno, fmt::format("opening {}", path));
-  return UniqueFd(fd);
+  return open_regular_or_block(path, flags);
 }
 
 // cache=none is only ever asked for explicitly, so a host that refuses
@@ -69,10 +67,14 @@ Status direct_refused(const std::string& path) {
 }
 
 // Opens with the requested cache mode; O_DIRECT refused at open is EINVAL.
+// EINVAL is also what refuses a FIFO or a directory, so an EINVAL under
+// cache=none is O_DIRECT's only when the same open succeeds without it.
 Result<UniqueFd> open_with_cache(const std::string& path, const OpenOptions& opts, CacheMode* cache) {
   *cache = opts.cache_mode();
   auto fd = open_fd(path, opts.writable, *cache);
   if (fd || fd.status().code() != EINVAL || *cache != CacheMode::none) return fd;
+  auto plain = open_fd(path, opts.writable, CacheMode::writeback);
+  if (!plain) return plain.status();
   return direct_refused(path);
 }
 
@@ -94,7 +96,20 @@ const char* file_type_name(mode_t mode) {
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  return "of an unknown type";
+}
+
+std::string named(std::string_view what, const std::string& path) {
+  return what.empty() ? path : fmt::format("{} {}", what, path);
+}
+
+// EINVAL unless fd (opened from path) is a regular file or a block device.
+Status check_file_type(int fd, const std::string& path, std::string_view what) {
+  struct stat st;
+  if (::fstat(fd, &st) < 0) return Status::from_errno(errno, fmt::format("fstat {}", named(what, path)));
+  if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) return Status::ok();
+  return Status::errorf(EINVAL, "{} is {}, not a regular file or block device", named(what, path),
+                        file_type_name(st.st_mode));
 }
 
 // statx(STATX_DIOALIGN) alone: has_value() when the kernel reports it; then
@@ -116,6 +131,25 @@ size_t direct_io_align_of(int fd, CacheMode cache, const DirectAlignment& detect
 }
 
 }  // namespace
+
+Result<UniqueFd> open_regular_or_block(const std::string& path, int flags, std::string_view what) {
+  // O_PATH neither blocks on a FIFO nor runs a device's open.
+  UniqueFd probe(::open(path.c_str(), O_PATH | O_CLOEXEC));
+  if (!probe.valid()) return Status::from_errno(errno, fmt::format("opening {}", named(what, path)));
+  QCOWFS_TRY(check_file_type(probe.get(), path, what));
+  UniqueFd fd(::open(path.c_str(), flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!fd.valid()) {
+    const int err = errno;
+    if (err == EWOULDBLOCK)
+      return Status::errorf(err, "opening {}: another process holds a lease on it", named(what, path));
+    return Status::from_errno(err, fmt::format("opening {}", named(what, path)));
+  }
+  QCOWFS_TRY(check_file_type(fd.get(), path, what));
+  const int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) < 0)
+    return Status::from_errno(errno, fmt::format("clearing O_NONBLOCK on {}", named(what, path)));
+  return fd;
+}
 
 std::optional<DirectAlignment> detect_direct_alignment(int fd, bool block_device, uint64_t size) {
   if (auto reported = reported_direct_alignment(fd)) return *reported;
@@ -147,7 +181,11 @@ Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const 
 }
 
 Result<std::unique_ptr<HostFile>> create_host_file(const std::string& path, OpenOptions opts) {
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  // An existing FIFO, socket, directory or character device is refused before
+  // O_CREAT | O_TRUNC opens it (O_PATH neither blocks nor runs a device's open).
+  if (UniqueFd probe(::open(path.c_str(), O_PATH | O_CLOEXEC)); probe.valid())
+    QCOWFS_TRY(check_file_type(probe.get(), path, {}));
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644));
   if (fd.get() < 0) return Status::from_errno(errno, fmt::format("creating {}", path));
   opts.writable = true;
   return open_host_file(path, opts);
@@ -159,9 +197,6 @@ Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, cons
   if (!fd) return fd.status();
   struct stat st;
   if (::fstat(fd->get(), &st) < 0) return Status::from_errno(errno, fmt::format("fstat {}", path));
-  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
-    return Status::errorf(EINVAL, "{} is {}: only regular files and block devices can be images", path,
-                          file_type_name(st.st_mode));
   bool blk = S_ISBLK(st.st_mode);
   auto size = host_size(fd->get(), st, path);
   if (!size) return size.status();

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "io/fd.h"
 #include "io/host_file.h"
@@ -41,6 +42,17 @@ struct DirectAlignment {
 std::optional<DirectAlignment> detect_direct_alignment(int fd, bool block_device, uint64_t size);
 // The probing step alone (fd opened with O_DIRECT; size = its file size).
 DirectAlignment probe_direct_alignment(int fd, uint64_t size);
+
+// Opens a file that an image or the user names (an image, an extent, a backing,
+// parent or data file, a key file) so that the open can neither block nor touch
+// a device: the path is first opened with O_PATH and refused unless it is a
+// regular file or a block device (a FIFO, a socket, a directory or a character
+// device: EINVAL, "PATH is a FIFO, not a regular file or block device"); then
+// opened with flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, checked again (the path
+// may have been replaced in between), and O_NONBLOCK cleared. what, when not
+// empty, prefixes the messages ("the key file"). Failed opens are the errno
+// with "opening PATH"; a file under a lease is EWOULDBLOCK rather than a wait.
+Result<UniqueFd> open_regular_or_block(const std::string& path, int flags, std::string_view what = {});
 
 class PosixFile final : public HostFile {
  public:

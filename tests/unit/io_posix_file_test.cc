@@ -4,12 +4,16 @@
 // page-cache fd), concurrent overlapping unaligned writes, EOF handling,
 // discard, write_zeroes, truncate, holes and error reporting.
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -95,6 +99,107 @@ TEST(PosixFileOpen, CharacterDeviceIsRefused) {
   ASSERT_FALSE(f.is_ok());
   EXPECT_EQ(f.status().code(), EINVAL);
   EXPECT_NE(f.status().message().find("character device"), std::string::npos) << f.status().message();
+}
+
+// A path under /var/tmp, removed at the end of the test, for a FIFO, a socket
+// or a directory made there.
+class TempPath {
+ public:
+  explicit TempPath(const std::string& tag) : path_(fmt::format("/var/tmp/qcowfs_io_{}_{}", tag, ::getpid())) {
+    ::unlink(path_.c_str());
+    ::rmdir(path_.c_str());
+  }
+  ~TempPath() {
+    ::unlink(path_.c_str());
+    ::rmdir(path_.c_str());
+  }
+  TempPath(const TempPath&) = delete;
+  TempPath& operator=(const TempPath&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Opens path on another thread; a FIFO without a writer blocks a plain open(2)
+// for ever, so after 5 s the test opens the write end to release it and fails.
+Status open_within_seconds(const std::string& path, const OpenOptions& o) {
+  auto done = std::async(std::launch::async, [&] { return open_host_file(path, o).status(); });
+  if (done.wait_for(std::chrono::seconds(5)) == std::future_status::ready) return done.get();
+  UniqueFd release(::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+  done.wait();
+  ADD_FAILURE() << "opening " << path << " blocked";
+  return Status::error(ETIMEDOUT, "blocked");
+}
+
+void expect_refused(const Status& st, const std::string& path, const char* kind) {
+  ASSERT_FALSE(st.is_ok()) << path << " was accepted";
+  EXPECT_EQ(st.code(), EINVAL) << st.to_string();
+  EXPECT_NE(st.message().find(fmt::format("{} is {}, not a regular file or block device", path, kind)),
+            std::string::npos)
+      << st.message();
+}
+
+TEST(PosixFileOpen, FifoIsRefusedWithoutBlockingInEveryMode) {
+  TempPath fifo("fifo");
+  ASSERT_EQ(::mkfifo(fifo.path().c_str(), 0600), 0);
+  for (bool writable : {false, true}) {
+    for (CacheMode cache : {CacheMode::writeback, CacheMode::none, CacheMode::writethrough}) {
+      OpenOptions o;
+      o.writable = writable;
+      o.cache = cache;
+      expect_refused(open_within_seconds(fifo.path(), o), fifo.path(), "a FIFO");
+    }
+  }
+}
+
+TEST(PosixFileOpen, SocketAndWritableDirectoryAreRefusedByType) {
+  TempPath sock("sock");
+  UniqueFd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock.path().c_str());
+  ASSERT_EQ(::bind(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  OpenOptions rw;
+  rw.writable = true;
+  expect_refused(open_host_file(sock.path(), rw).status(), sock.path(), "a socket");
+  TempPath dir("dir");
+  ASSERT_EQ(::mkdir(dir.path().c_str(), 0700), 0);
+  expect_refused(open_host_file(dir.path(), rw).status(), dir.path(), "a directory");  // not EISDIR
+}
+
+TEST(PosixFileOpen, OpenRegularOrBlockNamesWhatTheFileIs) {
+  TempPath fifo("fifo_what");
+  ASSERT_EQ(::mkfifo(fifo.path().c_str(), 0600), 0);
+  auto f = open_regular_or_block(fifo.path(), O_RDONLY, "the key file");
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_NE(f.status().message().find("the key file " + fifo.path() + " is a FIFO"), std::string::npos)
+      << f.status().message();
+  auto missing = open_regular_or_block(fifo.path() + "_missing", O_RDONLY, "the key file");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), ENOENT);
+}
+
+TEST(PosixFileOpen, CreateRefusesADirectoryAndLeavesAFifoAlone) {
+  TempPath dir("create_dir");
+  ASSERT_EQ(::mkdir(dir.path().c_str(), 0700), 0);
+  expect_refused(create_host_file(dir.path(), OpenOptions{}).status(), dir.path(), "a directory");  // not EISDIR
+  TempPath fifo("create_fifo");
+  ASSERT_EQ(::mkfifo(fifo.path().c_str(), 0600), 0);
+  expect_refused(create_host_file(fifo.path(), OpenOptions{}).status(), fifo.path(), "a FIFO");
+  struct stat st;
+  ASSERT_EQ(::stat(fifo.path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+TEST(PosixFileOpen, RegularFileIsLeftBlocking) {
+  TempFile t("nonblock", 4096);
+  auto fd = open_regular_or_block(t.path(), O_RDWR);
+  ASSERT_TRUE(fd.is_ok()) << fd.status().to_string();
+  const int fl = ::fcntl(fd->get(), F_GETFL);
+  EXPECT_EQ(fl & O_NONBLOCK, 0);
+  EXPECT_EQ(fl & O_ACCMODE, O_RDWR);
+  EXPECT_NE(::fcntl(fd->get(), F_GETFD) & FD_CLOEXEC, 0);
 }
 
 TEST(PosixFileOpen, PageCacheModesNeedNoAlignment) {
