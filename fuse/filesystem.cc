@@ -415,7 +415,9 @@ void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
 void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   std::unique_ptr<OpenFile> open(open_file_of(fi));
   if (open && open->overflowed())
-    log::info("an O_TRUNC open wrote too scattered to track: the ranges it skipped were left as they were");
+    log::info(
+        "an open with O_TRUNC (or truncated to 0) wrote too scattered to track: the ranges it skipped were "
+        "left as they were");
   fuse_reply_err(req, 0);
 }
 
