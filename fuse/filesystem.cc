@@ -112,11 +112,15 @@ OpenFile* open_file_of(const fuse_file_info* fi) {
 }
 
 // Zeroes what a truncating open skipped (fuse/open_file.h); a no-op for other opens.
+// Gaps past the disk's end (shrunk since, through another open) are cut there.
 Task<Status> zero_skipped(const ImageFile& file, OpenFile* open) {
-  if (!open || !open->truncating()) co_return Status::ok();
+  if (!open) co_return Status::ok();
   for (const OpenFile::Range& gap : open->take_gaps()) {
-    QCOWFS_CO_TRY(co_await file.driver()->write_zeroes(gap.offset, gap.length, true));
-    file.note_write(gap.offset, gap.length);
+    const uint64_t size = file.driver()->size();
+    if (gap.offset >= size) break;
+    const uint64_t len = std::min(gap.length, size - gap.offset);
+    QCOWFS_CO_TRY(co_await file.driver()->write_zeroes(gap.offset, len, true));
+    file.note_write(gap.offset, len);
   }
   co_return Status::ok();
 }
@@ -185,15 +189,17 @@ Task<void> open_task(fuse_req_t req, ImageFile& file, fuse_file_info fi) {
 }
 
 // Grows or shrinks the disk. Drivers refuse to shrink over data (EINVAL,
-// image/shrink.h), so no size change drops data; O_TRUNC never gets here (see
-// op_open).
-Task<void> resize_task(fuse_req_t req, const Node& node, uint64_t new_size) {
+// image/shrink.h), so no size change drops data; O_TRUNC and the size
+// changes of a truncating open that need no growth never get here (see
+// op_open, op_setattr). `open`: the open it came through, or nullptr.
+Task<void> resize_task(fuse_req_t req, const Node& node, uint64_t new_size, OpenFile* open) {
   Status st = co_await node.file->ensure_open();
   if (st && new_size != node.file->size()) st = co_await node.file->driver()->truncate(new_size);
   if (!st) {
     reply_error(req, st);
     co_return;
   }
+  if (open) open->set_size(new_size);  // grown: the truncating writer's file ends there
   reply_attr(req, fs_of(req), node);
 }
 
@@ -280,7 +286,23 @@ Status change_access(fuse_req_t req, Filesystem& fs, const Node& node, const str
   return fs.change_access(node.ino, fuse_req_ctx(req)->uid, c);
 }
 
-void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+// A size change through an open (ftruncate: the kernel passes its handle)
+// that truncates the writer's file to 0, or one by an open that did so before
+// (or opened with O_TRUNC) that needs no growth: the disk keeps its size and
+// data, as for O_TRUNC, and the open zeroes what it skipped on flush
+// (fuse/open_file.h). qemu-img convert without -n sizes its target so.
+bool truncating_resize(const ImageFile& file, OpenFile* open, uint64_t new_size) {
+  if (!open || new_size > file.size()) return false;
+  if (new_size == 0) {
+    open->truncate_to_zero();
+    return true;
+  }
+  if (!open->truncating()) return false;
+  open->set_size(new_size);
+  return true;
+}
+
+void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
   Filesystem& fs = fs_of(req);
   const Node* node = fs.table().get(ino);
   if (!node) {
@@ -303,7 +325,14 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, f
     fuse_reply_err(req, EROFS);
     return;
   }
-  EventLoop::current()->spawn_request(resize_task(req, *node, static_cast<uint64_t>(attr->st_size)));
+  const auto new_size = static_cast<uint64_t>(attr->st_size);
+  OpenFile* open = open_file_of(fi);
+  log::debug("setattr size {} of inode {} {}", new_size, ino, fi ? "through an open" : "by path");
+  if (node->file->driver() && truncating_resize(*node->file, open, new_size)) {
+    reply_attr(req, fs, *node);
+    return;
+  }
+  EventLoop::current()->spawn_request(resize_task(req, *node, new_size, open));
 }
 
 // O_TRUNC (in fi->flags, see op_init) is ignored: the view is a disk, and like
@@ -386,7 +415,9 @@ void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
 void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   std::unique_ptr<OpenFile> open(open_file_of(fi));
   if (open && open->overflowed())
-    log::info("an O_TRUNC open wrote too scattered to track: the ranges it skipped were left as they were");
+    log::info(
+        "an open with O_TRUNC (or truncated to 0) wrote too scattered to track: the ranges it skipped were "
+        "left as they were");
   fuse_reply_err(req, 0);
 }
 

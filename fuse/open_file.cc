@@ -5,11 +5,29 @@
 
 namespace qcowfs::fuse {
 
+bool OpenFile::truncating() const {
+  std::lock_guard lk(mu_);
+  return truncating_;
+}
+
+void OpenFile::truncate_to_zero() {
+  std::lock_guard lk(mu_);
+  truncating_ = true;
+  written_.clear();
+  size_ = 0;
+  overflowed_ = false;
+}
+
+void OpenFile::set_size(uint64_t size) {
+  std::lock_guard lk(mu_);
+  if (truncating_) size_ = size;
+}
+
 void OpenFile::note_written(uint64_t off, uint64_t len) {
-  if (!truncating_ || len == 0) return;
+  if (len == 0) return;
   uint64_t end = off + len;  // inside the disk: no overflow
   std::lock_guard lk(mu_);
-  if (overflowed_) return;
+  if (!truncating_ || overflowed_) return;
   // Merge with every range that overlaps or touches [off, end).
   auto it = written_.upper_bound(off);
   if (it != written_.begin()) {
@@ -31,14 +49,18 @@ void OpenFile::note_written(uint64_t off, uint64_t len) {
 std::vector<OpenFile::Range> OpenFile::take_gaps() {
   std::vector<Range> gaps;
   std::lock_guard lk(mu_);
-  if (overflowed_ || written_.empty()) return gaps;
+  if (!truncating_ || overflowed_) return gaps;
   uint64_t at = 0;
   for (const auto& [start, end] : written_) {
     if (start > at) gaps.push_back(Range{at, start - at});
     at = end;
   }
+  if (size_ > at) {
+    gaps.push_back(Range{at, size_ - at});
+    at = size_;
+  }
   written_.clear();
-  written_.emplace(0, at);
+  if (at > 0) written_.emplace(0, at);
   return gaps;
 }
 

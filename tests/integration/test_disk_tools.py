@@ -10,9 +10,11 @@ clear errno and changes nothing.
 The rules under test (README "The view is a disk"):
 - O_TRUNC never truncates the view (dd without conv=notrunc, cp, cat >);
 - a write crossing the end is short, one at the end is ENOSPC;
-- shrinking is refused with EINVAL over data, and works over holes;
-  qemu-img convert without -n shrinks to 0 first (its raw create), so onto a
-  disk with data it fails cleanly, and onto an empty disk it works;
+- shrinking is refused with EINVAL over data, and works over holes; but an
+  ftruncate to 0 through an open is O_TRUNC again, and after it (or O_TRUNC)
+  the sizes that open sets up to the disk's change nothing on the disk and
+  read as zeros up to them once it closes: qemu-img convert without -n (its
+  raw create) writes the source at the start and keeps the rest;
 - growing works; punch and zero ranges read back as zeros;
 - shared mmap works; sfdisk then mkfs on a new partition works at once."""
 
@@ -35,6 +37,7 @@ SRC_SIZE = 4 * MiB
 
 CONFIGS = [(fmt, state, cache) for fmt in ("raw", "qcow2") for state in ("fresh", "data")
            for cache in ("none", "writeback")]
+CHECKABLE = {"qcow2", "vmdk", "vhdx", "vdi"}  # the formats `qemu-img check` checks
 
 
 @dataclass
@@ -62,11 +65,11 @@ def make_disk(workdir: Path, fmt: str, state: str, cache: str, size: int = SIZE)
     model = bytearray(raw.read_bytes())
     if fmt == "raw":
         return Disk(raw, fmt, cache, model)
-    image = workdir / "disk.qcow2"
+    image = workdir / f"disk.{fmt}"
     if state == "data":
-        helpers.qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, image)
+        helpers.qemu_img("convert", "-f", "raw", "-O", fmt, raw, image)
     else:
-        helpers.qemu_img("create", "-q", "-f", "qcow2", image, str(size))
+        helpers.qemu_img("create", "-q", "-f", fmt, image, str(size))
     raw.unlink()
     return Disk(image, fmt, cache, model)
 
@@ -92,8 +95,8 @@ def check_image(disk: Disk, expected: bytes | bytearray | None = None) -> None:
     if got != want:
         at = helpers.first_difference(got, bytes(want))
         raise AssertionError(f"image differs from the model at byte {at}")
-    if disk.fmt == "qcow2":
-        helpers.qemu_img_check(disk.image)
+    if disk.fmt in CHECKABLE:
+        helpers.qemu_img_check(disk.image, disk.fmt)
 
 
 def place(model: bytearray, off: int, data: bytes) -> None:
@@ -162,23 +165,47 @@ def test_qemu_img_convert_with_n_writes_into_the_disk(disk: Disk, workdir: Path)
     check_image(disk)
 
 
-def test_qemu_img_convert_without_n(disk: Disk, workdir: Path) -> None:
-    """qemu-img's raw create truncates the target to 0, then sizes it, then
-    writes only the source's data (it assumes a new file reads as zeros). Over
-    a disk with data that first shrink is refused: the convert fails and
-    nothing changes. An empty disk takes the source (and its size)."""
-    src, data = make_source(workdir)
-    empty = not any(disk.model)
+def make_convert_source(workdir: Path) -> tuple[Path, bytes]:
+    """A source whose zeros qemu-img convert skips: data, a hole, data,
+    written zeros, and a hole at the end."""
+    path = workdir / "convert-src.raw"
+    with open(path, "wb") as f:
+        f.write(random_bytes(6, MiB))
+        f.seek(2 * MiB)
+        f.write(random_bytes(7, MiB // 2))
+        f.write(bytes(MiB // 2))
+        f.truncate(SRC_SIZE)
+    return path, path.read_bytes()
+
+
+def convert_without_n(disk: Disk, workdir: Path) -> None:
+    """qemu-img's raw create opens the target, truncates it to 0, sizes it to
+    the source with ftruncate, writes its first block and closes it; then it
+    opens it again and writes only the source's data (a new file reads as
+    zeros). The disk keeps its size, reads as the source up to the source's
+    size (the data the disk had where the source has zeros included) and keeps
+    its data past it."""
+    src, data = make_convert_source(workdir)
+    if any(disk.model):  # data where the source has zeros, and past it
+        assert all(any(disk.model[a:b]) for a, b in ((MiB, 2 * MiB), (3 * MiB, SRC_SIZE), (SRC_SIZE, SIZE)))
     with helpers.mounted(disk.image, workdir / "view", disk.opts) as m:
         proc = helpers.run(["qemu-img", "convert", "-f", "raw", "-O", "raw", src, m.path], check=False)
-        if empty:
-            assert proc.returncode == 0, proc.stderr.decode()
-            assert os.path.getsize(m.path) == SRC_SIZE
-        else:
-            assert proc.returncode != 0, "qemu-img convert without -n onto a disk with data must fail"
-            assert b"Invalid argument" in proc.stderr, proc.stderr.decode()
-            assert os.path.getsize(m.path) == SIZE
-    check_image(disk, data if empty else None)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert os.path.getsize(m.path) == SIZE
+        # The view's first SRC_SIZE bytes (a raw driver limited to them) against the source.
+        helpers.run(["qemu-img", "compare", "--image-opts", f"driver=raw,file.filename={src}",
+                     f"driver=raw,size={SRC_SIZE},file.filename={m.path}"])
+    place(disk.model, 0, data)
+    check_image(disk)  # every byte: the source, then the disk's data past it
+
+
+def test_qemu_img_convert_without_n(disk: Disk, workdir: Path) -> None:
+    convert_without_n(disk, workdir)
+
+
+@pytest.mark.parametrize("fmt", ["vmdk", "vhdx", "vdi"])
+def test_qemu_img_convert_without_n_onto_other_formats(workdir: Path, fmt: str) -> None:
+    convert_without_n(make_disk(workdir, fmt, "data", "none"), workdir)
 
 
 @pytest.mark.parametrize("same_size", [True], ids=["same-size"])
@@ -194,14 +221,18 @@ def test_rsync_inplace(disk: Disk, workdir: Path, same_size: bool) -> None:
 # ---- resizing and ranges ----
 
 def test_truncate_smaller(disk: Disk, workdir: Path) -> None:
-    """Refused over data (EINVAL, nothing changes); allowed over holes."""
+    """Refused over data (EINVAL, nothing changes); allowed over holes. By
+    path a truncate to 0 is a shrink like any other; `truncate -s 0` (an
+    ftruncate through an open) is O_TRUNC: it succeeds and changes nothing."""
     empty = not any(disk.model)
     with helpers.mounted(disk.image, workdir / "view", disk.opts) as m:
         if not empty:
-            for size in (0, 512, SIZE - 512):  # a truncate to 0 is a shrink like any other
+            for size in (0, 512, SIZE - 512):
                 with pytest.raises(OSError) as e:
                     os.truncate(m.path, size)
                 assert e.value.errno == errno.EINVAL, size
+        helpers.run(["truncate", "-s", "0", m.path])
+        assert os.path.getsize(m.path) == SIZE
         proc = helpers.run(["truncate", "-s", str(SIZE // 2), m.path], check=False)
         if empty:
             assert proc.returncode == 0, proc.stderr.decode()

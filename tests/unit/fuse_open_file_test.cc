@@ -58,5 +58,53 @@ TEST(FuseOpenFile, TooScatteredAWriterStopsTrackingAndZeroesNothing) {
   EXPECT_EQ(gaps_of(f), Gaps{});
 }
 
+TEST(FuseOpenFile, ATruncationToZeroMakesAnOpenTruncating) {
+  OpenFile f(false);
+  f.note_written(0, 4096);  // before the truncation: forgotten by it
+  EXPECT_FALSE(f.truncating());
+  f.truncate_to_zero();
+  EXPECT_TRUE(f.truncating());
+  f.note_written(8192, 4096);
+  EXPECT_EQ(gaps_of(f), (Gaps{{0, 8192}}));
+}
+
+TEST(FuseOpenFile, TheSizeSetAfterTruncatingIsZeroedUpTo) {
+  // qemu-img's raw create: ftruncate(0), ftruncate(size), a write of its first
+  // block, close; the source's data comes through another open.
+  OpenFile f(false);
+  f.truncate_to_zero();
+  f.set_size(4 << 20);
+  f.note_written(0, 4096);
+  EXPECT_EQ(gaps_of(f), (Gaps{{4096, (4 << 20) - 4096}}));
+  EXPECT_EQ(gaps_of(f), Gaps{}) << "gaps are taken once";
+}
+
+TEST(FuseOpenFile, TheEndIsTheFurtherOfTheSizeAndTheLastWrite) {
+  OpenFile f(true);
+  f.set_size(65536);
+  f.note_written(1 << 20, 512);
+  EXPECT_EQ(gaps_of(f), (Gaps{{0, 1 << 20}}));
+  f.set_size(4096);  // a smaller size: nothing past it is zeroed
+  EXPECT_EQ(gaps_of(f), Gaps{});
+}
+
+TEST(FuseOpenFile, ASizeSetWithoutTruncatingZeroesNothing) {
+  OpenFile f(false);
+  f.set_size(1 << 20);
+  f.note_written(65536, 512);
+  EXPECT_EQ(gaps_of(f), Gaps{});
+  EXPECT_FALSE(f.truncating());
+}
+
+TEST(FuseOpenFile, ATruncationToZeroAgainStartsOver) {
+  OpenFile f(true);
+  for (uint64_t i = 1; i <= kMaxTrackedRanges + 1; ++i) f.note_written(i * 8192, 512);
+  EXPECT_TRUE(f.overflowed());
+  f.truncate_to_zero();
+  EXPECT_FALSE(f.overflowed());
+  f.set_size(8192);
+  EXPECT_EQ(gaps_of(f), (Gaps{{0, 8192}}));
+}
+
 }  // namespace
 }  // namespace qcowfs::fuse
