@@ -18,7 +18,7 @@ namespace {
 
 const std::array kFormats = {
     FormatInfo{"raw", "raw", open_raw},
-    FormatInfo{"qcow2", "qcow2", open_qcow2},
+    FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{"vmdk", "VMDK", open_vmdk},
     FormatInfo{"vhdx", "VHDX", open_vhdx},

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "image/block_driver.h"
+#include "image/check.h"
 
 namespace qcowfs::image {
 
@@ -13,5 +14,8 @@ namespace qcowfs::image {
 // relative backing and data file names and in messages.
 Task<Result<std::unique_ptr<BlockDriver>>> open_qcow2(std::unique_ptr<io::HostFile> file,
                                                       std::string path, ImageOptions opts);
+
+// The registry's check (image/check.h): qcow2_check.h's check_image().
+Task<Result<CheckReport>> check_qcow2(io::HostFile& file, std::string path, CheckOptions opts);
 
 }  // namespace qcowfs::image

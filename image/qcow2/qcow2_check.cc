@@ -1,5 +1,7 @@
 #include "image/qcow2/qcow2_check.h"
 
+#include "image/qcow2/qcow2.h"
+
 #include "image/endian.h"
 #include "image/qcow2/check_repair.h"
 #include "image/qcow2/check_walk.h"
@@ -112,3 +114,11 @@ Task<Result<CheckReport>> check_image(io::HostFile& file, CheckOptions opts) {
 }
 
 }  // namespace qcowfs::image::qcow2
+
+namespace qcowfs::image {
+
+Task<Result<CheckReport>> check_qcow2(io::HostFile& file, std::string /*path*/, CheckOptions opts) {
+  co_return co_await qcow2::check_image(file, std::move(opts));
+}
+
+}  // namespace qcowfs::image
