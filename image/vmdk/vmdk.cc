@@ -288,55 +288,64 @@ ImageDetails details_of(const Opening& o, uint32_t cid, uint32_t parent_cid) {
   return d;
 }
 
-// Reads of a delta whose parentCID is not its parent's CID fail, as QEMU's
-// (vmdk_is_cid_valid); everything else goes to the parent.
-class CidMismatch final : public BlockDriver {
- public:
-  CidMismatch(std::unique_ptr<BlockDriver> inner, std::string msg) : inner_(std::move(inner)), msg_(std::move(msg)) {}
-  std::string_view format_name() const override { return inner_->format_name(); }
-  uint64_t size() const override { return inner_->size(); }
-  bool read_only() const override { return true; }
-  size_t mem_align() const override { return inner_->mem_align(); }
-  Task<Status> read(uint64_t, std::span<std::byte>) override { co_return Status::error(EINVAL, msg_); }
-  Task<Status> write(uint64_t, std::span<const std::byte>) override { co_return Status::error(EROFS, msg_); }
-  Task<Status> flush() override { co_return Status::ok(); }
-  Task<Status> discard(uint64_t, uint64_t) override { co_return Status::error(EROFS, msg_); }
-  Task<Status> write_zeroes(uint64_t, uint64_t, bool) override { co_return Status::error(EROFS, msg_); }
-  Task<Status> truncate(uint64_t) override { co_return Status::error(EROFS, msg_); }
-  Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override {
-    co_return co_await inner_->block_status(off, len);
-  }
-  uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
-  Task<Status> close() override { co_return co_await inner_->close(); }
-  ImageDetails details() const override { return inner_->details(); }
+// A delta whose parentCID is not its parent's CID: its parent was written
+// after the delta was made, so the delta's grains over the parent's current
+// data are a disk no VM ever wrote. Refused at open (VMware refuses it too;
+// QEMU opens it and fails every read that reaches the parent, EINVAL).
+Status stale_parent(const Opening& o, const std::string& parent, uint32_t parent_cid, uint32_t cid) {
+  return Status::errorf(EINVAL,
+                        "{}: its parent {} was modified since the delta was created (parentCID {:08x}, parent's "
+                        "CID {:08x}), so the delta no longer applies to it (VMware refuses it, QEMU fails its "
+                        "reads); restore the parent, or set the delta's parentCID to {:08x} to use the mixture "
+                        "anyway",
+                        o.path, parent, parent_cid, cid, cid);
+}
 
- private:
-  std::unique_ptr<BlockDriver> inner_;
-  std::string msg_;
-};
-
-std::optional<uint64_t> cid_of(const BlockDriver& d) {
+// The CID of an opened parent (its info's "cid"); nullopt when it is not a
+// VMDK image (QEMU: "it does not have a CID", never valid).
+std::optional<uint32_t> cid_of(const BlockDriver& d) {
   if (d.format_name() != "vmdk") return std::nullopt;
   const ImageDetails details = d.details();
   for (const auto& [k, v] : details.specific.members())
-    if (k == "cid") {
-      auto t = v.scalar_text();
-      return std::strtoull(t.c_str(), nullptr, 10);
-    }
+    if (k == "cid") return static_cast<uint32_t>(std::strtoull(v.scalar_text().c_str(), nullptr, 10));
   return std::nullopt;
 }
 
+// The CID QEMU's vmdk_read_cid() reads of the parent file without opening it
+// as an image (the descriptor at 0x200 of a sparse file, else at 0): for an
+// open without the parent (info). nullopt when the parent cannot be read, so
+// that info still describes a delta whose parent is missing, as qemu-img does.
+Task<std::optional<uint32_t>> peek_cid(const Opening& o, const std::string& parent) {
+  io::OpenOptions fo = o.opts.file;
+  fo.writable = false;
+  auto f = io::open_host_file(parent, fo);
+  if (!f) co_return std::nullopt;
+  auto head = co_await read_padded(**f, 0, 4);
+  if (!head) co_return std::nullopt;
+  uint32_t magic = load_be32(head->data());
+  bool sparse = magic == kVmdk4MagicBe || magic == kVmdk3MagicBe;
+  auto text = co_await read_padded(**f, sparse ? kDescOffsetInSparse : 0, kDescWindow);
+  if (!text) co_return std::nullopt;
+  auto cid = descriptor_cid(std::string_view(reinterpret_cast<const char*>(text->data()), text->size()), false);
+  if (!cid) co_return std::nullopt;
+  co_return *cid;
+}
+
+// The parent, refused when its CID is not the delta's parentCID. QEMU checks
+// every level of a chain against its own parent; so do we, as each delta of
+// the chain opens its parent.
 Task<Result<std::unique_ptr<BlockDriver>>> open_parent(const Opening& o, const std::string& hint, uint32_t parent_cid) {
   auto b = co_await open_backing_file(o.path, hint, "vmdk", o.opts);
   if (!b) co_return b.status();
-  std::unique_ptr<BlockDriver> parent = std::move(*b);
-  auto cid = cid_of(*parent);
-  if (cid && *cid != parent_cid) {
-    std::string msg =
-        fmt::format("{}: parentCID {:08x} is not the CID {:08x} of its parent {}", o.path, parent_cid, *cid, hint);
-    parent = std::make_unique<CidMismatch>(std::move(parent), std::move(msg));
+  const std::string parent = resolve_relative(o.path, hint);
+  auto cid = cid_of(**b);
+  if (!cid) co_return Status::errorf(EINVAL, "{}: its parent {} is not a VMDK image and has no CID", o.path, parent);
+  if (*cid != parent_cid) {
+    Status st = stale_parent(o, parent, parent_cid, *cid);
+    (void)co_await (*b)->close();
+    co_return st;
   }
-  co_return parent;
+  co_return std::move(*b);
 }
 
 // Opens the image file's extents (it is a sparse extent or a descriptor);
@@ -359,7 +368,9 @@ Task<Result<std::string>> open_extents(Opening& o) {
   co_return window;
 }
 
-// The ExtentImage of the opened extents, with the parent unless no_backing.
+// The ExtentImage of the opened extents, with the parent unless no_backing;
+// refused when the parent changed since the delta was made (also without it,
+// when its CID can be read).
 Task<Result<ExtentImage>> image_of(Opening& o, const std::string& window) {
   auto hint = descriptor_parent_hint(window);
   if (!hint) co_return hint.status().with_context(o.path);
@@ -381,6 +392,10 @@ Task<Result<ExtentImage>> image_of(Opening& o, const std::string& window) {
       auto b = co_await open_parent(o, **hint, *parent_cid);
       if (!b) co_return b.status();
       img.backing = std::move(*b);
+    } else {
+      const std::string parent = resolve_relative(o.path, **hint);
+      auto actual = co_await peek_cid(o, parent);
+      if (actual && *actual != *parent_cid) co_return stale_parent(o, parent, *parent_cid, *actual);
     }
   }
   co_return img;

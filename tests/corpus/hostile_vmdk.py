@@ -2,7 +2,8 @@
 sparse headers, grain-directory and grain-table entries past the end of the
 file, a streamOptimized grain whose marker points past the end or whose footer
 is cut off, descriptors that are too large, list nothing or name themselves,
-and a delta disk that is its own parent."""
+a delta disk that is its own parent, and one whose parentCID is not its
+parent's CID (the parent changed since: refused at open, as VMware does)."""
 
 from __future__ import annotations
 
@@ -174,6 +175,19 @@ def parent_is_itself(h, d: Path):
     return h.Built(delta, [delta, base])
 
 
+def parent_cid_stale(h, d: Path):
+    """A delta whose parentCID was edited: its parent is not the one it was made on."""
+    base, delta = d / "base.vmdk", d / "img.vmdk"
+    h.run("qemu-img", "create", "-q", "-f", "vmdk", base, str(SIZE))
+    h.run("qemu-img", "create", "-q", "-f", "vmdk", "-b", base.name, "-F", "vmdk", delta)
+    data = bytearray(delta.read_bytes())
+    at = data.index(b"parentCID=", 0x200) + len(b"parentCID=")
+    end = data.index(b"\n", at)
+    data[at:end] = b"%0*x" % (end - at, int(data[at:end], 16) ^ 1)  # same length: the descriptor stays in place
+    delta.write_bytes(bytes(data))
+    return h.Built(delta, [delta, base])
+
+
 def cases(h) -> dict:
     def bind(make):
         return lambda d: make(h, d)
@@ -201,6 +215,8 @@ def cases(h) -> dict:
                                            h.Refused("descriptor itself"), "a FLAT extent that is the descriptor"),
         "vmdk_parent_is_itself": h.Case(bind(parent_is_itself), h.Refused("loop"),
                                         "delta whose parentFileNameHint names itself"),
+        "vmdk_parent_cid_stale": h.Case(bind(parent_cid_stale), h.Refused("modified since"),
+                                        "delta whose parentCID is not its parent's CID"),
         "vmdk_compressed_grain_past_eof": h.Case(
             bind(compressed_grain_past_eof), h.Eio(((1 * MiB, 64 * KiB),), ((0, 64 * KiB), (9 * MiB, 4 * KiB))),
             "streamOptimized grain marker past EOF: size 0"),

@@ -284,6 +284,39 @@ TEST_F(VmdkImage, CowdSparseReadsLikeQemu) {
   expect_like_qemu("c.vmdk");
 }
 
+// A write changes a VMDK's CID (QEMU's vmdk_write_cid); a delta made before it
+// records the old one as parentCID and is refused, at every level of a chain
+// and also when opened without its parent (info), with both CIDs named. A
+// delta made after the write opens; without a readable parent info still works.
+TEST_F(VmdkImage, DeltaOverAParentWrittenSinceIsRefused) {
+  sh("qemu-img create -q -f vmdk base.vmdk 1M && qemu-img create -q -f vmdk -b base.vmdk -F vmdk delta.vmdk"
+     " && qemu-img create -q -f vmdk -b delta.vmdk -F vmdk top.vmdk");
+  ASSERT_TRUE(open("top.vmdk").is_ok());
+  sh("qemu-io -f vmdk -c 'write 0 512' base.vmdk && qemu-img create -q -f vmdk -b base.vmdk -F vmdk fresh.vmdk");
+  auto cid_at_0x200 = [&](const std::string& name, bool parent) {
+    Bytes b = slurp(path(name));
+    std::string text(reinterpret_cast<const char*>(b.data()) + kDescOffsetInSparse, kDescWindow);
+    return *descriptor_cid(text, parent);
+  };
+  const std::string cids = fmt::format("parentCID {:08x}, parent's CID {:08x}", cid_at_0x200("delta.vmdk", true),
+                                       cid_at_0x200("base.vmdk", false));
+  ImageOptions alone;
+  alone.no_backing = true;
+  for (const auto& [name, opts] : {std::pair{"delta.vmdk", ImageOptions{}}, std::pair{"top.vmdk", ImageOptions{}},
+                                   std::pair{"delta.vmdk", alone}}) {
+    auto d = io::run_sync(*engine_, open_image(path(name), opts));
+    ASSERT_FALSE(d.is_ok()) << name;
+    EXPECT_EQ(d.status().code(), EINVAL);
+    const std::string msg = d.status().to_string();
+    EXPECT_NE(msg.find(path("delta.vmdk") + ": its parent " + path("base.vmdk") + " was modified since"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find(cids), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(open("fresh.vmdk").is_ok());
+  fs::remove(path("base.vmdk"));
+  EXPECT_TRUE(io::run_sync(*engine_, open_image(path("delta.vmdk"), alone)).is_ok());
+}
+
 // Grain tables in several 4 KiB windows (one per 64 MiB of disk), read by
 // eight concurrent requests at a time: the TableCache shares and evicts
 // windows (two slices in QCOWFS_TINY_CACHE builds).
