@@ -1,5 +1,5 @@
 // PartitionDirectory: DIR/partitions/ in directory mode, one pN.raw per
-// partition of the disk (image/partition.h numbering), each a WindowDriver
+// partition of the disk (image/views/partition.h numbering), each a WindowDriver
 // onto the main driver with the disk's access mode. The table is re-read on
 // every opendir of the directory, and on a lookup once a write through the
 // mount (the view or any partition) has touched what the table was read from
@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "fuse/inode_table.h"
-#include "image/partition.h"
-#include "image/window.h"
+#include "image/views/partition.h"
+#include "image/views/window.h"
 #include "io/engine.h"
 
 namespace qcowfs::fuse {

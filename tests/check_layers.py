@@ -8,12 +8,17 @@ tools/ never includes fuse/ (the subcommands use no FUSE); fuse/ includes
 tools/ only in main.cc, which dispatches to the subcommands. FUSE headers
 (libfuse's <fuse_lowlevel.h>, <fuse3/...>, ..., and <linux/fuse.h>) are included only under fuse/.
 
-Inside image/, each subfolder is one format (image/raw/, image/qcow2/, ...).
-Its public headers are the ones whose name starts with the folder's name
-(image/qcow2/qcow2.h, image/qcow2/qcow2_check.h); every other header in it is
-private to the folder. Outside a format's folder only its public headers may
-be included, and in image/'s core only by the format registry
-(image/formats.cc): the rest of the core knows formats only as BlockDrivers.
+Inside image/, the root is the contract (BlockDriver, the registry, probing,
+opening, create and check); image/extent/ (the engine of the table-mapped
+formats), image/crypto/ (encryption) and image/views/ (windows, partitions)
+are shared: any file may include their headers. Every other subfolder is one
+format (image/raw/, image/qcow2/, ...). Its public headers are the ones whose
+name starts with the folder's name (image/qcow2/qcow2.h,
+image/qcow2/qcow2_check.h); every other header in it is private to the
+folder. No format includes another format's headers, public or not. Outside
+image/, only a format's public headers may be included, and in image/'s root
+only by the format registry (image/formats.cc): the rest of the root knows
+formats only through the registry. The shared folders include no format.
 tests/ may include anything (unit tests reach into private headers).
 
 Usage: check_layers.py [SOURCE_DIR]   (default: the parent of this script's
@@ -38,22 +43,33 @@ FUSE_HEADER = re.compile(r"^(fuse3/.*|linux/fuse\.h|c?fuse(_[a-z_]+)?\.h|cuse_lo
 
 
 REGISTRY = "image/formats.cc"
+SHARED = {"extent", "crypto", "views"}
 
 
-def format_folder(rel):
-    """The format a path under image/ belongs to (image/qcow2/x.h -> qcow2), else None."""
+def image_folder(rel):
+    """The subfolder of image/ a path is in (image/qcow2/x.h -> qcow2), else None."""
     parts = rel.split("/")
     return parts[1] if len(parts) > 2 and parts[0] == "image" else None
 
 
+def format_folder(rel):
+    """The format a path under image/ belongs to, else None (the root and shared folders)."""
+    folder = image_folder(rel)
+    return None if folder in SHARED else folder
+
+
 def format_violation(rel, header):
     fmt = format_folder(header)
-    if fmt is None or format_folder(rel) == fmt:
+    if fmt is None or image_folder(rel) == fmt:
         return None
+    if format_folder(rel) is not None:
+        return f"the {format_folder(rel)} format includes the {fmt} format (formats share only extent/, crypto/ and views/)"
+    if image_folder(rel) in SHARED:
+        return f"the shared folder image/{image_folder(rel)}/ includes the {fmt} format"
     if not pathlib.PurePosixPath(header).name.startswith(fmt):
         return f"a private header of the {fmt} format (only {fmt}*.h are public)"
-    if rel.startswith("image/") and format_folder(rel) is None and rel != REGISTRY:
-        return f"image/'s core includes the {fmt} format; only the registry ({REGISTRY}) may"
+    if rel.startswith("image/") and rel != REGISTRY:
+        return f"image/'s root includes the {fmt} format; only the registry ({REGISTRY}) may"
     return None
 
 
@@ -114,7 +130,13 @@ SELF_TEST = [
     ("tools/a.cc", "image/qcow2/qcow2_check.h", False),
     ("fuse/a.cc", "image/raw/raw.h", False),
     ("image/vmdk/a.cc", "image/qcow2/writer.h", True),
-    ("image/vmdk/a.cc", "image/qcow2/qcow2.h", False),
+    ("image/vmdk/a.cc", "image/qcow2/qcow2.h", True),
+    ("image/qcow2/a.h", "image/luks/luks.h", True),
+    ("image/vmdk/a.cc", "image/extent/driver.h", False),
+    ("image/qcow2/a.cc", "image/crypto/cipher.h", False),
+    ("image/extent/a.cc", "image/qcow2/qcow2.h", True),
+    ("fuse/a.cc", "image/views/window.h", False),
+    ("tools/a.cc", "image/extent/table_cache.h", False),
     ("image/qcow2/a.cc", "image/qcow2/writer.h", False),
     ("image/open.cc", "image/qcow2/qcow2.h", True),
     ("image/formats.cc", "image/qcow2/qcow2.h", False),

@@ -20,6 +20,7 @@
 #include "image/crypto/crypto_file.h"
 #include "image/crypto/crypto_luks.h"
 #include "image/crypto/crypto_unlock.h"
+#include "image/crypto/luks_create.h"
 
 namespace qcowfs::image {
 
@@ -58,37 +59,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_luks(std::unique_ptr<io::HostFil
 
 namespace qcowfs::image {
 
-// ---- creating LUKS1 images (qemu-img create -f luks, and qcow2's -o encrypt.*) ----
-
-// The LUKS options of qemu-img create, by QEMU's names and with its defaults
-// (block/crypto.c): cipher-alg, cipher-mode, ivgen-alg, ivgen-hash-alg,
-// hash-alg, iter-time; key-file replaces QEMU's key-secret (the passphrase is
-// the file's whole content, "-" standard input; none: the terminal prompt).
-struct LuksCreateOptions {
-  std::string cipher_alg = "aes-256";
-  std::string cipher_mode = "xts";
-  std::string ivgen_alg = "plain64";
-  std::string ivgen_hash_alg;  // empty: not given (essiv then takes sha256, as QEMU)
-  std::string hash_alg = "sha256";
-  uint32_t iter_time_ms = 2000;
-  std::string key_file;  // empty: prompt on the terminal
-};
-
-// QEMU's LUKS payload alignment (crypto/block-luks.c: key material and the
-// payload at 4096-byte boundaries), for raw LUKS and the LUKS area of qcow2.
-inline constexpr uint64_t kLuksCreateAlign = 4096;
-
-// Applies one option by its unprefixed name ("cipher-alg", "key-file", ...);
-// EINVAL for an unknown name or value (the message names both, the name after
-// prefix: "encrypt." for qcow2's options).
-Status apply_luks_create_option(LuksCreateOptions& o, std::string_view key, std::string_view value,
-                                std::string_view prefix = "");
-// Whether key is one of the names apply_luks_create_option takes.
-bool is_luks_create_option(std::string_view key);
-
-// The header parameters o describes (cipher name, LUKS mode string such as
-// "cbc-essiv:sha256", key length), payload aligned to kLuksCreateAlign.
-Result<crypto::LuksFormatParams> luks_format_params(const LuksCreateOptions& o);
+// ---- creating raw LUKS1 images (qemu-img create -f luks; the options: image/crypto/luks_create.h) ----
 
 // Makes a raw LUKS1 image in file (empty, writable) as qemu-img create -f luks:
 // the header and key material (formatted.header), then a sparse payload of

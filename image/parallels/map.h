@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 
 namespace qcowfs::image::parallels {
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "image/endian.h"
-#include "image/extent_driver.h"
-#include "image/host_read.h"
+#include "image/extent/driver.h"
+#include "image/extent/host_read.h"
 #include "image/parallels/format.h"
 #include "image/parallels/header.h"
 #include "image/parallels/map.h"

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "image/extent_writer.h"
+#include "image/extent/writer.h"
 #include "image/parallels/header.h"
 #include "image/parallels/map.h"
 #include "io/buffer.h"

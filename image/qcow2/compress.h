@@ -1,5 +1,5 @@
 // Compressed qcow2 clusters: decompression of one cluster (raw deflate with a
-// 4 KiB window, or zstd); decompressed clusters are kept in image/cluster_cache.h.
+// 4 KiB window, or zstd); decompressed clusters are kept in image/extent/cluster_cache.h.
 // decompress_cluster() is CPU work: the driver runs it through io::offload.
 // Thread-safety: decompress_cluster() is a pure function.
 #pragma once

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "image/host_holes.h"
+#include "image/extent/host_holes.h"
 #include "image/qcow2/status.h"
 #include "image/qcow2/writer.h"
 #include "image/shrink.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "image/block_driver.h"
-#include "image/cluster_cache.h"
+#include "image/extent/cluster_cache.h"
 #include "image/crypto/crypto_file.h"
 #include "image/crypto/crypto_unlock.h"
 #include "image/qcow2/compress.h"
@@ -26,7 +26,7 @@
 #include "image/qcow2/l2.h"
 #include "image/qcow2/layout.h"
 #include "image/qcow2/snapshot.h"
-#include "image/table_cache.h"
+#include "image/extent/table_cache.h"
 
 namespace qcowfs::image::qcow2 {
 

@@ -28,7 +28,7 @@
 #include <map>
 #include <vector>
 
-#include "image/table_cache.h"
+#include "image/extent/table_cache.h"
 #include "image/qcow2/refcount.h"
 #include "io/host_file.h"
 #include "io/status.h"

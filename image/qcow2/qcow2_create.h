@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-#include "image/luks/luks.h"
+#include "image/crypto/luks_create.h"
 #include "image/qcow2/header.h"
 #include "io/host_file.h"
 #include "io/status.h"

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 #include "image/qed/header.h"
-#include "image/table_cache.h"
+#include "image/extent/table_cache.h"
 
 namespace qcowfs::image::qed {
 

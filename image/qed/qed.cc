@@ -6,8 +6,8 @@
 
 #include "image/backing.h"
 #include "image/endian.h"
-#include "image/extent_driver.h"
-#include "image/host_read.h"
+#include "image/extent/driver.h"
+#include "image/extent/host_read.h"
 #include "image/qed/format.h"
 #include "image/qed/header.h"
 #include "image/qed/map.h"

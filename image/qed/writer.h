@@ -15,10 +15,10 @@
 #include <cstdint>
 #include <string>
 
-#include "image/extent_writer.h"
+#include "image/extent/writer.h"
 #include "image/qed/header.h"
 #include "image/qed/map.h"
-#include "image/slice_set.h"
+#include "image/extent/slice_set.h"
 #include "io/buffer.h"
 
 namespace qcowfs::image::qed {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 #include "image/vdi/header.h"
 
 namespace qcowfs::image::vdi {

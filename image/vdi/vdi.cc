@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "image/endian.h"
-#include "image/extent_driver.h"
-#include "image/host_read.h"
+#include "image/extent/driver.h"
+#include "image/extent/host_read.h"
 #include "image/vdi/format.h"
 #include "image/vdi/header.h"
 #include "image/vdi/map.h"

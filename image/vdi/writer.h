@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "image/extent_writer.h"
+#include "image/extent/writer.h"
 #include "image/vdi/header.h"
 #include "image/vdi/map.h"
 #include "io/buffer.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "image/extent_driver.h"
-#include "image/table_cache.h"
+#include "image/extent/driver.h"
+#include "image/extent/table_cache.h"
 #include "image/vhdx/header.h"
 
 namespace qcowfs::image::vhdx {

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "image/endian.h"
-#include "image/host_read.h"
+#include "image/extent/host_read.h"
 #include "image/vhdx/bat.h"
 #include "image/vhdx/format.h"
 #include "image/vhdx/header.h"

@@ -32,8 +32,8 @@
 #include <set>
 #include <string>
 
-#include "image/extent_writer.h"
-#include "image/slice_set.h"
+#include "image/extent/writer.h"
+#include "image/extent/slice_set.h"
 #include "image/vhdx/bat.h"
 #include "image/vhdx/header.h"
 #include "image/vhdx/log_writer.h"

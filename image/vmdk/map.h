@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "image/endian.h"
-#include "image/extent_driver.h"
-#include "image/table_cache.h"
+#include "image/extent/driver.h"
+#include "image/extent/table_cache.h"
 #include "image/vmdk/format.h"
 
 namespace qcowfs::image::vmdk {

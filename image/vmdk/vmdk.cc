@@ -11,10 +11,10 @@
 
 #include "image/backing.h"
 #include "image/endian.h"
-#include "image/extent_driver.h"
-#include "image/host_read.h"
+#include "image/extent/driver.h"
+#include "image/extent/host_read.h"
 #include "image/path.h"
-#include "image/table_cache.h"
+#include "image/extent/table_cache.h"
 #include "image/vmdk/descriptor.h"
 #include "image/vmdk/format.h"
 #include "image/vmdk/map.h"
@@ -27,7 +27,7 @@ using namespace vmdk;
 
 constexpr uint64_t kMaxSectors = static_cast<uint64_t>(INT64_MAX) / kSector;
 
-// n bytes at off, zeros past the end of the file (image/host_read.h).
+// n bytes at off, zeros past the end of the file (image/extent/host_read.h).
 Task<Result<std::vector<std::byte>>> read_padded(io::HostFile& f, uint64_t off, size_t n) {
   std::vector<std::byte> b(n);
   Status st = co_await image::read_padded(f, off, b);

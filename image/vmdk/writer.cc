@@ -5,7 +5,7 @@
 #include <set>
 
 #include "image/endian.h"
-#include "image/host_read.h"
+#include "image/extent/host_read.h"
 #include "image/vmdk/descriptor.h"
 #include "image/vmdk/format.h"
 #include "io/align.h"

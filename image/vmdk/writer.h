@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "image/extent_writer.h"
-#include "image/slice_set.h"
-#include "image/table_cache.h"
+#include "image/extent/writer.h"
+#include "image/extent/slice_set.h"
+#include "image/extent/table_cache.h"
 #include "image/vmdk/map.h"
 
 namespace qcowfs::image::vmdk {

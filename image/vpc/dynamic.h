@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 
 namespace qcowfs::image::vpc {
 

@@ -6,7 +6,7 @@
 // Thread-safety: immutable; try_map() is thread-safe.
 #pragma once
 
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 
 namespace qcowfs::image::vpc {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "image/endian.h"
-#include "image/extent_driver.h"
-#include "image/host_read.h"
+#include "image/extent/driver.h"
+#include "image/extent/host_read.h"
 #include "image/vpc/dynamic.h"
 #include "image/vpc/fixed.h"
 #include "image/vpc/format.h"

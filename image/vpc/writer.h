@@ -37,7 +37,7 @@
 #include <span>
 #include <string>
 
-#include "image/extent_writer.h"
+#include "image/extent/writer.h"
 #include "image/vpc/dynamic.h"
 #include "image/vpc/header.h"
 #include "io/buffer.h"

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <set>
 
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 #include "image/raw/raw.h"
 #include "io/buffer.h"
 #include "io/engine.h"

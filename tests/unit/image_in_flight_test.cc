@@ -1,4 +1,4 @@
-// InFlightIo (image/in_flight.h): a change's grace period ends only after the
+// InFlightIo (image/extent/in_flight.h): a change's grace period ends only after the
 // I/O that entered before it left, never waits for I/O that entered after it,
 // and ends under a load that never stops; a threaded run checks that no I/O
 // still uses a mapping once drained() says its grace period is over.
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "image/in_flight.h"
+#include "image/extent/in_flight.h"
 
 namespace qcowfs::image {
 namespace {

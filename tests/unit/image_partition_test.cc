@@ -4,9 +4,9 @@
 
 #include <cstring>
 
-#include "image/partition.h"
+#include "image/views/partition.h"
 #include "image/raw/raw.h"
-#include "image/window.h"
+#include "image/views/window.h"
 #include "io/mem_file.h"
 #include "io_test_util.h"
 

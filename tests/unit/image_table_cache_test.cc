@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "image/endian.h"
-#include "image/table_cache.h"
+#include "image/extent/table_cache.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "image/cluster_cache.h"
+#include "image/extent/cluster_cache.h"
 #include "image/qcow2/compress.h"
 #include "image/qcow2/format.h"
 

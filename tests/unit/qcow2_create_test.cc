@@ -5,6 +5,7 @@
 #include "image/crypto/crypto_luks.h"
 #include "image/endian.h"
 #include "image/qcow2/qcow2_check.h"
+#include "image/luks/luks.h"
 #include "image/qcow2/qcow2_create.h"
 #include "image/qcow2/qcow2_inspect.h"
 #include "image/qcow2/status.h"

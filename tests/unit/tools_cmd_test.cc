@@ -5,9 +5,9 @@
 
 #include "tools/cmd.h"
 #include "image/json.h"
-#include "image/host_holes.h"
+#include "image/extent/host_holes.h"
 #include "image/raw/raw.h"
-#include "image/window.h"
+#include "image/views/window.h"
 #include "io/mem_file.h"
 #include "io_test_util.h"
 

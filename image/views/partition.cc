@@ -1,4 +1,4 @@
-#include "image/partition.h"
+#include "image/views/partition.h"
 
 #include <algorithm>
 #include <cstring>

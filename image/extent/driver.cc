@@ -1,10 +1,10 @@
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "image/backing.h"
-#include "image/host_holes.h"
+#include "image/extent/host_holes.h"
 #include "io/buffer.h"
 #include "io/engine.h"
 #include "io/log.h"
@@ -64,7 +64,7 @@ size_t ExtentDriver::mem_align() const {
   return a;
 }
 
-// A Ticket for a lock-free I/O when the writer unmaps (image/in_flight.h).
+// A Ticket for a lock-free I/O when the writer unmaps (image/extent/in_flight.h).
 InFlightIo::Ticket ExtentDriver::track() { return unmaps_ ? in_flight_.enter() : InFlightIo::Ticket(); }
 
 // The map's extent at guest, checked: between 1 and len bytes long.

@@ -1,4 +1,4 @@
-#include "image/table_cache.h"
+#include "image/extent/table_cache.h"
 
 #include <algorithm>
 #include <cstdlib>

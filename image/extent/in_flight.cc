@@ -1,7 +1,7 @@
 // InFlightIo (in_flight.h). Every atomic operation here is sequentially
 // consistent: an I/O counted in its epoch's slot before it read the epoch is
 // seen by any drained() that reads the counters after the epoch moved past it.
-#include "image/in_flight.h"
+#include "image/extent/in_flight.h"
 
 namespace qcowfs::image {
 

@@ -1,4 +1,4 @@
-#include "image/window.h"
+#include "image/views/window.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "image/cluster_cache.h"
+#include "image/extent/cluster_cache.h"
 
 #include <algorithm>
 

@@ -16,7 +16,7 @@
 // map on a discard (VHDX's PAYLOAD_BLOCK_UNMAPPED, VDI's discarded blocks).
 // Then either the driver punches their host space and hands it back through
 // recycle() once their new entries are written back and no lock-free I/O that
-// saw the old ones is in flight (image/in_flight.h), so a later reserve() may
+// saw the old ones is in flight (image/extent/in_flight.h), so a later reserve() may
 // use it again (VHDX); or, for a writer that compacts() (VDI, whose new units
 // go right after the allocated ones, so these must stay packed), the data of
 // the last units moves into the freed space and the space at the end goes

@@ -1,6 +1,6 @@
 // ExtentDriver's write side: in-place writes, allocating writes with their
 // copy-on-write merged into one host write per run, zeroing, flush and close.
-// The rules are in image/extent_driver.h and image/extent_writer.h.
+// The rules are in image/extent/driver.h and image/extent/writer.h.
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "image/extent_driver.h"
+#include "image/extent/driver.h"
 #include "io/align.h"
 #include "io/buffer.h"
 #include "io/engine.h"

@@ -1,4 +1,4 @@
-#include "image/host_holes.h"
+#include "image/extent/host_holes.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "image/slice_set.h"
+#include "image/extent/slice_set.h"
 
 #include <string>
 

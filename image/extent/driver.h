@@ -15,7 +15,7 @@
 //     prints them, asking the backing image for unallocated ranges.
 //
 // A host read past the end of its file reads as zeros (as QEMU's file driver
-// does). Formats that give an ExtentWriter (image/extent_writer.h) are
+// does). Formats that give an ExtentWriter (image/extent/writer.h) are
 // writable: writes into data extents go to the host in place, one host write
 // per host-contiguous run; runs of unallocated or zero units get contiguous
 // host space from the writer and are written with their copy-on-write head and
@@ -37,7 +37,7 @@
 // moves: ExtentWriter::needs_before_unit_write; such writes are planned again
 // under the lock). A discard of whole data units of a writer that can_unmap()
 // unmaps them under the lock and punches their host space, which is reused
-// only after a grace period (image/in_flight.h: reads, in-place writes and
+// only after a grace period (image/extent/in_flight.h: reads, in-place writes and
 // zeroing then count themselves), or, where the writer compacts (VDI), moves
 // the last units' data into their place (compact()). An I/O counted in
 // InFlightIo never waits for the allocation lock: it leaves first, since the
@@ -58,9 +58,9 @@
 #include <vector>
 
 #include "image/block_driver.h"
-#include "image/cluster_cache.h"
-#include "image/extent_writer.h"
-#include "image/in_flight.h"
+#include "image/extent/cluster_cache.h"
+#include "image/extent/writer.h"
+#include "image/extent/in_flight.h"
 #include "io/sync.h"
 
 namespace qcowfs::image {
@@ -83,7 +83,7 @@ struct Extent {
   // data: qemu-img map shows the host offset ("offset") for these bytes.
   bool show_offset = true;
   // data (with show_offset): block_status() asks the host file too
-  // (image/host_holes.h), as QEMU does where a driver returns
+  // (image/extent/host_holes.h), as QEMU does where a driver returns
   // BDRV_BLOCK_RECURSE (VMDK flat extents, static VDI): its holes, and bytes
   // past its end, are reported as data that reads as zeros.
   bool host_holes_are_zero = false;

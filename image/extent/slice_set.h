@@ -14,7 +14,7 @@
 #include <string_view>
 #include <utility>
 
-#include "image/table_cache.h"
+#include "image/extent/table_cache.h"
 #include "io/status.h"
 #include "io/task.h"
 

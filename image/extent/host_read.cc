@@ -1,4 +1,4 @@
-#include "image/host_read.h"
+#include "image/extent/host_read.h"
 
 #include <algorithm>
 #include <cstring>
