@@ -590,3 +590,63 @@ def host_fs_on_4k_device(workdir: Path) -> Iterator[Path]:
         finally:
             cleanup_mounts_under(mnt)
             run(["umount", str(mnt)], check=False)
+
+
+# --------------------------------------------------------------------------
+# Images in use by another process
+
+# What qcowfs and QEMU say when an image's write lock is refused: `create` and
+# `check -r` refused by a user that does not share "write", a reader refused by a writer.
+WRITE_LOCK_REFUSED = r'failed to get "write" lock'
+SHARED_WRITE_LOCK_REFUSED = r'failed to get shared "write" lock'
+
+
+def lock_bytes_held(image: str | os.PathLike) -> set[int]:
+    """The OFD lock bytes (QEMU's 100+i / 200+i) someone holds on image, from /proc/locks."""
+    ino = os.stat(image).st_ino
+    held = set()
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            if "->" in fields or len(fields) < 8 or not fields[5].endswith(f":{ino}"):
+                continue
+            start, end = int(fields[6]), fields[7]
+            held.update(range(start, (int(end) if end != "EOF" else start) + 1))
+    return held
+
+
+@contextlib.contextmanager
+def qemu_io_holding(image: str | os.PathLike, fmt: str = "qcow2") -> Iterator[subprocess.Popen]:
+    """qemu-io with image open read-write, holding QEMU's locks as a VM does, until the block ends.
+
+    qemu-io reads its commands from the pipe and quits at its end of file.
+    Ready once its "write" byte (101) and its refusal to share "write" (201) show.
+    """
+    proc = subprocess.Popen(["qemu-io", "-f", fmt, str(image)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not {101, 201} <= lock_bytes_held(image):
+            assert proc.poll() is None, f"qemu-io failed: {proc.stderr.read().decode(errors='replace')}"
+            assert time.monotonic() < deadline, "qemu-io did not lock the image"
+            time.sleep(0.02)
+        yield proc
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            proc.wait()
+
+
+@contextlib.contextmanager
+def held_read_write(image: str | os.PathLike, holder: str, workdir: Path, fmt: str = "qcow2") -> Iterator[None]:
+    """image held read-write by `holder`: "mount" (a qcowfs -o rw mount) or "qemu-io"."""
+    if holder == "mount":
+        with mounted(image, workdir / "holder.raw", ["rw", f"format={fmt}"]):
+            yield
+    else:
+        assert holder == "qemu-io", holder
+        with qemu_io_holding(image, fmt):
+            yield
