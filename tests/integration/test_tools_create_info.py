@@ -271,6 +271,24 @@ def test_create_leaves_an_image_in_use_alone(workdir: Path, qcowfs: str, holder:
     assert info(img)["virtual-size"] == 32 * MiB
 
 
+def test_info_and_map_force_share_read_an_image_in_use(workdir: Path, qcowfs: str) -> None:
+    """info and map on an image qemu-io holds read-write: refused naming the lock and
+    the -U hint; with -U or --force-share they read it as qemu-img -U does."""
+    img = workdir / "v.qcow2"
+    helpers.qemu_img("create", "-q", "-f", "qcow2", img, "16M")
+    helpers.qemu_io(img, "write -q -P 7 0 1M", "write -q -P 8 5M 64k")
+    with helpers.qemu_io_holding(img):
+        for cmd in ("info", "map"):
+            proc = helpers.run([qcowfs, cmd, img], check=False)
+            text = proc.stderr.decode(errors="replace")
+            assert proc.returncode == 1 and re.search(helpers.SHARED_WRITE_LOCK_REFUSED, text, re.I), text
+            assert "-U" in text, text
+        for flag in ("-U", "--force-share"):
+            assert stable(our_info(qcowfs, flag, img)) == stable(info("-U", img))
+            ours = helpers.run([qcowfs, "map", "--json", flag, img]).stdout
+            assert json.loads(ours) == json.loads(helpers.qemu_img("map", "-U", "--output=json", img))
+
+
 def build_info_images(workdir: Path, qcowfs: str) -> dict[str, Path]:
     imgs: dict[str, Path] = {}
 
