@@ -29,6 +29,7 @@ import errno
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import tempfile
@@ -601,36 +602,45 @@ WRITE_LOCK_REFUSED = r'failed to get "write" lock'
 SHARED_WRITE_LOCK_REFUSED = r'failed to get shared "write" lock'
 
 
-def lock_bytes_held(image: str | os.PathLike) -> set[int]:
-    """The OFD lock bytes (QEMU's 100+i / 200+i) someone holds on image, from /proc/locks."""
-    ino = os.stat(image).st_ino
-    held = set()
-    with open("/proc/locks") as f:
-        for line in f:
-            fields = line.split()
-            if "->" in fields or len(fields) < 8 or not fields[5].endswith(f":{ino}"):
-                continue
-            start, end = int(fields[6]), fields[7]
-            held.update(range(start, (int(end) if end != "EOF" else start) + 1))
-    return held
+class QemuIoSession:
+    """An interactive qemu-io (commands on its stdin); it flushes its output and
+    prompt ("qemu-io> ") after each command, so the prompt marks a finished command."""
+    PROMPT = b"qemu-io> "
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def read_to_prompt(self, timeout: float = MOUNT_TIMEOUT_S) -> str:
+        out = b""
+        deadline = time.monotonic() + timeout
+        while not out.endswith(self.PROMPT):
+            left = deadline - time.monotonic()
+            assert left > 0, f"qemu-io gave no prompt within {timeout}s; output: {out!r}"
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            chunk = os.read(self.proc.stdout.fileno(), 65536) if ready else b""
+            assert chunk or not ready, f"qemu-io exited; output: {out.decode(errors='replace')}"
+            out += chunk
+        return out[:-len(self.PROMPT)].decode(errors="replace")
+
+    def command(self, cmd: str) -> str:
+        """Runs cmd and returns its output once it has finished."""
+        self.proc.stdin.write(cmd.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self.read_to_prompt()
 
 
 @contextlib.contextmanager
-def qemu_io_holding(image: str | os.PathLike, fmt: str = "qcow2") -> Iterator[subprocess.Popen]:
+def qemu_io_holding(image: str | os.PathLike, fmt: str = "qcow2") -> Iterator[QemuIoSession]:
     """qemu-io with image open read-write, holding QEMU's locks as a VM does, until the block ends.
 
-    qemu-io reads its commands from the pipe and quits at its end of file.
-    Ready once its "write" byte (101) and its refusal to share "write" (201) show.
+    Its first prompt comes once the image is open (locked); it quits at the end of its stdin.
     """
     proc = subprocess.Popen(["qemu-io", "-f", fmt, str(image)], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + MOUNT_TIMEOUT_S
-        while not {101, 201} <= lock_bytes_held(image):
-            assert proc.poll() is None, f"qemu-io failed: {proc.stderr.read().decode(errors='replace')}"
-            assert time.monotonic() < deadline, "qemu-io did not lock the image"
-            time.sleep(0.02)
-        yield proc
+        session = QemuIoSession(proc)
+        session.read_to_prompt()
+        yield session
     finally:
         proc.stdin.close()
         try:
