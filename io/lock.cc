@@ -31,6 +31,10 @@ int byte_taken(int fd, int64_t byte) {
   return fl.l_type == F_UNLCK ? 0 : 1;
 }
 
+// How to read an image whose writer refuses to share "write".
+constexpr const char* kForceShareHint =
+    " (a read-only mount with -o force-share, or qcowfs info, map and check with -U, can still read it)";
+
 // errnos meaning "this host or file system cannot do OFD locks".
 bool unsupported(int err) { return err == EINVAL || err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS; }
 
@@ -70,7 +74,7 @@ Status check_conflicts(int fd, const std::string& path, LockPerms p) {
                               "{}: failed to get shared \"{}\" lock: another process (QEMU, qemu-img or qcowfs) "
                               "has the image open with \"{}\" permission{}",
                               path, perm_name(bit), perm_name(bit),
-                              bit == kPermWrite ? " (a read-only mount with -o force-share can still read it)" : "");
+                              bit == kPermWrite ? kForceShareHint : "");
     }
   }
   return Status::ok();
@@ -115,7 +119,8 @@ Result<ImageLock> ImageLock::acquire(const std::string& path, LockPerms p, LockM
   if ((p.perms & ~kPermConsistentRead) && p.shared == kPermAll)
     return Status::errorf(EINVAL, "{}: force-share can only be used with read-only images", path);
   if (mode == LockMode::off) return ImageLock();
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  // O_NONBLOCK: a FIFO named as an image must not hang the open.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
   if (!fd.valid()) return Status::from_errno(errno, fmt::format("opening {} for locking", path));
   Status st = take_bytes(fd.get(), path, p);
   if (!st && unsupported(st.code())) {

@@ -44,6 +44,8 @@ Result<CheckArgs> parse_check_args(std::span<const std::string> args) {
     a.repair = *r;
     return true;
   }));
+  if (a.force_share && a.repair != q::RepairMode::none)
+    return Status::error(EINVAL, "-U (--force-share) reads only: it cannot be used with -r");
   return a;
 }
 
@@ -118,7 +120,7 @@ class ProgressBar {
 
 // The check of the image's format; *format_name is the format's name once known.
 Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks, std::string* format_name) {
-  io::OpenOptions o;
+  io::OpenOptions o = a.read_options();
   o.writable = a.repair != q::RepairMode::none;
   auto image = co_await open_image_file(a.image, o, a.format, "");
   if (!image) co_return image.status();
@@ -140,7 +142,7 @@ Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks, std:
 }  // namespace
 
 std::string_view check_usage() {
-  return "usage: qcowfs check [-r leaks|all] [--json] [-f FORMAT] [-q] IMAGE\n"
+  return "usage: qcowfs check [-r leaks|all | -U] [--json] [-f FORMAT] [-q] IMAGE\n"
          "\n"
          "Checks an image for consistency, like qemu-img check. qcow2: leaked clusters,\n"
          "refcount mismatches, overlapping metadata, entries outside the file, invalid\n"
@@ -152,6 +154,9 @@ std::string_view check_usage() {
          "  -r, --repair=all     also fix copied flags and rebuild refcounts if needed\n"
          "  --json               print the result as JSON (--output=json)\n"
          "  -f, --format=FMT     image format (default: probed)\n"
+         "  -U, --force-share    check an image another process (a VM, a rw mount) is writing\n"
+         "                       (its locks are shared; a check of a changing image may report\n"
+         "                       errors that are not there; not with -r)\n"
          "  -q, --quiet          print nothing but errors\n"
          "  -h, --help           show this text\n";
 }

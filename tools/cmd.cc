@@ -88,6 +88,8 @@ Status parse_common_image_arg(std::span<const std::string> args, size_t& i, Imag
   std::string v;
   if (args[i] == "-h" || args[i] == "--help") {
     a.help = true;
+  } else if (args[i] == "-U" || args[i] == "--force-share") {
+    a.force_share = true;
   } else if (args[i] == "--json") {
     a.json = true;
   } else if (take_option(args, i, "--output", "", v)) {

@@ -88,13 +88,22 @@ bool take_option(std::span<const std::string> args, size_t& i, std::string_view 
                  std::string_view short_name, std::string& value);
 
 // What the image-inspecting commands (info, check, map) all take: -h/--help,
-// --json or --output=json|human, -f/--format FMT and one IMAGE.
+// --json or --output=json|human, -f/--format FMT, -U/--force-share and one IMAGE.
 struct ImageCommandArgs {
   std::string image;
   std::string format;
   std::string key_file;  // --key-file: an encrypted image's passphrase (the file's content, "-": stdin)
   bool json = false;
   bool help = false;
+  // -U, --force-share (qemu-img's names): open read-only with locks that share
+  // everything, so an image a writer holds (a VM, a rw mount) can be read.
+  bool force_share = false;
+  // How the image files are opened read-only (force_share applied).
+  io::OpenOptions read_options() const {
+    io::OpenOptions o;
+    o.force_share = force_share;
+    return o;
+  }
 };
 // Parses args into `common`. Each argument is first offered to
 // `extra(args, i)` (command-specific flags), which returns true when it took

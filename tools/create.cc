@@ -2,11 +2,14 @@
 // command line: -o takes qemu-img's option names, -b/-F name the backing file.
 // Encrypted images (qcow2 -o encrypt.format=luks, -f luks) take the passphrase
 // from a key file (encrypt.key-file / key-file, in place of QEMU's secret
-// objects) or the terminal; it is read before any file is created, and a
-// failed create removes the files it made.
+// objects) or the terminal; it is read before any existing file is changed,
+// and a failed create removes the files it made. Every file is write-locked
+// first (as QEMU locks images, before the passphrase is asked): an image in
+// use is refused at once and left as it was.
 // Like qemu-img 7.2 it refuses a backing file without its format (-F or
 // backing_fmt): the format is written into the image, and a probed one lets a
 // raw backing file that starts like a qcow2 header pass itself off as one.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,6 +23,8 @@
 #include "image/path.h"
 #include "image/qcow2/qcow2_create.h"
 #include "image/raw/raw.h"
+#include "io/fd.h"
+#include "io/lock.h"
 #include "tools/cmd.h"
 
 namespace qcowfs::tools {
@@ -202,8 +207,12 @@ void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
   fmt::print("\n");
 }
 
-// The files a create made: removed again unless the create succeeded (no
-// half-made image is left behind).
+// The files a create makes. Each is first write-locked (lock(), for every
+// file before any is emptied), as QEMU's raw_co_create does: a file another
+// process uses (a mount, qemu-io, a VM) is refused and left byte-identical.
+// create() then empties and opens it, holding that lock. Unless the create
+// succeeded, the files it made or emptied are removed again (no half-made
+// image is left behind); files it only locked are left alone.
 class CreatedFiles {
  public:
   CreatedFiles() = default;
@@ -211,20 +220,55 @@ class CreatedFiles {
   CreatedFiles& operator=(const CreatedFiles&) = delete;
   ~CreatedFiles() {
     if (!done_)
-      for (const std::string& p : paths_) ::unlink(p.c_str());
+      for (const Entry& e : files_)
+        if (e.touched) ::unlink(e.path.c_str());
   }
+
+  // Takes path's write lock, creating the file (empty) when it is missing.
+  Status lock(const std::string& path) {
+    io::UniqueFd made(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0644));
+    const bool created = made.valid();
+    if (!created && errno != EEXIST) return Status::from_errno(errno, fmt::format("creating {}", path));
+    // The write lock of a mount or QEMU writer (QEMU's raw_co_create takes the
+    // same perms on an existing file before it truncates it).
+    auto l = io::ImageLock::acquire(path, io::LockPerms::for_image(true, false), io::LockMode::automatic);
+    if (!l) {
+      if (created) ::unlink(path.c_str());
+      return l.status();
+    }
+    files_.push_back(Entry{path, std::move(*l), created});
+    return Status::ok();
+  }
+
+  // Empties path (locked by lock()) and opens it writable, holding its lock.
   Result<std::unique_ptr<io::HostFile>> create(const std::string& path) {
-    auto f = io::create_host_file(path, io::OpenOptions{});
-    if (f) paths_.push_back(path);
+    Entry* e = find(path);
+    if (e == nullptr) return Status::errorf(EINVAL, "{}: creating a file that was not locked first", path);
+    e->touched = true;
+    io::OpenOptions o;
+    o.locking = io::LockMode::off;  // e->lock is the lock
+    auto f = io::create_host_file(path, o);
+    if (f) (*f)->hold_lock(std::move(e->lock));
     return f;
   }
+
   Status finish(Status st) {
     done_ = st.is_ok();
     return st;
   }
 
  private:
-  std::vector<std::string> paths_;
+  struct Entry {
+    std::string path;
+    io::ImageLock lock;
+    bool touched = false;  // made or emptied by this create
+  };
+  Entry* find(const std::string& path) {
+    for (Entry& e : files_)
+      if (e.path == path) return &e;
+    return nullptr;
+  }
+  std::vector<Entry> files_;
   bool done_ = false;
 };
 
@@ -247,17 +291,21 @@ Result<image::crypto::LuksFormatted> format_new_luks(const image::LuksCreateOpti
 
 Task<Status> create_raw_file(const std::string& path, const q::CreateOptions& o) {
   CreatedFiles files;
+  QCOWFS_CO_TRY(files.lock(path));
   auto f = files.create(path);
   if (!f) co_return f.status();
   bool allocate = o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full;
   co_return files.finish(co_await image::create_raw(**f, o.size, allocate));
 }
 
+// The files are locked before the passphrase is asked (and its PBKDF2 run),
+// so an image in use is refused at once, as qemu-img create does.
 Task<Status> create_luks_file(const CreateArgs& a, const q::CreateOptions& o) {
+  CreatedFiles files;
+  QCOWFS_CO_TRY(files.lock(a.image));
   auto luks = format_new_luks(a.luks, a.image, "key-file");
   if (!luks) co_return luks.status();
   if (!a.quiet) print_formatting(a, o);
-  CreatedFiles files;
   auto f = files.create(a.image);
   if (!f) co_return f.status();
   co_return files.finish(co_await image::create_luks(**f, *luks, o.size));
@@ -268,6 +316,11 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
   QCOWFS_CO_TRY(co_await inspect_backing(a, o));
   auto valid = q::validate_create_options(std::move(o));
   if (!valid) co_return valid.status();
+  CreatedFiles files;
+  const std::string data_path =
+      valid->data_file.empty() ? std::string() : image::resolve_relative(path, valid->data_file);
+  if (!data_path.empty()) QCOWFS_CO_TRY(files.lock(data_path));
+  QCOWFS_CO_TRY(files.lock(path));
   image::crypto::LuksFormatted luks;
   if (valid->encrypt) {
     auto formatted = format_new_luks(valid->luks, path, "encrypt.key-file");
@@ -275,10 +328,9 @@ Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
     luks = std::move(*formatted);
   }
   if (!a.quiet) print_formatting(a, *valid);
-  CreatedFiles files;
   std::unique_ptr<io::HostFile> data;
-  if (!valid->data_file.empty()) {
-    auto d = files.create(image::resolve_relative(path, valid->data_file));
+  if (!data_path.empty()) {
+    auto d = files.create(data_path);
     if (!d) co_return d.status();
     data = std::move(*d);
   }

@@ -108,9 +108,10 @@ Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
 
 // The other formats describe themselves through their driver, opened alone
 // (without its backing file, as qemu-img info opens it).
-Task<Status> add_driver_info(std::unique_ptr<io::HostFile> f, ImageInfo& info) {
+Task<Status> add_driver_info(std::unique_ptr<io::HostFile> f, io::OpenOptions file_options, ImageInfo& info) {
   image::ImageOptions opts;
   opts.format = info.format;
+  opts.file = file_options;  // the other files it opens (VMDK extents, data files) as the image
   opts.no_backing = true;
   auto d = co_await image::find_format(info.format)->open(std::move(f), info.filename, opts);
   if (!d) co_return d.status();
@@ -125,8 +126,9 @@ Task<Status> add_driver_info(std::unique_ptr<io::HostFile> f, ImageInfo& info) {
 }
 
 // backing_of: the overlay whose backing file path is ("" for the image named).
-Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint, const std::string& backing_of) {
-  auto image = co_await open_image_file(path, io::OpenOptions{}, format_hint, backing_of);
+Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint, const std::string& backing_of,
+                               io::OpenOptions file_options) {
+  auto image = co_await open_image_file(path, file_options, format_hint, backing_of);
   if (!image) co_return image.status();
   io::HostFile& f = *image->file;
   ImageInfo info;
@@ -139,7 +141,7 @@ Task<Result<ImageInfo>> gather(const std::string& path, const std::string& forma
   } else if (info.format == "luks") {
     QCOWFS_CO_TRY(add_luks_info(f, info));
   } else if (info.format != "raw") {
-    QCOWFS_CO_TRY(co_await add_driver_info(std::move(image->file), info));
+    QCOWFS_CO_TRY(co_await add_driver_info(std::move(image->file), file_options, info));
   }
   co_return info;
 }
@@ -357,7 +359,7 @@ Task<Result<std::vector<ImageInfo>>> gather_chain(const InfoArgs& a) {
     // A named local, not a conditional temporary: GCC 12 miscompiles those inside co_await.
     std::string overlay;
     if (!chain.empty()) overlay = chain.back().filename;
-    auto info = co_await gather(path, format, overlay);
+    auto info = co_await gather(path, format, overlay, a.read_options());
     if (!info) co_return info.status();
     chain.push_back(std::move(*info));
     const ImageInfo& last = chain.back();
@@ -385,7 +387,7 @@ void print_chain(const InfoArgs& a, const std::vector<ImageInfo>& chain) {
 }  // namespace
 
 std::string_view info_usage() {
-  return "usage: qcowfs info [--json] [--backing-chain] [-f FORMAT] IMAGE\n"
+  return "usage: qcowfs info [--json] [--backing-chain] [-f FORMAT] [-U] IMAGE\n"
          "\n"
          "Shows what qemu-img info shows: format, virtual and disk size, cluster size,\n"
          "backing file and its format, snapshots, bitmaps, feature bits (compat, lazy\n"
@@ -395,6 +397,8 @@ std::string_view info_usage() {
          "  --json               JSON with qemu-img's field names (--output=json)\n"
          "  --backing-chain      also describe every image of the backing chain\n"
          "  -f, --format=FMT     image format (default: probed)\n"
+         "  -U, --force-share    read an image another process (a VM, a rw mount) is writing\n"
+         "                       (its locks are shared; what is read may be inconsistent)\n"
          "  -h, --help           show this text\n";
 }
 

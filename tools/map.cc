@@ -43,6 +43,7 @@ bool mergeable(const Extent& cur, const Extent& next) {
 Task<Result<std::vector<Extent>>> build_map(const MapArgs& a) {
   image::ImageOptions o;
   o.format = a.format;
+  o.file = a.read_options();
   if (!a.key_file.empty()) o.keys = image::crypto::KeyProvider::from_file(a.key_file);
   auto d = co_await image::open_image(a.image, o);
   if (!d) co_return d.status();
@@ -105,7 +106,7 @@ int print_human(const std::vector<Extent>& map) {
 }  // namespace
 
 std::string_view map_usage() {
-  return "usage: qcowfs map [--json] [-f FORMAT] [--key-file PATH] IMAGE\n"
+  return "usage: qcowfs map [--json] [-f FORMAT] [--key-file PATH] [-U] IMAGE\n"
          "\n"
          "Prints the allocation map of the guest disk as qemu-img map does. The default\n"
          "form lists the ranges holding data with their host offset and the file that\n"
@@ -117,6 +118,8 @@ std::string_view map_usage() {
          "  -f, --format=FMT     image format (default: probed)\n"
          "  --key-file=PATH      passphrase of an encrypted image (the file's content, - for\n"
          "                       standard input; default: asked on the terminal)\n"
+         "  -U, --force-share    read an image another process (a VM, a rw mount) is writing\n"
+         "                       (its locks are shared; what is read may be inconsistent)\n"
          "  -h, --help           show this text\n";
 }
 

@@ -29,6 +29,7 @@ import errno
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import tempfile
@@ -590,3 +591,72 @@ def host_fs_on_4k_device(workdir: Path) -> Iterator[Path]:
         finally:
             cleanup_mounts_under(mnt)
             run(["umount", str(mnt)], check=False)
+
+
+# --------------------------------------------------------------------------
+# Images in use by another process
+
+# What qcowfs and QEMU say when an image's write lock is refused: `create` and
+# `check -r` refused by a user that does not share "write", a reader refused by a writer.
+WRITE_LOCK_REFUSED = r'failed to get "write" lock'
+SHARED_WRITE_LOCK_REFUSED = r'failed to get shared "write" lock'
+
+
+class QemuIoSession:
+    """An interactive qemu-io (commands on its stdin); it flushes its output and
+    prompt ("qemu-io> ") after each command, so the prompt marks a finished command."""
+    PROMPT = b"qemu-io> "
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def read_to_prompt(self, timeout: float = MOUNT_TIMEOUT_S) -> str:
+        out = b""
+        deadline = time.monotonic() + timeout
+        while not out.endswith(self.PROMPT):
+            left = deadline - time.monotonic()
+            assert left > 0, f"qemu-io gave no prompt within {timeout}s; output: {out!r}"
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            chunk = os.read(self.proc.stdout.fileno(), 65536) if ready else b""
+            assert chunk or not ready, f"qemu-io exited; output: {out.decode(errors='replace')}"
+            out += chunk
+        return out[:-len(self.PROMPT)].decode(errors="replace")
+
+    def command(self, cmd: str) -> str:
+        """Runs cmd and returns its output once it has finished."""
+        self.proc.stdin.write(cmd.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self.read_to_prompt()
+
+
+@contextlib.contextmanager
+def qemu_io_holding(image: str | os.PathLike, fmt: str = "qcow2") -> Iterator[QemuIoSession]:
+    """qemu-io with image open read-write, holding QEMU's locks as a VM does, until the block ends.
+
+    Its first prompt comes once the image is open (locked); it quits at the end of its stdin.
+    """
+    proc = subprocess.Popen(["qemu-io", "-f", fmt, str(image)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        session = QemuIoSession(proc)
+        session.read_to_prompt()
+        yield session
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            proc.wait()
+
+
+@contextlib.contextmanager
+def held_read_write(image: str | os.PathLike, holder: str, workdir: Path, fmt: str = "qcow2") -> Iterator[None]:
+    """image held read-write by `holder`: "mount" (a qcowfs -o rw mount) or "qemu-io"."""
+    if holder == "mount":
+        with mounted(image, workdir / "holder.raw", ["rw", f"format={fmt}"]):
+            yield
+    else:
+        assert holder == "qemu-io", holder
+        with qemu_io_holding(image, fmt):
+            yield

@@ -125,16 +125,49 @@ def test_read_write_mount_refuses_qemu(fmt, workdir):
         qemu_io_write_refused(img, fmt)
         code, text = helpers.mount_fails(img, workdir / "second.raw", [f"format={fmt}"])
         assert re.search(r"lock", text, re.IGNORECASE), text
+        # A second rw mount is refused naming the lock before it writes anything.
+        before = helpers.sha256_file(img)
+        code, text = helpers.mount_fails(img, workdir / "second.raw", ["rw", f"format={fmt}"])
+        assert re.search(helpers.WRITE_LOCK_REFUSED, text, re.IGNORECASE), text
+        assert helpers.sha256_file(img) == before
 
 
 @pytest.mark.parametrize("fmt", RW_FORMATS)
 def test_read_write_mount_refused_while_qemu_writes(fmt, workdir):
     img = make_image(workdir, fmt)
     with storage_daemon(img, fmt, workdir):
+        before = helpers.sha256_file(img)
         code, text = helpers.mount_fails(img, workdir / "view.raw", ["rw", f"format={fmt}"])
-        assert re.search(r'failed to get "(write|consistent read)" lock|lock', text, re.IGNORECASE), text
+        assert re.search(r'failed to get (shared )?"write" lock', text, re.IGNORECASE), text
+        assert helpers.sha256_file(img) == before  # nothing written (no dirty bit) before the lock
     with helpers.mounted(img, workdir / "view.raw", ["rw", f"format={fmt}"]):
         pass
+
+
+def test_writers_refused_before_touching_a_dirty_image_in_use(workdir, qcowfs):
+    """qemu-io holds a lazy-refcounts image it has written (dirty bit set). A
+    writer that opened it would repair the refcounts and clear the dirty bit at
+    once; a rw mount and check -r are refused naming the lock, the file unchanged."""
+    img = workdir / "dirty.qcow2"
+    helpers.qemu_img("create", "-q", "-f", "qcow2", "-o", "lazy_refcounts=on", img, "16M")
+    with helpers.qemu_io_holding(img) as holder:
+        out = holder.command("write -P 1 0 64k")
+        assert "wrote 65536/65536 bytes" in out, out
+        assert qcow2_dirty(img)
+        before = helpers.sha256_file(img)
+        code, text = helpers.mount_fails(img, workdir / "view.raw", ["rw"])
+        assert re.search(helpers.WRITE_LOCK_REFUSED, text, re.IGNORECASE), text
+        assert helpers.sha256_file(img) == before
+        proc = tool(qcowfs, "check", "-r", "all", img)
+        assert proc.returncode == 1 and re.search(helpers.WRITE_LOCK_REFUSED, output(proc), re.IGNORECASE)
+        assert helpers.sha256_file(img) == before
+        assert qcow2_dirty(img)
+
+
+def qcow2_dirty(img: Path) -> bool:
+    with open(img, "rb") as f:
+        f.seek(72)  # incompatible_features; bit 0: dirty
+        return bool(int.from_bytes(f.read(8), "big") & 1)
 
 
 @pytest.mark.parametrize("fmt", ["qcow2", "raw"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -339,3 +340,29 @@ def test_image_left_by_a_killed_writer(workdir: Path, qcowfs: str, lazy: str) ->
     assert rc == 0
     helpers.qemu_img_check(img)
     helpers.convert_to_raw(img, workdir / "after.raw")
+
+
+@pytest.mark.parametrize("holder", ["mount", "qemu-io"])
+def test_image_in_use(workdir: Path, qcowfs: str, holder: str) -> None:
+    """A leaky image a rw mount or qemu-io holds: check -r is refused naming the lock
+    before it writes anything (the image stays byte-identical); check alone is refused
+    with the -U hint; check -U (--force-share) reports what qemu-img check -U reports."""
+    img = make_case(workdir, "leak_appended")
+    with helpers.held_read_write(img, holder, workdir):
+        before = helpers.sha256_file(img)
+        for extra in (["-r", "leaks"], ["-r", "all"], []):
+            proc = helpers.run([qcowfs, "check", *extra, img], check=False)
+            text = proc.stderr.decode(errors="replace")
+            lock = helpers.WRITE_LOCK_REFUSED if extra else helpers.SHARED_WRITE_LOCK_REFUSED
+            assert proc.returncode == 1 and re.search(lock, text, re.I), (extra, text)
+            assert helpers.sha256_file(img) == before, f"check {extra} changed the image in use"
+        assert "-U" in text, text
+        q_rc, q_rep = qemu_check(img, "-U")
+        assert q_rc == 3, q_rep
+        for flag in ("-U", "--force-share"):
+            o_rc, o_rep = our_check(qcowfs, img, flag)
+            assert (o_rc, counters(o_rep)) == (q_rc, counters(q_rep))
+        # -U only reads: with -r it is a usage error.
+        proc = helpers.run([qcowfs, "check", "-U", "-r", "leaks", img], check=False)
+        assert proc.returncode == 1 and b"-r" in proc.stderr, proc.stderr
+        assert helpers.sha256_file(img) == before

@@ -11,6 +11,7 @@ bitmaps, backing chains, data files, v2, dirty and corrupt flags) the JSON of
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -237,6 +238,55 @@ def test_create_refuses_bad_options(workdir: Path, qcowfs: str, bad: list[str]) 
 
 
 # ---- info on a matrix of images
+
+
+@pytest.mark.parametrize("holder", ["mount", "qemu-io"])
+def test_create_leaves_an_image_in_use_alone(workdir: Path, qcowfs: str, holder: str) -> None:
+    """create over an image a rw mount or qemu-io holds (as a VM holds it): every format
+    qcowfs creates, and the image named as a new image's data file, is refused naming
+    the lock, and the file is left byte-identical (it used to be emptied first)."""
+    img = workdir / "v.qcow2"
+    helpers.qemu_img("create", "-q", "-f", "qcow2", img, "16M")
+    helpers.qemu_io(img, "write -q -P 7 0 1M")
+    key = workdir / "key"
+    key.write_bytes(b"pw")
+    new = workdir / "new.qcow2"
+    attempts = {
+        "qcow2": [img, "32M"],
+        "raw": ["-f", "raw", img, "32M"],
+        "luks": ["-f", "luks", "-o", f"key-file={key},iter-time=10", img, "32M"],
+        "qcow2 luks": ["-o", f"encrypt.format=luks,encrypt.key-file={key},encrypt.iter-time=10", img, "32M"],
+        "data file": ["-o", f"data_file={img}", new, "32M"],
+    }
+    with helpers.held_read_write(img, holder, workdir):
+        before = helpers.sha256_file(img)
+        for name, args in attempts.items():
+            proc = helpers.run([qcowfs, "create", "-q", *args], check=False)
+            text = proc.stderr.decode(errors="replace")
+            assert proc.returncode == 1 and re.search(helpers.WRITE_LOCK_REFUSED, text, re.I), (name, text)
+            assert helpers.sha256_file(img) == before, f"create ({name}) changed the image in use"
+        assert not new.exists()
+    # Released: the same create now succeeds, so the lock was what refused it.
+    helpers.run([qcowfs, "create", "-q", img, "32M"])
+    assert info(img)["virtual-size"] == 32 * MiB
+
+
+def test_info_and_map_force_share_read_an_image_in_use(workdir: Path, qcowfs: str) -> None:
+    """info and map on an image qemu-io holds read-write: refused naming the lock and
+    the -U hint; with -U or --force-share they read it as qemu-img -U does."""
+    img = workdir / "v.qcow2"
+    helpers.qemu_img("create", "-q", "-f", "qcow2", img, "16M")
+    helpers.qemu_io(img, "write -q -P 7 0 1M", "write -q -P 8 5M 64k")
+    with helpers.qemu_io_holding(img):
+        for cmd in ("info", "map"):
+            proc = helpers.run([qcowfs, cmd, img], check=False)
+            text = proc.stderr.decode(errors="replace")
+            assert proc.returncode == 1 and re.search(helpers.SHARED_WRITE_LOCK_REFUSED, text, re.I), text
+            assert "-U" in text, text
+        for flag in ("-U", "--force-share"):
+            assert stable(our_info(qcowfs, flag, img)) == stable(info("-U", img))
+            ours = helpers.run([qcowfs, "map", "--json", flag, img]).stdout
+            assert json.loads(ours) == json.loads(helpers.qemu_img("map", "-U", "--output=json", img))
 
 
 def build_info_images(workdir: Path, qcowfs: str) -> dict[str, Path]:

@@ -148,5 +148,21 @@ TEST(Subcommands, AreRecognised) {
   EXPECT_FALSE(is_subcommand("-o"));
 }
 
+TEST(ImageCommandArgs, ForceShareTakesQemuImgNames) {
+  for (const char* flag : {"-U", "--force-share"}) {
+    std::vector<std::string> args = {flag, "disk.qcow2"};
+    ImageCommandArgs a;
+    ASSERT_TRUE(parse_image_command(args, a, [](std::span<const std::string>, size_t&) -> Result<bool> {
+      return false;
+    }));
+    EXPECT_TRUE(a.force_share) << flag;
+    EXPECT_TRUE(a.read_options().force_share) << flag;
+    EXPECT_FALSE(a.read_options().writable) << flag;
+    EXPECT_EQ(a.image, "disk.qcow2");
+  }
+  for (auto usage : {info_usage(), map_usage(), check_usage()})
+    EXPECT_NE(usage.find("-U, --force-share"), std::string_view::npos) << usage;
+}
+
 }  // namespace
 }  // namespace qcowfs::tools
