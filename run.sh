@@ -4,12 +4,14 @@
 #
 #   ./run.sh [--daemon] [-o OPTIONS] [IMAGE [MOUNTPOINT]]
 #
-# IMAGE       a qcow2 or raw image; default: a demo qcow2 built under
+# IMAGE       a disk image: qcow2, LUKS, VMDK, VHDX, VHD, VDI, QED, Parallels or
+#             raw (build/qcowfs --help); default: a demo qcow2 built under
 #             /var/tmp/qcowfs-demo (a partitioned 64 MiB disk with an ext4
 #             filesystem holding hello.txt).
-# MOUNTPOINT  a directory (the raw view is MOUNTPOINT/<image name>.raw) or a
-#             regular file (the raw view replaces it; created if the name ends
-#             in .raw or .img); default: the directory /var/tmp/qcowfs-mnt.
+# MOUNTPOINT  a directory (the raw view is MOUNTPOINT/<image name>.raw, the name
+#             without its suffix such as .qcow2 or .vmdk) or a regular file
+#             (the raw view replaces it; created if the name ends in .raw or
+#             .img); default: the directory /var/tmp/qcowfs-mnt.
 # -o OPTIONS  qcowfs mount options, e.g. rw or cache=none (see README.md).
 # --daemon    leave the image mounted and return; otherwise stay in the
 #             foreground until Ctrl-C, then unmount.
@@ -26,7 +28,7 @@ while [ $# -gt 0 ]; do
     -o) [ $# -ge 2 ] || { echo "run.sh: -o needs a value" >&2; exit 2; }
         options=(-o "$2"); shift ;;
     -o*) options=(-o "${1#-o}") ;;
-    -h|--help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
     -*) echo "run.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     *) args+=("$1") ;;
   esac
@@ -75,10 +77,12 @@ is_mounted() {
       /proc/self/mountinfo
 }
 
+# The view's name as qcowfs makes it: the suffixes are raw_view_name()'s in
+# fuse/inode_table.cc, in its order (tests/integration/test_mount_cli.py compares them).
 view_name() {
   local name
   name=$(basename "$1")
-  for suffix in .qcow2 .img .raw; do
+  for suffix in .qcow2 .img .raw .vmdk .vhdx .vhd .vdi .qed .hds .luks; do
     if [ "${name%"$suffix"}" != "$name" ] && [ -n "${name%"$suffix"}" ]; then
       echo "${name%"$suffix"}.raw"; return
     fi

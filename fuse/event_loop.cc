@@ -118,7 +118,10 @@ void EventLoop::serve(io::Engine& engine) {
 }
 
 void EventLoop::start_ring_here() {
-  if (ring_ || cfg_.ring_qids.empty() || stop_requested()) return;
+  if (ring_ || cfg_.ring_qids.empty() || stop_requested()) {
+    ring_settled();
+    return;
+  }
   FuseRing::Config rc;
   rc.fuse_fd = cfg_.fuse_fd;
   rc.qids = cfg_.ring_qids;
@@ -129,7 +132,21 @@ void EventLoop::start_ring_here() {
     if (cfg_.on_ring_failure) cfg_.on_ring_failure(std::move(st));
   };
   ring_ = std::make_unique<FuseRing>(std::move(rc));
-  if (Status st = ring_->start(); !st && cfg_.on_ring_failure) cfg_.on_ring_failure(std::move(st));
+  if (Status st = ring_->start(); !st) {
+    if (cfg_.on_ring_failure) cfg_.on_ring_failure(std::move(st));
+    ring_settled();
+    return;
+  }
+  // The registrations reach the kernel in the engine's next io_uring_enter,
+  // which also reaps a refusal (the kernel refuses them synchronously); work
+  // posted now runs after that reap.
+  io::Engine::current()->post([this] { ring_settled(); });
+}
+
+void EventLoop::ring_settled() {
+  if (ring_settled_) return;
+  ring_settled_ = true;
+  if (cfg_.on_ring_settled) cfg_.on_ring_settled();
 }
 
 void EventLoop::dispatch(std::span<std::byte> message) {

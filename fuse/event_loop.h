@@ -83,6 +83,11 @@ class EventLoop {
     // Called on the loop thread when the ring could not be set up (the loop
     // keeps serving through /dev/fuse).
     std::function<void(Status)> on_ring_failure;
+    // Called once on the loop thread when start_ring()'s outcome is known: at
+    // once when the loop has no ring, else after the ring's registrations went
+    // to the kernel and an immediate refusal (fuse.enable_uring off, no kernel
+    // support) was reported through on_ring_failure.
+    std::function<void()> on_ring_settled;
   };
 
   explicit EventLoop(Config cfg);
@@ -122,6 +127,7 @@ class EventLoop {
   void thread_main(std::promise<Status>* started);
   void serve(io::Engine& engine);
   void start_ring_here();
+  void ring_settled();
   void dispatch(std::span<std::byte> message);
   void note_init(const fuse_buf& buf);
   ssize_t write_init_reply(int fd, iovec* iov, int count);
@@ -145,6 +151,7 @@ class EventLoop {
   BufferPool request_pool_;
   SizedBufferPool read_pool_;
   std::unique_ptr<FuseRing> ring_;  // outlives the engine: see thread_main()
+  bool ring_settled_ = false;       // on_ring_settled was called
   uint64_t init_unique_ = 0;        // the FUSE_INIT being answered, else 0
   bool init_claims_ring_ = false;   // its reply claims FUSE_OVER_IO_URING
   bool init_claims_passthrough_ = false;  // ... and FUSE_PASSTHROUGH

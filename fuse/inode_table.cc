@@ -101,9 +101,10 @@ std::string raw_view_name(std::string_view image_path) {
   std::string_view name = image_path;
   while (name.size() > 1 && name.ends_with('/')) name.remove_suffix(1);
   if (size_t slash = name.rfind('/'); slash != std::string_view::npos) name.remove_prefix(slash + 1);
-  // The image formats' usual file name suffixes (Parallels: .hds).
-  static constexpr std::array<std::string_view, 9> kSuffixes = {".qcow2", ".img", ".raw", ".vmdk", ".vhdx",
-                                                                ".vhd", ".vdi", ".qed", ".hds"};
+  // The image formats' usual file name suffixes (Parallels: .hds). run.sh's
+  // view_name() strips the same list (test_mount_cli.py compares them).
+  static constexpr std::array<std::string_view, 10> kSuffixes = {".qcow2", ".img", ".raw", ".vmdk", ".vhdx",
+                                                                 ".vhd",   ".vdi", ".qed", ".hds",  ".luks"};
   for (std::string_view suffix : kSuffixes) {
     if (name.size() > suffix.size() && name.ends_with(suffix)) {
       name.remove_suffix(suffix.size());

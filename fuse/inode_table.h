@@ -107,7 +107,7 @@ class InodeTable {
   std::unique_ptr<DynamicDirectory> dynamic_;
 };
 
-// DIR/<image basename without .qcow2/.img/.raw>.raw
+// DIR/<image basename without its format suffix (.qcow2, .vmdk, .luks, ...)>.raw
 std::string raw_view_name(std::string_view image_path);
 
 // A file name for a snapshot: "<name>.raw" when the name is usable as a file

@@ -160,6 +160,9 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "passthrough") {
     if (value != "auto" && value != "off") return bad_value(key, value, "auto or off");
     o.passthrough = value == "auto";
+  } else if (key == "log") {
+    if (value.empty()) return bad_value(key, value, "a file to append messages to");
+    o.log_file = std::string(value);
   } else if (key == "l2_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
@@ -294,14 +297,34 @@ unsigned possible_cpu_count() {
   return conf > 0 ? static_cast<unsigned>(conf) : 1;
 }
 
+namespace {
+// The registry's format names (image/format.h), opened or only recognised.
+std::string registry_names(bool supported) {
+  std::string names;
+  for (const image::FormatInfo& f : image::all_formats()) {
+    if (f.supported() != supported) continue;
+    if (!names.empty()) names += ", ";
+    names += f.name;
+  }
+  return names;
+}
+}  // namespace
+
 // The --help text: one string, as long as the option list.
 std::string usage_text(std::string_view program) {
   return fmt::format(
       "usage: {0} [-f] [-d] [-o OPTION[,OPTION...]] IMAGE MOUNTPOINT\n"
+      "       {0} create|info|check|map ...   (image tools: {0} COMMAND --help)\n"
       "\n"
-      "Shows a qcow2 or raw disk image as one raw file. MOUNTPOINT may be a regular\n"
-      "file (the raw view replaces it) or a directory (the view is DIR/<name>.raw,\n"
-      "internal snapshots are DIR/snapshots/<snapshot>.raw).\n"
+      "Shows a disk image as one raw file: qcow2 (encrypted too), LUKS, VMDK, VHDX,\n"
+      "VHD, VDI, QED, Parallels or raw. Read-only unless -o rw; read-write mounts\n"
+      "write every format but streamOptimized and COWD VMDKs, differencing VHDs,\n"
+      "legacy AES-encrypted qcow2 and Parallels images with a format extension.\n"
+      "MOUNTPOINT may be a regular file (the raw view replaces it) or a directory\n"
+      "(the view is DIR/<name>.raw, internal snapshots are\n"
+      "DIR/snapshots/<snapshot>.raw, partitions DIR/partitions/).\n"
+      "Without -f, {0} returns once the mount is up (exit 0) or has failed (exit 1,\n"
+      "the reason on stderr); later messages go to syslog, or to -o log=FILE.\n"
       "\n"
       "  -f                   stay in the foreground (log to stderr)\n"
       "  -d                   debug logging and request tracing (implies -f)\n"
@@ -318,8 +341,9 @@ std::string usage_text(std::string_view program) {
       "                       on (fail when it does not), off (/dev/fuse only)\n"
       "  passthrough=MODE     auto (default: on read-only mounts of raw images the kernel\n"
       "                       reads the image file itself when it can) or off\n"
-      "  format=FMT           raw, qcow2, luks, vmdk, vhdx, vpc, vdi, qed, parallels\n"
-      "                       (default: probed; vmdk and later read-only)\n"
+      "  format=FMT           {2}\n"
+      "                       (default: probed from the file's bytes; vhd means vpc);\n"
+      "                       recognised and refused: {3}\n"
       "  key-file=PATH        the passphrase of an encrypted image (LUKS, encrypted qcow2):\n"
       "                       the file's content, - for standard input (default: asked on\n"
       "                       the terminal without echo)\n"
@@ -328,6 +352,9 @@ std::string usage_text(std::string_view program) {
       "  l2_cache_size=SIZE   qcow2 L2 cache size, with K/M/G suffixes\n"
       "  locking=MODE         image locks as QEMU takes them: auto (default), on, off\n"
       "  force-share          read-only: share the image even with a writer (qemu-img -U)\n"
+      "  log=FILE             once mounted, append messages (I/O errors, corruption) to\n"
+      "                       FILE instead of syslog (without -f and without /dev/log\n"
+      "                       they are otherwise lost)\n"
       "  allow_other          let other users access the mount (as the view's owner,\n"
       "                       group and mode allow: from the image file by default)\n"
       "  uid=USER, gid=GROUP  the view's owner and group (default: the image file's);\n"
@@ -342,7 +369,7 @@ std::string usage_text(std::string_view program) {
       "relatime, strictatime, nodiratime, lazytime, ...) and x-* are accepted and ignored.\n"
       "\n"
       "Image tools: {0} create|info|check|map ... (see {0} COMMAND --help).\n",
-      program, kMaxDefaultQueues);
+      program, kMaxDefaultQueues, registry_names(true), registry_names(false));
 }
 
 }  // namespace qcowfs::fuse

@@ -54,6 +54,9 @@ struct Options {
   // passthrough=auto|off: let the kernel serve read-only opens of a raw image
   // straight from the host file (FUSE passthrough, Linux 6.9+, as root).
   bool passthrough = true;
+  // log=FILE: once mounted, messages are appended to FILE (instead of syslog
+  // or stderr); opened before daemonizing, so a bad path fails the mount.
+  std::string log_file;
 };
 
 // Parses argv without the program name. --help and --version set their flags

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <mntent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -119,6 +120,22 @@ std::string escape_fuse_option(std::string_view value) {
   return out;
 }
 
+Status refuse_if_mounted(const std::string& mountpoint) {
+  FILE* mounts = ::setmntent("/proc/self/mounts", "r");
+  if (!mounts) return Status::ok();  // no /proc: the kernel stacks the mount as it would anyway
+  Status st;
+  mntent entry;
+  char buf[4096];
+  while (::getmntent_r(mounts, &entry, buf, sizeof buf)) {
+    std::string_view type = entry.mnt_type;
+    if (mountpoint != entry.mnt_dir || !(type == "fuse" || type.starts_with("fuse."))) continue;
+    st = Status::errorf(EBUSY, "{} is already mounted ({} from {}); unmount it first: fusermount3 -u {}", mountpoint,
+                        type, entry.mnt_fsname, mountpoint);
+  }
+  ::endmntent(mounts);
+  return st;
+}
+
 Server::Server(Options opts) : opts_(std::move(opts)) {}
 
 Server::~Server() {
@@ -130,11 +147,13 @@ Server::~Server() {
 
 Result<std::unique_ptr<Server>> Server::start(const Options& opts) {
   std::unique_ptr<Server> s(new Server(opts));
-  Status st = s->setup_signals();
+  Status st = refuse_if_mounted(opts.mountpoint);
+  if (st) st = s->setup_signals();
   if (st) st = s->open_image();
   if (st) st = s->build_filesystem();
   if (st) st = s->mount();
   if (st) st = s->start_loops();
+  if (st) st = s->wait_until_ready();
   if (!st) {
     // Loops that did start may have served writes: close everything properly.
     Status closed = s->shutdown();
@@ -156,6 +175,8 @@ Status Server::setup_signals() {
   if (!signal_fd_.valid()) return Status::from_errno(errno, "signalfd");
   end_fd_.reset(::eventfd(0, EFD_CLOEXEC));
   if (!end_fd_.valid()) return Status::from_errno(errno, "eventfd");
+  ready_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+  if (!ready_fd_.valid()) return Status::from_errno(errno, "eventfd");
   return Status::ok();
 }
 
@@ -228,6 +249,7 @@ constexpr unsigned kRingDepth = 64;
 
 Status Server::start_loops() {
   const unsigned n = opts_.queues ? opts_.queues : default_queue_count();
+  loop_count_ = n;
   const unsigned kernel_queues = opts_.fuse_uring == FuseUringMode::off ? 0 : possible_cpu_count();
   for (unsigned i = 0; i < n; ++i) {
     EventLoop::Config cfg;
@@ -241,6 +263,7 @@ Status Server::start_loops() {
     for (unsigned q = 0; q < kernel_queues; ++q) cfg.ring_qids.push_back(static_cast<uint16_t>(q));
     cfg.ring_depth = std::max(kRingDepth / n, 16u);
     cfg.on_ring_failure = [this](Status st) { on_ring_failure(std::move(st)); };
+    cfg.on_ring_settled = [this] { on_ring_settled(); };
     auto loop = std::make_unique<EventLoop>(std::move(cfg));
     QCOWFS_TRY(loop->start());
     std::lock_guard lk(loops_mu_);
@@ -249,6 +272,26 @@ Status Server::start_loops() {
   }
   log::debug("serving {} on {} with {} queue thread{}", opts_.image, opts_.mountpoint, n, n == 1 ? "" : "s");
   return Status::ok();
+}
+
+void Server::on_ring_settled() {
+  if (rings_settled_.fetch_add(1) + 1 != loop_count_) return;
+  uint64_t one = 1;
+  ssize_t n = ::write(ready_fd_.get(), &one, sizeof one);
+  (void)n;  // written once
+}
+
+// Waits for the kernel's FUSE_INIT to be answered and every ring to settle (see
+// EventLoop::Config::on_ring_settled), or for the session to end first. The
+// kernel sends INIT when mounted, so this takes one round trip. A signal or an
+// external unmount is left to run(): nothing here reads their fds.
+Status Server::wait_until_ready() {
+  pollfd fds[3] = {{ready_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {signal_fd_.get(), POLLIN, 0}};
+  while (::poll(fds, 3, -1) < 0) {
+    if (errno != EINTR) return Status::from_errno(errno, "waiting for FUSE_INIT");
+  }
+  std::lock_guard lk(end_mu_);
+  return end_status_;  // an error: the session failed at start (e.g. fuse_uring=on refused)
 }
 
 bool Server::wants_passthrough() const {
@@ -349,7 +392,9 @@ void Server::wait_for_end() {
 
 Status Server::run() {
   wait_for_end();
-  return shutdown();
+  QCOWFS_TRY(shutdown());
+  std::lock_guard lk(end_mu_);
+  return end_status_;
 }
 
 Status Server::shutdown() {
@@ -363,9 +408,7 @@ Status Server::shutdown() {
   backing_.reset();  // files still open keep the kernel's own reference
   Status closed = close_images();
   if (session_) session_->unmount();
-  if (!closed) return closed;
-  std::lock_guard lk(end_mu_);
-  return end_status_;
+  return closed;
 }
 
 Status Server::close_images() {

@@ -1,10 +1,14 @@
 // Server: one qcowfs mount from start to clean exit.
 //
-// start(): opens the image (on the main thread's engine), builds the inode
+// start(): refuses a mount point that already holds a FUSE mount, opens the
+// image (on the main thread's engine), builds the inode
 // tree, creates the FUSE session, mounts it (the kernel mount options come
 // from Options: ro unless rw, default_permissions (always: the kernel checks
 // the view's owner and mode, fuse/access.h), allow_other, fsname) and
-// starts the queue threads (EventLoops). SIGINT/SIGTERM/SIGHUP are blocked
+// starts the queue threads (EventLoops), then waits until the kernel's
+// FUSE_INIT is answered and every loop's FUSE-over-io_uring ring is set up or
+// refused: start() returns only once the mount is usable or has failed (so a
+// daemonizing caller reports the truth). SIGINT/SIGTERM/SIGHUP are blocked
 // in every thread and read through a signalfd by run().
 //
 // run(): waits for a signal or for the session to end (external unmount,
@@ -56,6 +60,8 @@ class Server {
   Result<AttrContext> initial_attributes() const;
   Status mount();
   Status start_loops();
+  Status wait_until_ready();
+  void on_ring_settled();  // from any loop thread
   void wait_for_end();
   void idle_writeback();
   int idle_timeout_ms() const;
@@ -65,13 +71,16 @@ class Server {
   void register_passthrough();       // from on_init
   void start_rings();                // from on_init
   void on_ring_failure(Status st);   // from any loop thread
-  Status shutdown();
+  Status shutdown();  // the images' close status (run() adds the session's)
   Status close_images();
 
   Options opts_;
   bool shut_down_ = false;
   io::UniqueFd signal_fd_;
   io::UniqueFd end_fd_;  // eventfd: a loop saw the session end
+  io::UniqueFd ready_fd_;  // eventfd: every loop's ring settled after INIT
+  unsigned loop_count_ = 0;
+  std::atomic<unsigned> rings_settled_{0};
   std::mutex end_mu_;
   Status end_status_;  // guarded by end_mu_: first /dev/fuse error, if any
 
@@ -90,6 +99,10 @@ class Server {
   std::atomic<bool> ring_failed_{false};
   std::vector<std::unique_ptr<EventLoop>> loops_;
 };
+
+// EBUSY "already mounted" when /proc/self/mounts lists a FUSE mount at
+// mountpoint (an absolute, resolved path); mounting again would stack a second one.
+Status refuse_if_mounted(const std::string& mountpoint);
 
 // Escapes ',' and '\' for a libfuse -o option value.
 std::string escape_fuse_option(std::string_view value);

@@ -22,6 +22,12 @@ Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& p
     if (!probed) co_return probed.status();
     f = *probed;
   }
+  if (!f->supported() && !named.empty() && backing_of.empty()) {
+    // A refused name given by the user, perhaps a typo (format=qcow for qcow2):
+    // say what the file's bytes look like rather than advising format=raw.
+    auto probed = co_await probe_format_info(file);
+    if (probed && *probed != f) co_return named_format_mismatch(path, *f, **probed);
+  }
   if (!f->supported()) co_return foreign_format_error(path, *f, !named.empty(), backing_of);
   co_return std::string(f->name);
 }

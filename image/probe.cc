@@ -128,4 +128,20 @@ Status foreign_format_error(const std::string& path, const FormatInfo& f, bool n
   return Status::errorf(EMEDIUMTYPE, "{} is a {} image, which qcowfs does not read yet; {}", path, f.display, kRawHint);
 }
 
+Status named_format_mismatch(const std::string& path, const FormatInfo& named, const FormatInfo& probed) {
+  const std::string head = fmt::format("{}: format={} is {}, which qcowfs does not read, and the file is not one",
+                                       path, named.name, named.display);
+  if (probed.name == "raw")
+    return Status::errorf(EMEDIUMTYPE,
+                          "{}: its bytes match no image format qcowfs knows; if it is a raw disk, use format=raw "
+                          "(-f raw for qcowfs info, check and map)",
+                          head);
+  if (!probed.supported())
+    return Status::errorf(EMEDIUMTYPE, "{}: it looks like a {} image, which qcowfs does not read yet", head,
+                          probed.display);
+  return Status::errorf(EMEDIUMTYPE,
+                        "{}: it looks like a {} image; did you mean format={} (-f {} for qcowfs info, check and map)?",
+                        head, probed.display, probed.name, probed.name);
+}
+
 }  // namespace qcowfs::image

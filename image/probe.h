@@ -44,4 +44,9 @@ Task<Result<const FormatInfo*>> probe_format_info(io::HostFile& file);
 Status foreign_format_error(const std::string& path, const FormatInfo& format, bool named,
                             std::string_view backing_of = {});
 
+// The refusal of format=NAME naming a format qcowfs does not read when the
+// file's bytes show another one (`probed`): names what the bytes look like and,
+// when qcowfs reads that, suggests it. errno EMEDIUMTYPE.
+Status named_format_mismatch(const std::string& path, const FormatInfo& named, const FormatInfo& probed);
+
 }  // namespace qcowfs::image

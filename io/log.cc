@@ -1,6 +1,7 @@
 #include "io/log.h"
 
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@ namespace qcowfs::log {
 namespace {
 std::atomic<Level> g_level{Level::info};
 std::atomic<bool> g_syslog{false};
+std::atomic<int> g_file{-1};
 std::mutex g_mu;
 
 const char* prefix(Level l) {
@@ -32,6 +34,16 @@ int syslog_priority(Level l) {
   }
   return LOG_INFO;
 }
+// "2025-01-31T12:00:00.123Z qcowfs[4242]: error: ...", as a log file line.
+std::string file_line(Level l, std::string_view line) {
+  timespec now = {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  tm utc = {};
+  ::gmtime_r(&now.tv_sec, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &utc);
+  return fmt::format("{}.{:03}Z qcowfs[{}]: {}: {}\n", stamp, now.tv_nsec / 1000000, ::getpid(), prefix(l), line);
+}
 }  // namespace
 
 void set_level(Level l) { g_level = l; }
@@ -42,7 +54,15 @@ void use_syslog(const char* ident) {
   g_syslog = true;
 }
 
+void use_file(int fd) { g_file = fd; }
+
 void write(Level l, std::string_view line) {
+  if (int fd = g_file; fd >= 0) {
+    std::string out = file_line(l, line);
+    ssize_t ignored = ::write(fd, out.data(), out.size());
+    (void)ignored;
+    return;
+  }
   if (g_syslog) {
     syslog(syslog_priority(l), "%.*s", static_cast<int>(line.size()), line.data());
     return;

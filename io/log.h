@@ -1,5 +1,6 @@
-// The one logger: fmt-formatted lines with a level, to stderr (foreground) or
-// syslog (daemon). Usage: log::warn("cache=none refused by {}: falling back", path);
+// The one logger: fmt-formatted lines with a level, to stderr (foreground),
+// syslog (daemon) or a log file (-o log=FILE). Usage:
+//   log::warn("cache=none refused by {}: falling back", path);
 // Thread-safety: all functions are thread-safe; a line is written atomically.
 #pragma once
 
@@ -15,6 +16,10 @@ void set_level(Level l);
 Level level();
 // After this, lines go to syslog with the given identity instead of stderr.
 void use_syslog(const char* ident);
+// After this, lines go to fd (opened O_APPEND: each line is one write), each
+// with a UTC time stamp and the process id. The caller keeps fd open until
+// it calls use_file(-1) (back to stderr, or syslog if chosen).
+void use_file(int fd);
 void write(Level l, std::string_view line);
 
 template <typename... Args>

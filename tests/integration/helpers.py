@@ -44,7 +44,7 @@ EXIT_TIMEOUT_S = 10.0
 TOOL_TIMEOUT_S = 300.0
 CHUNK = 1 << 20
 QCOW2_MAGIC = b"QFI\xfb"
-IMAGE_SUFFIXES = (".qcow2", ".img", ".raw", ".vmdk", ".vhdx", ".vhd", ".vdi", ".qed", ".hds")
+IMAGE_SUFFIXES = (".qcow2", ".img", ".raw", ".vmdk", ".vhdx", ".vhd", ".vdi", ".qed", ".hds", ".luks")
 
 
 # --------------------------------------------------------------------------

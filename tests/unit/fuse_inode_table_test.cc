@@ -81,6 +81,7 @@ TEST(FuseInodeTable, RawViewName) {
   EXPECT_EQ(raw_view_name("azure.vhd"), "azure.raw");
   EXPECT_EQ(raw_view_name("vm.vhdx"), "vm.raw");
   EXPECT_EQ(raw_view_name("vbox.vdi"), "vbox.raw");
+  EXPECT_EQ(raw_view_name("secret.luks"), "secret.raw");
   EXPECT_EQ(raw_view_name("/a/disk"), "disk.raw");
   EXPECT_EQ(raw_view_name("/a/disk.iso"), "disk.iso.raw");  // not an image format suffix
   EXPECT_EQ(raw_view_name(".qcow2"), ".qcow2.raw");  // nothing left without the suffix

@@ -203,6 +203,25 @@ TEST_F(ImageChooseFormat, NamedForeignFormatIsRefused) {
   EXPECT_NE(r.status().message().find("DMG"), std::string::npos) << r.status().message();
 }
 
+// format=qcow (a typo) on a qcow2 file: say what the bytes are, not format=raw
+// (which would serve the container as the disk).
+TEST_F(ImageChooseFormat, NamedForeignFormatOverAnotherFormatSaysWhatTheBytesAre) {
+  auto r = choose(bytes(std::string_view("QFI\xfb\0\0\0\3", 8), 4096), "qcow");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.status().code(), EMEDIUMTYPE);
+  const std::string& m = r.status().message();
+  EXPECT_NE(m.find("looks like a qcow2 image; did you mean format=qcow2"), std::string::npos) << m;
+  EXPECT_EQ(m.find("format=raw"), std::string::npos) << m;
+  auto dmg_over_bochs = choose(bytes("Bochs Virtual HD Image", 4096), "dmg");
+  ASSERT_FALSE(dmg_over_bochs);
+  EXPECT_NE(dmg_over_bochs.status().message().find("looks like a Bochs image"), std::string::npos)
+      << dmg_over_bochs.status().message();
+  auto over_raw = choose(bytes("", 4096), "qcow");  // no format's bytes: a raw disk may be meant
+  ASSERT_FALSE(over_raw);
+  EXPECT_NE(over_raw.status().message().find("match no image format"), std::string::npos)
+      << over_raw.status().message();
+}
+
 TEST_F(ImageChooseFormat, UnknownNameIsEinval) {
   auto r = choose(bytes("", 4096), "floppy");
   ASSERT_FALSE(r);
