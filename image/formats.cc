@@ -11,6 +11,7 @@
 #include "image/vdi/vdi.h"
 #include "image/vhdx/vhdx.h"
 #include "image/vmdk/vmdk.h"
+#include "image/vmdk/vmdk_create.h"
 #include "image/vpc/vpc.h"
 
 namespace qcowfs::image {
@@ -20,7 +21,7 @@ const std::array kFormats = {
     FormatInfo{"raw", "raw", open_raw},
     FormatInfo{"qcow2", "qcow2", open_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
-    FormatInfo{"vmdk", "VMDK", open_vmdk},
+    FormatInfo{"vmdk", "VMDK", open_vmdk, prepare_vmdk_create},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{"vdi", "VDI", open_vdi},
