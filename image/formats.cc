@@ -13,6 +13,7 @@
 #include "image/vmdk/vmdk.h"
 #include "image/vmdk/vmdk_create.h"
 #include "image/vpc/vpc.h"
+#include "image/vpc/vpc_create.h"
 
 namespace qcowfs::image {
 namespace {
@@ -23,7 +24,7 @@ const std::array kFormats = {
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{"vmdk", "VMDK", open_vmdk, prepare_vmdk_create},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
-    FormatInfo{"vpc", "VHD (vpc)", open_vpc},
+    FormatInfo{"vpc", "VHD (vpc)", open_vpc, prepare_vpc_create},
     FormatInfo{"vdi", "VDI", open_vdi},
     FormatInfo{"qed", "QED", open_qed},
     FormatInfo{"parallels", "Parallels", open_parallels},
