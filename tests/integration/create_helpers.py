@@ -1,5 +1,8 @@
 """Helpers for the `qcowfs create -f FORMAT` tests, with qemu-img 7.2 as the referee.
 
+  create_in_both(dirs, fmt, args, name, size)
+      runs `create -f FMT ARGS NAME [SIZE]` by qemu-img in dirs[0] and by qcowfs
+      in dirs[1] (their working directories); the two results.
   create_side_by_side(workdir, fmt, args, name, size)
       runs `qemu-img create -f FMT ARGS NAME [SIZE]` in workdir/qemu and `qcowfs
       create -f FMT ARGS NAME [SIZE]` in workdir/ours (the same relative name, so that file
@@ -27,23 +30,28 @@ from typing import Sequence
 import helpers
 
 
-def run_in(cwd: Path, args: Sequence[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=helpers.TOOL_TIMEOUT_S)
+def create_in_both(dirs: tuple[Path, Path], fmt: str, args: Sequence[str], name: str,
+                   size: str | None) -> list[tuple[subprocess.CompletedProcess, set[str]]]:
+    """`create -f FMT ARGS NAME [SIZE]` by qemu-img in dirs[0], by qcowfs in dirs[1];
+    each result with the names in its directory before it ran."""
+    tools = (["qemu-img", "create", "-f", fmt], [helpers.qcowfs_bin(), "create", "-f", fmt])
+    results = []
+    for d, tool in zip(dirs, tools):
+        d.mkdir(exist_ok=True)
+        before = set(os.listdir(d))
+        argv = [str(a) for a in (*tool, *args, name, *([size] if size else []))]
+        results.append((subprocess.run(argv, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       timeout=helpers.TOOL_TIMEOUT_S), before))
+    return results
 
 
 def create_side_by_side(workdir: Path, fmt: str, args: Sequence[str], name: str,
                         size: str | None = None) -> tuple[Path, Path]:
     dirs = (workdir / "qemu", workdir / "ours")
-    tools = (["qemu-img", "create", "-f", fmt], [helpers.qcowfs_bin(), "create", "-f", fmt])
-    out = []
-    for d, tool in zip(dirs, tools):
-        d.mkdir(exist_ok=True)
-        p = run_in(d, [*tool, *args, name, *([size] if size else [])])
-        assert p.returncode == 0, (tool[0], p.stderr.decode())
-        out.append(p.stdout.decode())
-    assert out[0] == out[1]
-    assert out[0].startswith(f"Formatting '{name}', fmt={fmt} ")
+    (q, _), (o, _) = create_in_both(dirs, fmt, args, name, size)
+    assert q.returncode == 0 and o.returncode == 0, (q.stderr.decode(), o.stderr.decode())
+    assert o.stdout.decode() == q.stdout.decode()
+    assert q.stdout.decode().startswith(f"Formatting '{name}', fmt={fmt} ")
     assert sorted(p.name for p in dirs[0].iterdir()) == sorted(p.name for p in dirs[1].iterdir())
     return dirs[0] / name, dirs[1] / name
 
@@ -71,15 +79,13 @@ def assert_same_info(theirs: Path, ours: Path, fmt: str, ignore: Sequence[str] =
 def refused_like_qemu_img(workdir: Path, fmt: str, args: Sequence[str], name: str,
                           size: str | None = None) -> tuple[str, str]:
     dirs = (workdir / "qemu-refused", workdir / "ours-refused")
-    tools = (["qemu-img", "create", "-f", fmt], [helpers.qcowfs_bin(), "create", "-f", fmt])
+    results = create_in_both(dirs, fmt, args, name, size)
     messages = []
-    for d, tool in zip(dirs, tools):
-        d.mkdir(exist_ok=True)
-        before = set(os.listdir(d))  # the last one: qcowfs's
-        p = run_in(d, [*tool, *args, name, *([size] if size else [])])
-        assert p.returncode == 1, (tool[0], args, p.stderr.decode())
+    for p, _ in results:
+        assert p.returncode == 1, (p.args[0], args, p.stderr.decode())
         text = p.stderr.decode().strip()
         messages.append(text.removeprefix("qemu-img: ").removeprefix("qcowfs create: ").replace(f"{name}: ", ""))
+    _, before = results[1]
     assert set(os.listdir(dirs[1])) == before, f"qcowfs left files behind for {args}"
     return messages[0], messages[1]
 

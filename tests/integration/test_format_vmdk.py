@@ -228,7 +228,7 @@ def vmdk_parts(path: Path) -> tuple:
     QEMU's file driver allocates the first 4 KiB block of a new file, qcowfs not)."""
     with open(path, "rb") as f:
         if path.name != "d.vmdk" and f.read(4) != b"KDMV":
-            zeros = all(not any(helpers.read_exact(f, off, n)) for off, n in helpers.data_extents(path))
+            zeros = all(not any(helpers.read_exact(f, lo, hi - lo)) for lo, hi in helpers.data_extents(path))
             return path.stat().st_size, zeros
     data = path.read_bytes()
     if data[:4] == b"KDMV":  # the descriptor in sectors 1-20
