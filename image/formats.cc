@@ -11,7 +11,9 @@
 #include "image/vdi/vdi.h"
 #include "image/vhdx/vhdx.h"
 #include "image/vmdk/vmdk.h"
+#include "image/vmdk/vmdk_create.h"
 #include "image/vpc/vpc.h"
+#include "image/vpc/vpc_create.h"
 
 namespace qcowfs::image {
 namespace {
@@ -20,9 +22,9 @@ const std::array kFormats = {
     FormatInfo{"raw", "raw", open_raw},
     FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
-    FormatInfo{"vmdk", "VMDK", open_vmdk},
+    FormatInfo{"vmdk", "VMDK", open_vmdk, prepare_vmdk_create},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
-    FormatInfo{"vpc", "VHD (vpc)", open_vpc},
+    FormatInfo{"vpc", "VHD (vpc)", open_vpc, prepare_vpc_create},
     FormatInfo{"vdi", "VDI", open_vdi},
     FormatInfo{"qed", "QED", open_qed},
     FormatInfo{"parallels", "Parallels", open_parallels},

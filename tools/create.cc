@@ -440,13 +440,14 @@ Task<Status> create_through_registry(const CreateArgs& a) {
 std::string_view create_usage() {
   return "usage: qcowfs create [-f FORMAT] [-o OPTIONS] [-b BACKING -F BACKING_FMT [-u]] [-q] IMAGE [SIZE]\n"
          "\n"
-         "Creates a qcow2 v3 image (a raw one with -f raw, raw LUKS1 with -f luks).\n"
+         "Creates a qcow2 v3 image (a raw one with -f raw, raw LUKS1 with -f luks,\n"
+         "VMDK with -f vmdk, VHD with -f vpc).\n"
          "SIZE takes K, M, G, T suffixes; with a backing file it defaults to the\n"
          "backing file's size. A backing file needs its format (-F), as with\n"
          "qemu-img 7.2. An encrypted image's passphrase is the key file's whole\n"
          "content (- reads standard input); without one it is asked on the terminal.\n"
          "\n"
-         "  -f, --format=FMT          qcow2 (default), raw or luks\n"
+         "  -f, --format=FMT          qcow2 (default), raw, luks, vmdk or vpc\n"
          "  -o, --options=OPTS        comma-separated qemu-img options (below)\n"
          "  -b, --backing=FILE        backing file (relative names: to IMAGE's directory)\n"
          "  -F, --backing-format=FMT  backing file format (required with -b)\n"
@@ -477,7 +478,19 @@ std::string_view create_usage() {
          "  encrypt.iter-time=MS      PBKDF2 time for the key slot (default 2000)\n"
          "\n"
          "options (-o) with -f luks: size=SIZE and the encrypt.* options above without\n"
-         "the prefix (key-file=PATH, cipher-alg=ALG, ..., iter-time=MS).\n";
+         "the prefix (key-file=PATH, cipher-alg=ALG, ..., iter-time=MS).\n"
+         "\n"
+         "options (-o) with -f vmdk (a -F vmdk backing file makes a delta disk):\n"
+         "  subformat=SUB             monolithicSparse (default), monolithicFlat,\n"
+         "                            twoGbMaxExtentSparse, twoGbMaxExtentFlat, streamOptimized\n"
+         "  adapter_type=TYPE         ide (default), lsilogic, buslogic or legacyESX\n"
+         "  hwversion=N, toolsversion=N, compat6=on|off, zeroed_grain=on|off\n"
+         "  preallocation=off|falloc|full (accepted; no effect)\n"
+         "\n"
+         "options (-o) with -f vpc (VHD):\n"
+         "  subformat=dynamic|fixed   dynamic (default) or fixed\n"
+         "  force_size=on|off         keep the exact size (default: rounded up to a CHS geometry)\n"
+         "  preallocation=off|falloc|full (accepted; no effect)\n";
 }
 
 int cmd_create(std::span<const std::string> args) {

@@ -6,6 +6,7 @@
 // Thread-safety: constants and pure functions.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -35,7 +36,9 @@ constexpr uint32_t kGteZeroed = 1;
 // KDMV header, after the magic (byte offsets from the start of the file).
 constexpr size_t kV4Version = 4, kV4Flags = 8, kV4Capacity = 12, kV4Granularity = 20, kV4DescOffset = 28,
                  kV4DescSize = 36, kV4NumGtes = 44, kV4RgdOffset = 48, kV4GdOffset = 56, kV4GrainOffset = 64,
-                 kV4Compress = 77, kV4HeaderEnd = 79;
+                 kV4CheckBytes = 73, kV4Compress = 77, kV4HeaderEnd = 79;
+// The check bytes "\n \r\n" (they show a file mangled by newline conversion).
+constexpr std::array<uint8_t, 4> kV4CheckBytesValue = {0x0a, 0x20, 0x0d, 0x0a};
 
 // COWD header, after the magic.
 constexpr size_t kV3Version = 4, kV3Flags = 8, kV3DiskSectors = 12, kV3Granularity = 16, kV3L1Offset = 20,
@@ -82,5 +85,9 @@ struct SparseHeader {
 // The header in the first bytes of an extent (at least kV4HeaderEnd bytes; a
 // shorter span reads as zero-padded, as QEMU's reads past the end of a file).
 SparseHeader parse_sparse_header(std::span<const std::byte> b);
+
+// A KDMV header's bytes (magic, the fields above, the check bytes), as
+// qemu-img create writes one (vmdk_init_extent); the rest of the sector is zero.
+std::array<std::byte, kSector> serialize_sparse_header(const SparseHeader& h);
 
 }  // namespace qcowfs::image::vmdk

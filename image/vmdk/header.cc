@@ -36,4 +36,23 @@ SparseHeader parse_sparse_header(std::span<const std::byte> in) {
   return h;
 }
 
+std::array<std::byte, kSector> serialize_sparse_header(const SparseHeader& h) {
+  std::array<std::byte, kSector> b{};
+  std::byte* p = b.data();
+  store_be32(p, kVmdk4MagicBe);
+  store_le32(p + kV4Version, h.version);
+  store_le32(p + kV4Flags, h.flags);
+  store_le64(p + kV4Capacity, h.capacity);
+  store_le64(p + kV4Granularity, h.granularity);
+  store_le64(p + kV4DescOffset, h.desc_offset);
+  store_le64(p + kV4DescSize, h.desc_size);
+  store_le32(p + kV4NumGtes, h.num_gtes_per_gt);
+  store_le64(p + kV4RgdOffset, h.rgd_offset);
+  store_le64(p + kV4GdOffset, h.gd_offset);
+  store_le64(p + kV4GrainOffset, h.grain_offset);
+  for (size_t i = 0; i < kV4CheckBytesValue.size(); ++i) p[kV4CheckBytes + i] = std::byte{kV4CheckBytesValue[i]};
+  store_le16(p + kV4Compress, h.compress_algorithm);
+  return b;
+}
+
 }  // namespace qcowfs::image::vmdk

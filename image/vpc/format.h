@@ -21,14 +21,25 @@ inline constexpr uint64_t kSector = 512;
 inline constexpr size_t kFooterSize = 512;
 inline constexpr std::string_view kFooterCookie = "conectix";
 inline constexpr size_t kFooterCookieOff = 0;        // char[8]
-inline constexpr size_t kFooterDataOffsetOff = 16;   // be64: the dynamic-disk header
+inline constexpr size_t kFooterFeaturesOff = 8;      // be32: 2 (reserved, always set)
+inline constexpr size_t kFooterVersionOff = 12;      // be32: kFormatVersion
+inline constexpr size_t kFooterDataOffsetOff = 16;   // be64: the dynamic-disk header (fixed: all ones)
+inline constexpr size_t kFooterTimestampOff = 24;    // be32: seconds since 2000-01-01 UTC
 inline constexpr size_t kFooterCreatorAppOff = 28;   // char[4]: "vpc ", "qemu", "qem2", "win ", ...
+inline constexpr size_t kFooterCreatorVerOff = 32;   // be32: the creator's major << 16 | minor
+inline constexpr size_t kFooterCreatorOsOff = 36;    // char[4]: "Wi2k", ...
+inline constexpr size_t kFooterOrigSizeOff = 40;     // be64: bytes at creation
 inline constexpr size_t kFooterCurrentSizeOff = 48;  // be64: bytes
 inline constexpr size_t kFooterCylsOff = 56;         // be16
 inline constexpr size_t kFooterHeadsOff = 58;        // u8
 inline constexpr size_t kFooterSecsOff = 59;         // u8: sectors per track
 inline constexpr size_t kFooterTypeOff = 60;         // be32: kFixed, kDynamic, kDifferencing
 inline constexpr size_t kFooterChecksumOff = 64;     // be32: ~(sum of the other bytes)
+inline constexpr size_t kFooterUuidOff = 68;         // 16 bytes
+
+inline constexpr uint32_t kFooterFeatures = 2;
+inline constexpr uint32_t kFormatVersion = 0x00010000;  // footer and dynamic-disk header version 1.0
+inline constexpr uint64_t kTimestampBase = 946684800;   // 2000-01-01 UTC in Unix time
 
 // Disk types (footer type field).
 inline constexpr uint32_t kFixed = 2;
@@ -39,9 +50,12 @@ inline constexpr uint32_t kDifferencing = 4;
 inline constexpr size_t kDynHeaderSize = 1024;
 inline constexpr std::string_view kDynCookie = "cxsparse";
 inline constexpr size_t kDynCookieOff = 0;           // char[8]
+inline constexpr size_t kDynDataOffsetOff = 8;       // be64: unused, all ones
 inline constexpr size_t kDynTableOffsetOff = 16;     // be64: the BAT
+inline constexpr size_t kDynVersionOff = 24;         // be32: kFormatVersion
 inline constexpr size_t kDynMaxTableEntriesOff = 28; // be32
 inline constexpr size_t kDynBlockSizeOff = 32;       // be32: a power of two, >= 512
+inline constexpr size_t kDynChecksumOff = 36;        // be32: ~(sum of the other bytes)
 
 inline constexpr uint32_t kBatUnallocated = 0xFFFFFFFF;
 

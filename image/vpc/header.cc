@@ -21,20 +21,25 @@ bool sizes_by_current_size(const Footer& f) {
   return false;
 }
 
+// ~(sum of the bytes), the 4-byte checksum field at `field` counted as zeros.
+uint32_t checksum(std::span<const std::byte> b, size_t field) {
+  uint32_t sum = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (i >= field && i < field + 4) continue;
+    sum += static_cast<uint8_t>(b[i]);
+  }
+  return ~sum;
+}
+
 }  // namespace
 
 bool has_cookie(std::span<const std::byte> b, std::string_view cookie) {
   return b.size() >= cookie.size() && std::memcmp(b.data(), cookie.data(), cookie.size()) == 0;
 }
 
-uint32_t footer_checksum(std::span<const std::byte, kFooterSize> b) {
-  uint32_t sum = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (i >= kFooterChecksumOff && i < kFooterChecksumOff + 4) continue;
-    sum += static_cast<uint8_t>(b[i]);
-  }
-  return ~sum;
-}
+uint32_t footer_checksum(std::span<const std::byte, kFooterSize> b) { return checksum(b, kFooterChecksumOff); }
+
+uint32_t dyn_header_checksum(std::span<const std::byte, kDynHeaderSize> b) { return checksum(b, kDynChecksumOff); }
 
 Result<Footer> parse_footer(std::span<const std::byte, kFooterSize> b, const std::string& path) {
   if (!has_cookie(b, kFooterCookie)) return Status::errorf(EINVAL, "{}: invalid VPC image (no footer cookie)", path);
@@ -83,6 +88,39 @@ Result<DynHeader> parse_dyn_header(std::span<const std::byte, kDynHeaderSize> b,
     return Status::errorf(EINVAL, "{}: VHD max_table_entries {} is past qcowfs's limit of {} (a {} MiB BAT)", path,
                           h.max_table_entries, kMaxTableEntries, kMaxTableEntries * 4 >> 20);
   return h;
+}
+
+std::array<std::byte, kFooterSize> serialize_footer(const Footer& f) {
+  std::array<std::byte, kFooterSize> b{};
+  std::memcpy(&b[kFooterCookieOff], kFooterCookie.data(), kFooterCookie.size());
+  store_be32(&b[kFooterFeaturesOff], kFooterFeatures);
+  store_be32(&b[kFooterVersionOff], kFormatVersion);
+  store_be64(&b[kFooterDataOffsetOff], f.data_offset);
+  store_be32(&b[kFooterTimestampOff], f.timestamp);
+  std::memcpy(&b[kFooterCreatorAppOff], f.creator_app.data(), f.creator_app.size());
+  store_be32(&b[kFooterCreatorVerOff], f.creator_ver);
+  std::memcpy(&b[kFooterCreatorOsOff], f.creator_os.data(), f.creator_os.size());
+  store_be64(&b[kFooterOrigSizeOff], f.orig_size);
+  store_be64(&b[kFooterCurrentSizeOff], f.current_size);
+  store_be16(&b[kFooterCylsOff], f.cyls);
+  b[kFooterHeadsOff] = std::byte{f.heads};
+  b[kFooterSecsOff] = std::byte{f.secs};
+  store_be32(&b[kFooterTypeOff], f.type);
+  std::memcpy(&b[kFooterUuidOff], f.uuid.data(), f.uuid.size());
+  store_be32(&b[kFooterChecksumOff], footer_checksum(b));
+  return b;
+}
+
+std::array<std::byte, kDynHeaderSize> serialize_dyn_header(const DynHeader& h) {
+  std::array<std::byte, kDynHeaderSize> b{};
+  std::memcpy(&b[kDynCookieOff], kDynCookie.data(), kDynCookie.size());
+  store_be64(&b[kDynDataOffsetOff], ~uint64_t{0});
+  store_be64(&b[kDynTableOffsetOff], h.table_offset);
+  store_be32(&b[kDynVersionOff], kFormatVersion);
+  store_be32(&b[kDynMaxTableEntriesOff], h.max_table_entries);
+  store_be32(&b[kDynBlockSizeOff], h.block_size);
+  store_be32(&b[kDynChecksumOff], dyn_header_checksum(b));
+  return b;
 }
 
 }  // namespace qcowfs::image::vpc

@@ -22,6 +22,12 @@ struct Footer {
   uint8_t heads = 0;
   uint8_t secs = 0;
   std::array<char, 4> creator_app{};
+  // Fields only a new footer sets (serialize_footer); parse_footer leaves them.
+  uint32_t creator_ver = 0;
+  std::array<char, 4> creator_os{};
+  uint64_t orig_size = 0;
+  uint32_t timestamp = 0;
+  std::array<uint8_t, 16> uuid{};
 };
 
 struct DynHeader {
@@ -32,6 +38,7 @@ struct DynHeader {
 
 // ~(sum of the bytes) with the checksum field counted as zeros.
 uint32_t footer_checksum(std::span<const std::byte, kFooterSize> b);
+uint32_t dyn_header_checksum(std::span<const std::byte, kDynHeaderSize> b);
 bool has_cookie(std::span<const std::byte> b, std::string_view cookie);
 
 // The footer in b (cookie and checksum checked; EINVAL naming path).
@@ -47,5 +54,13 @@ Result<uint64_t> virtual_sectors(const Footer& f, const std::string& path);
 // against a disk of `sectors`).
 Result<DynHeader> parse_dyn_header(std::span<const std::byte, kDynHeaderSize> b, uint64_t sectors,
                                    const std::string& path);
+
+// A footer's bytes (cookie, features, version, f's fields, checksum), as
+// QEMU's vpc_co_create() writes them.
+std::array<std::byte, kFooterSize> serialize_footer(const Footer& f);
+
+// A dynamic-disk header's bytes (cookie, data_offset all ones, version, h's
+// fields, checksum), as QEMU's create_dynamic_disk() writes them.
+std::array<std::byte, kDynHeaderSize> serialize_dyn_header(const DynHeader& h);
 
 }  // namespace qcowfs::image::vpc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import create_helpers as ch
 import format_helpers as fh
 import helpers
 
@@ -251,3 +253,115 @@ def test_stream_with_grain_directory_at_the_end(workdir: Path) -> None:
     data[56:64] = struct.pack("<Q", (1 << 64) - 1)  # gd_offset: at end
     image.write_bytes(bytes(data))
     fh.check_image(image, workdir, fmt="vmdk")
+
+
+# ---- qcowfs create -f vmdk, refereed by qemu-img create 7.2 ----
+
+# name: (options, size, writes through the rw mount, or None: streamOptimized is read-only)
+CREATE_VARIANTS = {
+    "monolithicSparse": ([], "5M", [(0, b"\x11" * 4096), (3 * MiB + 512, b"\x22" * 70000)]),
+    "flat_lsilogic": (["-o", "subformat=monolithicFlat,adapter_type=lsilogic"], "3M",
+                      [(MiB - 100, b"\x33" * 300)]),
+    # Two extents each; the write crosses the 2 GiB boundary between them.
+    "split_sparse": (["-o", "subformat=twoGbMaxExtentSparse,zeroed_grain=on,hwversion=7,preallocation=full"],
+                     "2049M", [(2 * GiB - 4096, b"\x44" * 8192)]),
+    "split_flat": (["-o", "subformat=twoGbMaxExtentFlat,adapter_type=legacyESX,toolsversion=10"], "2049M",
+                   [(2 * GiB - 512, b"\x55" * 1024)]),
+    "stream_compat6": (["-o", "subformat=streamOptimized,compat6=on,adapter_type=buslogic"], "1000", None),
+}
+
+
+def vmdk_parts(path: Path) -> tuple:
+    """A file qemu-img created: (bytes before the descriptor, the descriptor with its
+    random CID blanked, bytes after the descriptor's room); a flat extent: its size
+    and whether its data ranges hold only zeros (qemu-img truncates it to size;
+    QEMU's file driver allocates the first 4 KiB block of a new file, qcowfs not)."""
+    with open(path, "rb") as f:
+        if path.name != "d.vmdk" and f.read(4) != b"KDMV":
+            zeros = all(not any(helpers.read_exact(f, lo, hi - lo)) for lo, hi in helpers.data_extents(path))
+            return path.stat().st_size, zeros
+    data = path.read_bytes()
+    if data[:4] == b"KDMV":  # the descriptor in sectors 1-20
+        head, text, tail = data[:512], data[512:512 + 20 * 512], data[512 + 20 * 512:]
+    else:
+        head, text, tail = b"", data, b""
+    text, n = re.subn(rb"\nCID=[0-9a-f]{1,8}\n", b"\nCID=\n", text.rstrip(b"\0"))
+    assert n == (1 if path.name == "d.vmdk" else 0), text
+    return head, text, tail
+
+
+@pytest.mark.parametrize("name", sorted(CREATE_VARIANTS))
+def test_create_matches_qemu_img(workdir: Path, name: str) -> None:
+    """The same files as qemu-img's, byte for byte but for the descriptor's random
+    CID; the same qemu-img info; clean for qemu-img check; a write through a
+    read-write mount lands where qemu-img compare expects it."""
+    opts, size, rw_writes = CREATE_VARIANTS[name]
+    theirs, ours = ch.create_side_by_side(workdir, "vmdk", opts, "d.vmdk", size)
+    for f in sorted(theirs.parent.iterdir()):
+        assert vmdk_parts(ours.parent / f.name) == vmdk_parts(f), f.name
+    ch.assert_same_info(theirs, ours, "vmdk", ignore=["cid"])
+    helpers.qemu_img_check(ours, fmt="vmdk")
+    if rw_writes is None:
+        assert helpers.files_equal(helpers.convert_to_raw(ours, fmt="vmdk"),
+                                   helpers.convert_to_raw(theirs, fmt="vmdk"))
+        return
+    ch.write_through_rw_mount(ours, "vmdk", workdir, rw_writes)
+    helpers.qemu_img_check(ours, fmt="vmdk")
+
+
+def test_create_delta_over_a_vmdk_parent(workdir: Path) -> None:
+    """-b/-F: the size defaults to the parent's, parentCID is the parent's CID and
+    parentFileNameHint its name; reads go through to the parent, writes stay in
+    the delta."""
+    for d in ("qemu", "ours"):
+        (workdir / d).mkdir()
+        helpers.qemu_img("create", "-q", "-f", "vmdk", workdir / d / "base.vmdk", "3M")
+        helpers.qemu_io(workdir / d / "base.vmdk", "write -P 0x66 0 1M", fmt="vmdk")
+    theirs, ours = ch.create_side_by_side(workdir, "vmdk", ["-b", "base.vmdk", "-F", "vmdk"], "d.vmdk")
+    blank_parent = [re.sub(rb"parentCID=[0-9a-f]+", b"parentCID=", t) for t in (vmdk_parts(ours)[1], vmdk_parts(theirs)[1])]
+    assert blank_parent[0] == blank_parent[1] and vmdk_parts(ours)[2] == vmdk_parts(theirs)[2]
+    info = ch.assert_same_info(theirs, ours, "vmdk", ignore=["cid", "parent-cid"])
+    assert info["virtual-size"] == 3 * MiB and info["backing-filename"] == "base.vmdk"
+    base_cid = helpers.qemu_img_info(workdir / "ours" / "base.vmdk", fmt="vmdk")["format-specific"]["data"]["cid"]
+    assert helpers.qemu_img_info(ours, fmt="vmdk")["format-specific"]["data"]["parent-cid"] == base_cid
+    helpers.qemu_img_check(ours, fmt="vmdk")
+    helpers.run(["qemu-img", "compare", "-f", "vmdk", "-F", "vmdk", workdir / "ours" / "base.vmdk", ours])
+    base_sum = helpers.sha256_file(workdir / "ours" / "base.vmdk")
+    with helpers.mounted(ours, workdir / "view.raw", ["rw"]) as m:
+        with open(m.path, "r+b") as f:
+            f.seek(512 * KiB)
+            f.write(b"\x77" * 4096)
+    assert helpers.sha256_file(workdir / "ours" / "base.vmdk") == base_sum
+    expected = helpers.convert_to_raw(workdir / "ours" / "base.vmdk", workdir / "expected.raw", fmt="vmdk")
+    with open(expected, "r+b") as f:
+        f.seek(512 * KiB)
+        f.write(b"\x77" * 4096)
+    helpers.run(["qemu-img", "compare", "-f", "raw", "-F", "vmdk", expected, ours])
+    helpers.qemu_img_check(ours, fmt="vmdk")
+
+
+CREATE_REFUSALS = [
+    ["-o", "subformat=monolithicflat"],
+    ["-o", "adapter_type=scsi"],
+    ["-o", "compat6=on,hwversion=7"],
+    ["-o", "subformat=monolithicFlat,zeroed_grain=on"],
+    ["-o", "subformat=twoGbMaxExtentFlat", "-b", "base.vmdk", "-F", "vmdk"],
+    ["-b", "base.raw", "-F", "raw"],
+    ["-o", "preallocation=metadata"],
+    ["-o", "nosuchoption=1"],
+    ["-o", "compat6=maybe"],
+    [],  # no size
+]
+
+
+def test_create_refusals_like_qemu_img(workdir: Path) -> None:
+    for d in ("qemu-refused", "ours-refused"):
+        (workdir / d).mkdir()
+        helpers.qemu_img("create", "-q", "-f", "vmdk", workdir / d / "base.vmdk", "1M")
+        helpers.qemu_img("create", "-q", "-f", "raw", workdir / d / "base.raw", "1M")
+    for args in CREATE_REFUSALS:
+        theirs, ours = ch.refused_like_qemu_img(workdir, "vmdk", args, "x.vmdk", "1M" if args else None)
+        if "compat6=maybe" in args or "nosuchoption=1" in args:  # worded by qcowfs's option parser
+            assert ("compat6" in ours and "on or off" in ours) or "Invalid parameter 'nosuchoption'" in ours, ours
+        else:
+            assert ours == theirs, args

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import create_helpers as ch
 import helpers
 from format_helpers import KiB, MiB, check_image, check_image_direct, make_image, scattered_writes
 
@@ -134,3 +135,61 @@ def test_footer_copy_saying_fixed_reads_as_fixed(workdir: Path) -> None:
     image = make_image(workdir, "vpc", "mixed.vhd", 8 * MiB, cmds=["write -P 0x66 0 64k"])
     footer_patch(image, 0, ">I", (60, 2))
     check_image(image, workdir, fmt="vpc")
+
+
+# ---- qcowfs create -f vpc, refereed by qemu-img create 7.2 ----
+
+# name: (options, size, the expected virtual size qemu-img info reports)
+CREATE_VARIANTS = {
+    "dynamic_chs_rounded": ([], "10M", 10514432),
+    "dynamic_tiny": ([], "1000", 34816),            # 2 sectors round up to 4 x 17 sectors
+    "dynamic_force_size": (["-o", "force_size=on,preallocation=full"], "1000", 1024),
+    "fixed_chs_rounded": (["-o", "subformat=fixed"], "63M", 66080768),
+    "fixed_force_size": (["-o", "subformat=fixed,force_size=on"], "5M", 5 * MiB),
+}
+# The footer's random or time-dependent fields: timestamp, checksum, UUID.
+FOOTER_VARIABLE = [(24, 28), (64, 84)]
+
+
+def blank_footers(data: bytes, footers: list[int]) -> bytes:
+    b = bytearray(data)
+    for at in footers:
+        assert b[at:at + 8] == b"conectix"
+        for lo, hi in FOOTER_VARIABLE:
+            b[at + lo:at + hi] = bytes(hi - lo)
+    return bytes(b)
+
+
+@pytest.mark.parametrize("name", sorted(CREATE_VARIANTS))
+def test_create_matches_qemu_img(workdir: Path, name: str) -> None:
+    """The same file as qemu-img's, byte for byte but for each footer's timestamp,
+    checksum and UUID; the same qemu-img info (the CHS-rounded size); a write
+    through a read-write mount lands where qemu-img compare expects it."""
+    opts, size, virtual_size = CREATE_VARIANTS[name]
+    theirs, ours = ch.create_side_by_side(workdir, "vpc", opts, "d.vhd", size)
+    assert ours.stat().st_size == theirs.stat().st_size
+    fixed = "subformat=fixed" in "".join(opts)
+    footers = [ours.stat().st_size - 512] + ([] if fixed else [0])
+    with open(theirs, "rb") as t, open(ours, "rb") as o:  # a fixed disk: its data ranges, then the footer
+        n = 512 if fixed else ours.stat().st_size
+        start = ours.stat().st_size - n
+        assert blank_footers(helpers.read_exact(o, start, n), [f - start for f in footers]) == \
+            blank_footers(helpers.read_exact(t, start, n), [f - start for f in footers])
+    assert helpers.data_extents(ours) == [(footers[0] if fixed else 0, ours.stat().st_size)]  # a fixed disk's data: a hole
+    info = ch.assert_same_info(theirs, ours, "vpc")
+    assert info["virtual-size"] == virtual_size
+    mid = virtual_size // 2 - 100
+    ch.write_through_rw_mount(ours, "vpc", workdir, [(0, b"\x21" * 512), (mid, b"\x42" * min(5000, virtual_size - mid))])
+
+
+def test_create_refusals_like_qemu_img(workdir: Path) -> None:
+    for d in ("qemu-refused", "ours-refused"):
+        (workdir / d).mkdir()
+        helpers.qemu_img("create", "-q", "-f", "vpc", workdir / d / "base.vhd", "1M")
+    for args, size in ((["-o", "subformat=foo"], "1M"), (["-o", "preallocation=metadata"], "1M"), ([], "2041G"),
+                       (["-o", "force_size=on"], "2041G"), (["-b", "base.vhd", "-F", "vpc"], "1M"), ([], None)):
+        theirs, ours = ch.refused_like_qemu_img(workdir, "vpc", args, "x.vhd", size)
+        assert ours == theirs, args
+    _, ours = ch.refused_like_qemu_img(workdir, "vpc", ["-o", "force_size=maybe"], "x.vhd", "1M")
+    assert "force_size" in ours and "on or off" in ours, ours  # worded by qcowfs's option parser
+
