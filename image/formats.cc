@@ -7,6 +7,7 @@
 #include "image/parallels/parallels.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qed/qed.h"
+#include "image/qed/qed_create.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
 #include "image/vhdx/vhdx.h"
@@ -24,7 +25,7 @@ const std::array kFormats = {
     FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{"vdi", "VDI", open_vdi},
-    FormatInfo{"qed", "QED", open_qed},
+    FormatInfo{"qed", "QED", open_qed, prepare_qed_create},
     FormatInfo{"parallels", "Parallels", open_parallels},
     FormatInfo{"luks", "LUKS", open_luks},
     FormatInfo{"bochs", "Bochs", nullptr},
