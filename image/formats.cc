@@ -10,6 +10,7 @@
 #include "image/qed/qed_create.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
+#include "image/vdi/vdi_create.h"
 #include "image/vhdx/vhdx.h"
 #include "image/vmdk/vmdk.h"
 #include "image/vpc/vpc.h"
@@ -24,7 +25,7 @@ const std::array kFormats = {
     FormatInfo{"vmdk", "VMDK", open_vmdk},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
-    FormatInfo{"vdi", "VDI", open_vdi},
+    FormatInfo{"vdi", "VDI", open_vdi, prepare_vdi_create},
     FormatInfo{"qed", "QED", open_qed, prepare_qed_create},
     FormatInfo{"parallels", "Parallels", open_parallels},
     FormatInfo{"luks", "LUKS", open_luks},

@@ -28,11 +28,14 @@ CREATE_CASES = [
     ("qed", "cluster_size=4K,table_size=2", "5M"),
     ("qed", "cluster_size=256K,table_size=8", "3M"),
     ("qed", "table_size=1,cluster_size=4K", "1000"),
+    ("vdi", "", "1500K"),
+    ("vdi", "static=on", "1500K"),
 ]
 
 # Ranges of bytes QEMU fills at random at create: (offset, length).
 RANDOM_FIELDS: dict[str, list[tuple[int, int]]] = {
     "qed": [],
+    "vdi": [(392, 16), (408, 16)],  # uuid_image, uuid_last_snap
 }
 
 # (format, -o options, size, the message qcowfs must print)
@@ -42,6 +45,9 @@ BAD_CASES = [
     ("qed", "cluster_size=4K,table_size=1", "2G", "QED image size must be a non-zero multiple of cluster size "
      "and less than 1073741824 bytes"),
     ("qed", "static=on", "1M", "Invalid parameter 'static'"),
+    ("vdi", "static=maybe", "1M", "Parameter 'static' expects 'on' or 'off'"),
+    ("vdi", "", "1P", "Unsupported VDI image size (size is 0x4000000000000, max supported is 0x1fffff8000000)"),
+    ("vdi", "cluster_size=1M", "1M", "Invalid parameter 'cluster_size'"),
 ]
 
 
@@ -126,7 +132,7 @@ def test_create_missing_size(workdir: Path) -> None:
         assert proc.returncode == 1 and b"Image creation needs a size parameter" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("fmt,opts", [("qed", "cluster_size=4K")])
+@pytest.mark.parametrize("fmt,opts", [("qed", "cluster_size=4K"), ("vdi", ""), ("vdi", "static=on")])
 def test_created_image_mounts_rw(workdir: Path, fmt: str, opts: str) -> None:
     """A small write through a read-write mount of a fresh image, then qemu-img
     compare against the expected raw and a clean check."""
