@@ -5,6 +5,7 @@
 #include "image/format.h"
 #include "image/luks/luks.h"
 #include "image/parallels/parallels.h"
+#include "image/parallels/parallels_create.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qed/qed.h"
 #include "image/qed/qed_create.h"
@@ -27,7 +28,7 @@ const std::array kFormats = {
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{"vdi", "VDI", open_vdi, prepare_vdi_create},
     FormatInfo{"qed", "QED", open_qed, prepare_qed_create},
-    FormatInfo{"parallels", "Parallels", open_parallels},
+    FormatInfo{"parallels", "Parallels", open_parallels, prepare_parallels_create},
     FormatInfo{"luks", "LUKS", open_luks},
     FormatInfo{"bochs", "Bochs", nullptr},
     FormatInfo{"cloop", "cloop", nullptr},

@@ -30,12 +30,16 @@ CREATE_CASES = [
     ("qed", "table_size=1,cluster_size=4K", "1000"),
     ("vdi", "", "1500K"),
     ("vdi", "static=on", "1500K"),
+    ("parallels", "", "3000K"),
+    ("parallels", "cluster_size=64K", "3000K"),
+    ("parallels", "cluster_size=1000", "1000"),  # both rounded up to whole sectors
 ]
 
 # Ranges of bytes QEMU fills at random at create: (offset, length).
 RANDOM_FIELDS: dict[str, list[tuple[int, int]]] = {
     "qed": [],
     "vdi": [(392, 16), (408, 16)],  # uuid_image, uuid_last_snap
+    "parallels": [],
 }
 
 # (format, -o options, size, the message qcowfs must print)
@@ -48,6 +52,10 @@ BAD_CASES = [
     ("vdi", "static=maybe", "1M", "Parameter 'static' expects 'on' or 'off'"),
     ("vdi", "", "1P", "Unsupported VDI image size (size is 0x4000000000000, max supported is 0x1fffff8000000)"),
     ("vdi", "cluster_size=1M", "1M", "Invalid parameter 'cluster_size'"),
+    ("parallels", "cluster_size=2G", "1M", "Cluster size is too large"),
+    ("parallels", "cluster_size=4K", "16T", "Image size is too large for this cluster size"),
+    ("parallels", "cluster_size=0", "1M", "Image size is too large for this cluster size"),
+    ("parallels", "static=on", "1M", "Invalid parameter 'static'"),
 ]
 
 
@@ -132,7 +140,8 @@ def test_create_missing_size(workdir: Path) -> None:
         assert proc.returncode == 1 and b"Image creation needs a size parameter" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("fmt,opts", [("qed", "cluster_size=4K"), ("vdi", ""), ("vdi", "static=on")])
+@pytest.mark.parametrize("fmt,opts", [("qed", "cluster_size=4K"), ("vdi", ""), ("vdi", "static=on"), ("parallels", "cluster_size=64K"),
+                                      ("parallels", "")])
 def test_created_image_mounts_rw(workdir: Path, fmt: str, opts: str) -> None:
     """A small write through a read-write mount of a fresh image, then qemu-img
     compare against the expected raw and a clean check."""
