@@ -13,6 +13,7 @@
 #include "image/vdi/vdi.h"
 #include "image/vdi/vdi_create.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vhdx/vhdx_create.h"
 #include "image/vmdk/vmdk.h"
 #include "image/vpc/vpc.h"
 
@@ -24,7 +25,7 @@ const std::array kFormats = {
     FormatInfo{"qcow2", "qcow2", open_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{"vmdk", "VMDK", open_vmdk},
-    FormatInfo{"vhdx", "VHDX", open_vhdx},
+    FormatInfo{"vhdx", "VHDX", open_vhdx, prepare_vhdx_create},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{"vdi", "VDI", open_vdi, prepare_vdi_create},
     FormatInfo{"qed", "QED", open_qed, prepare_qed_create},
