@@ -30,6 +30,14 @@ Status no_options_left(const std::vector<std::pair<std::string, std::string>>& o
                         format);
 }
 
+Status no_backing_file(const CreateRequest& request, std::string_view format) {
+  if (!request.backing_file.empty())
+    return Status::errorf(EINVAL, "{}: Backing file not supported for file format '{}'", request.path, format);
+  if (!request.backing_format.empty())
+    return Status::errorf(EINVAL, "Invalid parameter 'backing_fmt' (not an option of the {} format)", format);
+  return Status::ok();
+}
+
 Result<bool> parse_create_bool(std::string_view key, std::string_view value) {
   if (value == "on" || value == "true" || value == "yes") return true;
   if (value == "off" || value == "false" || value == "no") return false;

@@ -71,6 +71,11 @@ std::optional<std::string> take_create_option(std::vector<std::pair<std::string,
 // (EINVAL); ok when none is left.
 Status no_options_left(const std::vector<std::pair<std::string, std::string>>& options, std::string_view format);
 
+// For a format without backing files: qemu-img's refusal of -b/backing_file
+// ("IMAGE: Backing file not supported for file format 'vdi'") and of a lone
+// backing_fmt ("Invalid parameter 'backing_fmt'"), EINVAL; ok without either.
+Status no_backing_file(const CreateRequest& request, std::string_view format);
+
 // "on"/"off" (and QEMU's other spellings of a bool) -> bool.
 Result<bool> parse_create_bool(std::string_view key, std::string_view value);
 

@@ -86,6 +86,7 @@ Result<std::unique_ptr<Creator>> prepare_parallels_create(const CreateRequest& r
     c.cluster_given = *n;
   }
   QCOWFS_TRY(no_options_left(r.options, "parallels"));
+  QCOWFS_TRY(no_backing_file(r, "parallels"));
   if (!r.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", r.path);
   c.size_given = *r.size;
   if (c.cluster_given > std::numeric_limits<uint64_t>::max() - kSector ||

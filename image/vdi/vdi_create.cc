@@ -93,6 +93,7 @@ Result<std::unique_ptr<Creator>> prepare_vdi_create(const CreateRequest& request
     c.static_text = *v;
   }
   QCOWFS_TRY(no_options_left(r.options, "vdi"));
+  QCOWFS_TRY(no_backing_file(r, "vdi"));
   if (!r.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", r.path);
   c.size = *r.size;
   c.disk_size = align_up(c.size, kSectorSize);

@@ -226,6 +226,7 @@ Result<std::unique_ptr<Creator>> prepare_vhdx_create(const CreateRequest& reques
     c.zero_text = *v;
   }
   QCOWFS_TRY(no_options_left(r.options, "vhdx"));
+  QCOWFS_TRY(no_backing_file(r, "vhdx"));
   if (!r.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", r.path);
   c.size_given = *r.size;
   if (c.size_given > kMaxVirtualSize) return Status::errorf(EINVAL, "{}: Image size too large; max of 64TB", r.path);

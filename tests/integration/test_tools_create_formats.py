@@ -199,3 +199,18 @@ def test_qed_backing_file(workdir: Path) -> None:
         assert got["virtual-size"] == 3 * MiB and got["backing-filename"] == "base.raw"
         assert got["backing-filename-format"] == "raw"
         helpers.qemu_img("compare", "-f", "qed", "-F", "raw", str(ours), str(base))
+
+
+@pytest.mark.parametrize("fmt", ["vdi", "parallels", "vhdx"])
+def test_backing_file_refused(workdir: Path, fmt: str) -> None:
+    """Formats without backing files refuse -b (and a lone backing_fmt) as qemu-img does."""
+    base = workdir / "base.raw"
+    base.write_bytes(bytes(MiB))
+    image = workdir / f"overlay.{fmt}"
+    for extra, opts, message in (
+            (("-b", "base.raw", "-F", "raw"), "", f"Backing file not supported for file format '{fmt}'"),
+            ((), "backing_fmt=raw", "Invalid parameter 'backing_fmt'")):
+        proc = run_create([helpers.qcowfs_bin()], fmt, opts, image, "1M", extra)
+        err = proc.stderr.decode(errors="replace")
+        assert proc.returncode == 1 and message in err, f"exit {proc.returncode}: {err}"
+        assert not image.exists(), "a refused create left its file behind"
