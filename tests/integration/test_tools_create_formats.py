@@ -38,8 +38,7 @@ CREATE_CASES = [
     ("vhdx", "", "10M"),
     ("vhdx", "subformat=fixed", "3M"),
     ("vhdx", "subformat=fixed,block_state_zero=off", "3M"),
-    ("vhdx", "block_state_zero=off,subformat=dynamic", "3M"),
-    ("vhdx", "block_size=1M,log_size=2M", "3M"),
+    ("vhdx", "block_state_zero=off,subformat=dynamic,block_size=1M,log_size=2M", "3M"),
     ("vhdx", "block_size=1,log_size=1500K", "1000"),  # rounded up: 1 MiB blocks, 2 MiB log, 1024 bytes
     ("vhdx", "", "2G"),  # the block size chosen from the size: 16 MiB
 ]
@@ -165,7 +164,7 @@ def test_create_missing_size(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize("fmt,opts", [("qed", "cluster_size=4K"), ("vdi", ""), ("vdi", "static=on"), ("parallels", "cluster_size=64K"),
-                                      ("parallels", ""), ("vhdx", ""),
+                                      ("vhdx", ""),
                                       ("vhdx", "subformat=fixed,block_state_zero=off")])
 def test_created_image_mounts_rw(workdir: Path, fmt: str, opts: str) -> None:
     """A small write through a read-write mount of a fresh image, then qemu-img
@@ -214,3 +213,10 @@ def test_backing_file_refused(workdir: Path, fmt: str) -> None:
         err = proc.stderr.decode(errors="replace")
         assert proc.returncode == 1 and message in err, f"exit {proc.returncode}: {err}"
         assert not image.exists(), "a refused create left its file behind"
+
+
+def test_create_help_lists_the_formats() -> None:
+    out = helpers.run([helpers.qcowfs_bin(), "create", "--help"]).stdout.decode()
+    for word in ("qed", "vdi", "parallels", "vhdx", "table_size=", "static=", "subformat=", "block_size=",
+                 "log_size=", "block_state_zero="):
+        assert word in out, word
