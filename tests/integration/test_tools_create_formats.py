@@ -198,6 +198,13 @@ def test_qed_backing_file(workdir: Path) -> None:
         assert got["virtual-size"] == 3 * MiB and got["backing-filename"] == "base.raw"
         assert got["backing-filename-format"] == "raw"
         helpers.qemu_img("compare", "-f", "qed", "-F", "raw", str(ours), str(base))
+    # A backing file of another format is left to QEMU's probe (no NO_PROBE bit).
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", workdir / "base.qcow2", "2M"])
+    ours, theirs = create_both(workdir, "qed", "", None, ("-b", "base.qcow2", "-F", "qcow2"))
+    assert_same_image("qed", ours, theirs)
+    got = info(ours, "qed")
+    assert got == info(theirs, "qed") and got["virtual-size"] == 2 * MiB
+    assert "backing-filename-format" not in got  # QED records no format but raw's bit
 
 
 @pytest.mark.parametrize("fmt", ["vdi", "parallels", "vhdx"])
