@@ -60,13 +60,8 @@ class ParallelsCreator final : public Creator {
   }
 
   Task<Status> write(NewFiles& files) override {
-    auto f = files.create(c_.path);
-    if (!f) co_return f.status();
-    io::HostFile& file = **f;
     io::AlignedBuffer header = header_sector(c_);
-    QCOWFS_CO_TRY(co_await file.write(0, header.span()));
-    QCOWFS_CO_TRY(co_await file.write_zeroes(kSector, (c_.bat_sectors() - 1) * kSector));
-    co_return co_await file.flush();
+    co_return co_await write_new_image_file(files, c_.path, header.span(), c_.bat_sectors() * kSector);
   }
 
  private:
@@ -87,8 +82,9 @@ Result<std::unique_ptr<Creator>> prepare_parallels_create(const CreateRequest& r
   }
   QCOWFS_TRY(no_options_left(r.options, "parallels"));
   QCOWFS_TRY(no_backing_file(r, "parallels"));
-  if (!r.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", r.path);
-  c.size_given = *r.size;
+  auto size = required_size(r);
+  if (!size) return size.status();
+  c.size_given = *size;
   if (c.cluster_given > std::numeric_limits<uint64_t>::max() - kSector ||
       c.size_given > std::numeric_limits<uint64_t>::max() - kSector)
     return Status::errorf(EINVAL, "{}: Image size is too large for this cluster size", r.path);

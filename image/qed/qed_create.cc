@@ -67,16 +67,12 @@ class QedCreator final : public Creator {
     return s;
   }
 
+  // The header and backing file name, then the zeroed L1 table.
   Task<Status> write(NewFiles& files) override {
-    auto f = files.create(c_.path);
-    if (!f) co_return f.status();
-    io::HostFile& file = **f;
     io::AlignedBuffer header = header_cluster(c_);
-    // QEMU writes the header and name, then the zeroed L1 table.
     const size_t used = kHeaderBytes + c_.backing_file.size();
-    QCOWFS_CO_TRY(co_await file.write(0, header.span().first(used)));
-    QCOWFS_CO_TRY(co_await file.write_zeroes(c_.cluster_size, uint64_t{c_.cluster_size} * c_.table_size));
-    co_return co_await file.flush();
+    co_return co_await write_new_image_file(files, c_.path, header.span().first(used),
+                                            uint64_t{c_.cluster_size} * (1 + c_.table_size));
   }
 
  private:
@@ -105,8 +101,9 @@ Result<std::unique_ptr<Creator>> prepare_qed_create(const CreateRequest& request
   auto ts = take_u32(r, "table_size", kDefaultTableSize, &c.table_size_given);
   if (!ts) return ts.status();
   QCOWFS_TRY(no_options_left(r.options, "qed"));
-  if (!r.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", r.path);
-  c.size = *r.size;
+  auto size = required_size(r);
+  if (!size) return size.status();
+  c.size = *size;
   c.image_size = align_up(c.size, kSectorSize);
   c.cluster_size = *cs;
   c.table_size = *ts;

@@ -66,14 +66,11 @@ class VdiCreator final : public Creator {
 
   std::string formatting() const override { return fmt::format("fmt=vdi size={} static={}", c_.size, c_.static_text); }
 
+  // A static image's file holds every block.
   Task<Status> write(NewFiles& files) override {
-    auto f = files.create(c_.path);
-    if (!f) co_return f.status();
-    io::HostFile& file = **f;
     io::AlignedBuffer meta = metadata(c_);
-    QCOWFS_CO_TRY(co_await file.write(0, meta.span()));
-    if (c_.is_static) QCOWFS_CO_TRY(co_await file.truncate(c_.offset_data() + uint64_t{c_.blocks()} * kBlockSize));
-    co_return co_await file.flush();
+    const uint64_t data = c_.is_static ? uint64_t{c_.blocks()} * kBlockSize : 0;
+    co_return co_await write_new_image_file(files, c_.path, meta.span(), c_.offset_data() + data);
   }
 
  private:
@@ -88,14 +85,15 @@ Result<std::unique_ptr<Creator>> prepare_vdi_create(const CreateRequest& request
   c.path = r.path;
   if (auto v = take_create_option(r.options, "static")) {
     auto on = parse_create_bool("static", *v);
-    if (!on) return Status::errorf(EINVAL, "{}: Parameter 'static' expects 'on' or 'off'", r.path);
+    if (!on) return on.status();
     c.is_static = *on;
     c.static_text = *v;
   }
   QCOWFS_TRY(no_options_left(r.options, "vdi"));
   QCOWFS_TRY(no_backing_file(r, "vdi"));
-  if (!r.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", r.path);
-  c.size = *r.size;
+  auto size = required_size(r);
+  if (!size) return size.status();
+  c.size = *size;
   c.disk_size = align_up(c.size, kSectorSize);
   if (c.disk_size > kMaxDiskSize)
     return Status::errorf(EINVAL, "{}: Unsupported VDI image size (size is {:#x}, max supported is {:#x})", r.path,

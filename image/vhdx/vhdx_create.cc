@@ -221,14 +221,15 @@ Result<std::unique_ptr<Creator>> prepare_vhdx_create(const CreateRequest& reques
   }
   if (auto v = take_create_option(r.options, "block_state_zero")) {
     auto on = parse_create_bool("block_state_zero", *v);
-    if (!on) return Status::errorf(EINVAL, "{}: Parameter 'block_state_zero' expects 'on' or 'off'", r.path);
+    if (!on) return on.status();
     c.zero_blocks = *on;
     c.zero_text = *v;
   }
   QCOWFS_TRY(no_options_left(r.options, "vhdx"));
   QCOWFS_TRY(no_backing_file(r, "vhdx"));
-  if (!r.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", r.path);
-  c.size_given = *r.size;
+  auto size = required_size(r);
+  if (!size) return size.status();
+  c.size_given = *size;
   if (c.size_given > kMaxVirtualSize) return Status::errorf(EINVAL, "{}: Image size too large; max of 64TB", r.path);
   c.size = align_up(c.size_given, kLogicalSectorSize);
   QCOWFS_TRY(check_sizes(c));
