@@ -113,6 +113,11 @@ Result<std::unique_ptr<Creator>> prepare_qed_create(const CreateRequest& request
   if (!power_of_two_in(c.table_size, kMinTableSize, kMaxTableSize))
     return Status::errorf(EINVAL, "{}: QED table size must be within range [{}, {}] and power of 2", r.path,
                           kMinTableSize, kMaxTableSize);
+  // QEMU would write a longer name past its header cluster (or past what its
+  // open reads) and make an image it cannot open.
+  if (kHeaderBytes + c.backing_file.size() > c.cluster_size || c.backing_file.size() >= kBackingNameBuffer)
+    return Status::errorf(ENAMETOOLONG, "{}: the backing file name ({} bytes) does not fit in QED's header cluster",
+                          r.path, c.backing_file.size());
   const uint64_t max = max_image_size(c.cluster_size, c.table_size);
   if (c.image_size > max)
     return Status::errorf(EINVAL,

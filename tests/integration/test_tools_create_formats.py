@@ -227,3 +227,14 @@ def test_create_help_lists_the_formats() -> None:
     for word in ("qed", "vdi", "parallels", "vhdx", "table_size=", "static=", "subformat=", "block_size=",
                  "log_size=", "block_state_zero="):
         assert word in out, word
+
+
+def test_qed_backing_name_must_fit_the_header_cluster(workdir: Path) -> None:
+    """QEMU would write a name longer than its header cluster over the L1
+    table and make an image it cannot open; qcowfs refuses it."""
+    image = workdir / "long.qed"
+    proc = run_create([helpers.qcowfs_bin()], "qed", "cluster_size=4K", image, "1M",
+                      ("-u", "-b", "b" * 4040, "-F", "raw"))
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 1 and "backing file name (4040 bytes) does not fit" in err, err
+    assert not image.exists()
