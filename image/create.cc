@@ -30,10 +30,32 @@ Status no_options_left(const std::vector<std::pair<std::string, std::string>>& o
                         format);
 }
 
+Status no_backing_file(const CreateRequest& request, std::string_view format) {
+  if (!request.backing_file.empty())
+    return Status::errorf(EINVAL, "{}: Backing file not supported for file format '{}'", request.path, format);
+  if (!request.backing_format.empty())
+    return Status::errorf(EINVAL, "Invalid parameter 'backing_fmt' (not an option of the {} format)", format);
+  return Status::ok();
+}
+
 Result<bool> parse_create_bool(std::string_view key, std::string_view value) {
   if (value == "on" || value == "true" || value == "yes") return true;
   if (value == "off" || value == "false" || value == "no") return false;
-  return bad_value(key, value, "on or off");
+  return Status::errorf(EINVAL, "Parameter '{}' expects 'on' or 'off'", key);
+}
+
+Task<Status> write_new_image_file(NewFiles& files, const std::string& path, std::span<const std::byte> head,
+                                  uint64_t length) {
+  auto f = files.create(path);
+  if (!f) co_return f.status();
+  QCOWFS_CO_TRY(co_await (*f)->write(0, head));
+  if (length > head.size()) QCOWFS_CO_TRY(co_await (*f)->truncate(length));
+  co_return co_await (*f)->flush();
+}
+
+Result<uint64_t> required_size(const CreateRequest& request) {
+  if (!request.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", request.path);
+  return *request.size;
 }
 
 Result<uint64_t> parse_create_size(std::string_view key, std::string_view text) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,12 @@ class Creator {
   virtual Task<Status> write(NewFiles& files) = 0;
 };
 
+// The image file of a format whose new image is its metadata `head` at offset
+// 0 and zeros after it up to `length` bytes (left sparse): made through
+// files.create(path), written, flushed.
+Task<Status> write_new_image_file(NewFiles& files, const std::string& path, std::span<const std::byte> head,
+                                  uint64_t length);
+
 // Checks the request's options for one format and resolves defaults; an
 // unknown option or a bad value is EINVAL with qemu-img's wording where it has
 // one. No file is read or written here (the backing file was opened by the
@@ -71,8 +78,18 @@ std::optional<std::string> take_create_option(std::vector<std::pair<std::string,
 // (EINVAL); ok when none is left.
 Status no_options_left(const std::vector<std::pair<std::string, std::string>>& options, std::string_view format);
 
-// "on"/"off" (and QEMU's other spellings of a bool) -> bool.
+// For a format without backing files: qemu-img's refusal of -b/backing_file
+// ("IMAGE: Backing file not supported for file format 'vdi'") and of a lone
+// backing_fmt ("Invalid parameter 'backing_fmt'"), EINVAL; ok without either.
+Status no_backing_file(const CreateRequest& request, std::string_view format);
+
+// "on"/"off" (and QEMU's other spellings of a bool) -> bool; otherwise
+// qemu-img's "Parameter 'KEY' expects 'on' or 'off'" (EINVAL).
 Result<bool> parse_create_bool(std::string_view key, std::string_view value);
+
+// The request's size, or qemu-img's "IMAGE: Image creation needs a size
+// parameter" (EINVAL) when neither SIZE, size= nor a backing file gave one.
+Result<uint64_t> required_size(const CreateRequest& request);
 
 // "64K", "1M", "1073741824" -> bytes (qemu-img's size suffixes k/K, M, G, T, P, E).
 Result<uint64_t> parse_create_size(std::string_view key, std::string_view value);

@@ -5,11 +5,15 @@
 #include "image/format.h"
 #include "image/luks/luks.h"
 #include "image/parallels/parallels.h"
+#include "image/parallels/parallels_create.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qed/qed.h"
+#include "image/qed/qed_create.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
+#include "image/vdi/vdi_create.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vhdx/vhdx_create.h"
 #include "image/vmdk/vmdk.h"
 #include "image/vmdk/vmdk_create.h"
 #include "image/vpc/vpc.h"
@@ -23,11 +27,11 @@ const std::array kFormats = {
     FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{"vmdk", "VMDK", open_vmdk, prepare_vmdk_create},
-    FormatInfo{"vhdx", "VHDX", open_vhdx},
+    FormatInfo{"vhdx", "VHDX", open_vhdx, prepare_vhdx_create},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc, prepare_vpc_create},
-    FormatInfo{"vdi", "VDI", open_vdi},
-    FormatInfo{"qed", "QED", open_qed},
-    FormatInfo{"parallels", "Parallels", open_parallels},
+    FormatInfo{"vdi", "VDI", open_vdi, prepare_vdi_create},
+    FormatInfo{"qed", "QED", open_qed, prepare_qed_create},
+    FormatInfo{"parallels", "Parallels", open_parallels, prepare_parallels_create},
     FormatInfo{"luks", "LUKS", open_luks},
     FormatInfo{"bochs", "Bochs", nullptr},
     FormatInfo{"cloop", "cloop", nullptr},

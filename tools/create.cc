@@ -441,13 +441,13 @@ std::string_view create_usage() {
   return "usage: qcowfs create [-f FORMAT] [-o OPTIONS] [-b BACKING -F BACKING_FMT [-u]] [-q] IMAGE [SIZE]\n"
          "\n"
          "Creates a qcow2 v3 image (a raw one with -f raw, raw LUKS1 with -f luks,\n"
-         "VMDK with -f vmdk, VHD with -f vpc).\n"
+         "VMDK, VHD (vpc), QED, VDI, Parallels or VHDX with -f, laid out as qemu-img 7.2 does).\n"
          "SIZE takes K, M, G, T suffixes; with a backing file it defaults to the\n"
          "backing file's size. A backing file needs its format (-F), as with\n"
          "qemu-img 7.2. An encrypted image's passphrase is the key file's whole\n"
          "content (- reads standard input); without one it is asked on the terminal.\n"
          "\n"
-         "  -f, --format=FMT          qcow2 (default), raw, luks, vmdk or vpc\n"
+         "  -f, --format=FMT          qcow2 (default), raw, luks, vmdk, vpc, qed, vdi, parallels, vhdx\n"
          "  -o, --options=OPTS        comma-separated qemu-img options (below)\n"
          "  -b, --backing=FILE        backing file (relative names: to IMAGE's directory)\n"
          "  -F, --backing-format=FMT  backing file format (required with -b)\n"
@@ -490,7 +490,17 @@ std::string_view create_usage() {
          "options (-o) with -f vpc (VHD):\n"
          "  subformat=dynamic|fixed   dynamic (default) or fixed\n"
          "  force_size=on|off         keep the exact size (default: rounded up to a CHS geometry)\n"
-         "  preallocation=off|falloc|full (accepted; no effect)\n";
+         "  preallocation=off|falloc|full (accepted; no effect)\n"
+         "\n"
+         "options (-o) of the other formats (besides size=):\n"
+         "  qed:       cluster_size=SIZE (4K to 64M, a power of two, default 64K),\n"
+         "             table_size=N (L1/L2 tables in clusters: 1 to 16, a power of two,\n"
+         "             default 4), backing_file=FILE, backing_fmt=FMT (or -b, -F)\n"
+         "  vdi:       static=on|off (preallocated blocks; default off)\n"
+         "  parallels: cluster_size=SIZE (default 1M)\n"
+         "  vhdx:      subformat=dynamic|fixed (default dynamic), block_size=SIZE (1M\n"
+         "             to 256M; 0, the default, chooses 8M to 64M from the size),\n"
+         "             log_size=SIZE (default 1M), block_state_zero=on|off (default on)\n";
 }
 
 int cmd_create(std::span<const std::string> args) {

@@ -28,6 +28,8 @@ using Guid = std::array<uint8_t, 16>;
 
 // ---- File identifier, headers, region tables (the first 1 MiB) ----
 inline constexpr char kFileSignature[8] = {'v', 'h', 'd', 'x', 'f', 'i', 'l', 'e'};
+inline constexpr size_t kCreatorOffset = 8;  // the file identifier's creator: UTF-16LE, informational
+inline constexpr size_t kCreatorSize = 512;
 inline constexpr uint64_t kHeaderOffsets[2] = {64 * kKiB, 128 * kKiB};
 inline constexpr size_t kHeaderSize = 4 * kKiB;           // the checksum covers 4 KiB
 inline constexpr uint32_t kHeaderSignature = 0x64616568;  // "head"
@@ -67,6 +69,7 @@ inline constexpr size_t kMetadataTableSize = 64 * kKiB;  // QEMU reads this much
 inline constexpr size_t kMetadataHeaderSize = 32;
 inline constexpr size_t kMetadataEntryCountAt = 10;
 inline constexpr size_t kMetadataEntrySize = 32;  // guid, offset u32, length u32, data_bits u32, reserved
+inline constexpr uint32_t kMetadataVirtualDisk = 0x2;
 inline constexpr uint32_t kMetadataRequired = 0x4;
 
 inline constexpr Guid kFileParametersGuid = {0x37, 0x67, 0xa1, 0xca, 0x36, 0xfa, 0x43, 0x4d,
