@@ -5,8 +5,10 @@
 #include "image/format.h"
 #include "image/luks/luks.h"
 #include "image/parallels/parallels.h"
+#include "image/parallels/parallels_check.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qed/qed.h"
+#include "image/qed/qed_check.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
 #include "image/vhdx/vhdx.h"
@@ -24,8 +26,8 @@ const std::array kFormats = {
     FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{"vdi", "VDI", open_vdi},
-    FormatInfo{"qed", "QED", open_qed},
-    FormatInfo{"parallels", "Parallels", open_parallels},
+    FormatInfo{.name = "qed", .display = "QED", .open = open_qed, .check = check_qed},
+    FormatInfo{.name = "parallels", .display = "Parallels", .open = open_parallels, .check = check_parallels},
     FormatInfo{"luks", "LUKS", open_luks},
     FormatInfo{"bochs", "Bochs", nullptr},
     FormatInfo{"cloop", "cloop", nullptr},
