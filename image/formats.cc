@@ -5,9 +5,11 @@
 #include "image/format.h"
 #include "image/luks/luks.h"
 #include "image/parallels/parallels.h"
+#include "image/parallels/parallels_check.h"
 #include "image/parallels/parallels_create.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qed/qed.h"
+#include "image/qed/qed_check.h"
 #include "image/qed/qed_create.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
@@ -26,12 +28,20 @@ const std::array kFormats = {
     FormatInfo{"raw", "raw", open_raw},
     FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
-    FormatInfo{"vmdk", "VMDK", open_vmdk, prepare_vmdk_create},
-    FormatInfo{"vhdx", "VHDX", open_vhdx, prepare_vhdx_create},
-    FormatInfo{"vpc", "VHD (vpc)", open_vpc, prepare_vpc_create},
-    FormatInfo{"vdi", "VDI", open_vdi, prepare_vdi_create},
-    FormatInfo{"qed", "QED", open_qed, prepare_qed_create},
-    FormatInfo{"parallels", "Parallels", open_parallels, prepare_parallels_create},
+    FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .prepare_create = prepare_vmdk_create},
+    FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .prepare_create = prepare_vhdx_create},
+    FormatInfo{.name = "vpc", .display = "VHD (vpc)", .open = open_vpc, .prepare_create = prepare_vpc_create},
+    FormatInfo{.name = "vdi", .display = "VDI", .open = open_vdi, .prepare_create = prepare_vdi_create},
+    FormatInfo{.name = "qed",
+               .display = "QED",
+               .open = open_qed,
+               .prepare_create = prepare_qed_create,
+               .check = check_qed},
+    FormatInfo{.name = "parallels",
+               .display = "Parallels",
+               .open = open_parallels,
+               .prepare_create = prepare_parallels_create,
+               .check = check_parallels},
     FormatInfo{"luks", "LUKS", open_luks},
     FormatInfo{"bochs", "Bochs", nullptr},
     FormatInfo{"cloop", "cloop", nullptr},

@@ -1,4 +1,4 @@
-// qcowfs check: consistency check and repair of a qcow2 image, with the
+// qcowfs check: consistency check and repair of an image (through its format's check), with the
 // output and exit codes of `qemu-img check` (0 clean, 1 check not completed,
 // 2 corruptions, 3 leaks only, 63 format without checks).
 #include <unistd.h>
@@ -147,11 +147,15 @@ std::string_view check_usage() {
          "Checks an image for consistency, like qemu-img check. qcow2: leaked clusters,\n"
          "refcount mismatches, overlapping metadata, entries outside the file, invalid\n"
          "subcluster bitmaps and wrong copied flags, in the active tables and in every\n"
-         "snapshot; other formats: what qemu-img check finds in them. Exit status: 0 clean, 1 check not completed, 2 corruptions,\n"
+         "snapshot; QED: invalid or shared L1/L2 entries and leaked clusters; Parallels:\n"
+         "the in-use flag, BAT entries past the end and leaked space at the end.\n"
+         "Exit status: 0 clean, 1 check not completed, 2 corruptions,\n"
          "3 leaked clusters only, 63 the format has no checks (raw).\n"
          "\n"
-         "  -r, --repair=leaks   lower the refcounts of leaked clusters\n"
-         "  -r, --repair=all     also fix copied flags and rebuild refcounts if needed\n"
+         "  -r, --repair=leaks   repair leaks (qcow2: lower their refcounts; Parallels:\n"
+         "                       truncate; QED: clear invalid entries, need-check)\n"
+         "  -r, --repair=all     also repair corruptions (qcow2: copied flags, refcounts;\n"
+         "                       Parallels: the in-use flag, entries past the end)\n"
          "  --json               print the result as JSON (--output=json)\n"
          "  -f, --format=FMT     image format (default: probed)\n"
          "  -U, --force-share    check an image another process (a VM, a rw mount) is writing\n"
