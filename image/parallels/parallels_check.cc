@@ -16,7 +16,7 @@
 
 #include "image/check_open.h"
 #include "image/endian.h"
-#include "image/host_read.h"
+#include "image/extent/host_read.h"
 #include "image/parallels/format.h"
 #include "image/parallels/header.h"
 #include "image/parallels/parallels.h"

@@ -9,7 +9,7 @@
 
 #include "image/check_open.h"
 #include "image/endian.h"
-#include "image/host_read.h"
+#include "image/extent/host_read.h"
 #include "image/qed/format.h"
 #include "image/qed/header.h"
 #include "image/qed/qed.h"
