@@ -7,7 +7,7 @@
 #include "image/qcow2/qcow2_check.h"
 #include "image/qcow2/qcow2_create.h"
 #include "image/qcow2/qcow2_inspect.h"
-#include "image/qcow2/status.h"
+#include "image/qcow2/metadata_prealloc.h"
 #include "io/align.h"
 #include "io/mem_file.h"
 #include "io_test_util.h"
