@@ -163,10 +163,10 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "log") {
     if (value.empty()) return bad_value(key, value, "a file to append messages to");
     o.log_file = std::string(value);
-  } else if (key == "l2_cache_size") {
+  } else if (key == "l2_cache_size" || key == "table_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
-    o.image_options.l2_cache_size = *size;
+    o.image_options.table_cache_size = *size;
   } else {
     return Status::errorf(EINVAL, "unknown option '{}={}'", key, value);
   }
@@ -349,7 +349,8 @@ std::string usage_text(std::string_view program) {
       "                       the terminal without echo)\n"
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"
-      "  l2_cache_size=SIZE   qcow2 L2 cache size, with K/M/G suffixes\n"
+      "  l2_cache_size=SIZE   mapping table cache size (qcow2/QED L2 tables, VHDX BAT),\n"
+      "                       with K/M/G suffixes; table_cache_size= is the same\n"
       "  locking=MODE         image locks as QEMU takes them: auto (default), on, off\n"
       "  force-share          read-only: share the image even with a writer (qemu-img -U)\n"
       "  log=FILE             once mounted, append messages (I/O errors, corruption) to\n"

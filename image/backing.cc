@@ -34,7 +34,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_backing_file(const std::string& 
   b.format = format;
   b.file = overlay_opts.file;
   b.file.writable = false;
-  b.l2_cache_size = overlay_opts.l2_cache_size;
+  b.table_cache_size = overlay_opts.table_cache_size;
   b.keys = overlay_opts.keys;  // one passphrase for the chain
   b.backing_chain = overlay_opts.backing_chain;
   b.backing_chain.push_back(real_path(overlay_path));

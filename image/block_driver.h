@@ -125,7 +125,10 @@ struct ImageOptions {
   io::OpenOptions file;       // access mode and cache mode for the image file
   bool discard_unmap = false; // discard=unmap: free host space on discard
   std::string snapshot;       // open this internal snapshot (read-only)
-  uint64_t l2_cache_size = 0; // bytes of L2 cache; 0 = default
+  // Bytes of cache for the mapping tables (qcow2 and QED L2 tables, VHDX's
+  // BAT); 0 = the format's default. Mount option l2_cache_size= (as qemu's
+  // l2-cache-size) or its neutral alias table_cache_size=.
+  uint64_t table_cache_size = 0;
   // Real paths of the images above this one in a backing chain, outermost
   // first. Set by the qcow2 driver when it opens a backing file; an image that
   // finds itself here is a loop and is refused.

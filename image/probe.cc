@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "image/endian.h"
+
 namespace qcowfs::image {
 namespace {
 
@@ -32,18 +34,6 @@ bool starts_with(Bytes b, std::string_view magic) {
   return b.size() >= magic.size() && std::memcmp(b.data(), magic.data(), magic.size()) == 0;
 }
 
-uint32_t le32(Bytes b, size_t off) {
-  uint32_t v = 0;
-  for (size_t i = 0; i < 4; ++i) v |= std::to_integer<uint32_t>(b[off + i]) << (8 * i);
-  return v;
-}
-
-uint32_t be32(Bytes b, size_t off) {
-  uint32_t v = 0;
-  for (size_t i = 0; i < 4; ++i) v = (v << 8) | std::to_integer<uint32_t>(b[off + i]);
-  return v;
-}
-
 // QEMU's vmdk_probe() text case: comment lines and blank lines, then a
 // "version=1|2|3" line. A file that starts with the descriptor's usual first
 // line is taken as a descriptor too.
@@ -65,7 +55,7 @@ bool is_vmdk_descriptor(Bytes b) {
 
 std::string_view detect_head(Bytes h) {
   // Other qcow2 versions (and a truncated header) are for the qcow2 driver to refuse.
-  if (starts_with(h, kQcowMagic)) return h.size() >= 8 && be32(h, 4) == 1 ? "qcow" : "qcow2";
+  if (starts_with(h, kQcowMagic)) return h.size() >= 8 && load_be32(h.data() + 4) == 1 ? "qcow" : "qcow2";
   if (starts_with(h, kVmdk4Magic) || starts_with(h, kVmdk3Magic)) return "vmdk";
   if (starts_with(h, kVhdxMagic)) return "vhdx";
   if (starts_with(h, kVhdCookie)) return "vpc";
@@ -74,7 +64,7 @@ std::string_view detect_head(Bytes h) {
   if (starts_with(h, kLuksMagic)) return "luks";
   if (starts_with(h, kBochsMagic)) return "bochs";
   if (starts_with(h, kCloopMagic)) return "cloop";
-  if (h.size() >= kVdiSignatureOffset + 4 && le32(h, kVdiSignatureOffset) == kVdiSignature) return "vdi";
+  if (h.size() >= kVdiSignatureOffset + 4 && load_le32(h.data() + kVdiSignatureOffset) == kVdiSignature) return "vdi";
   if (is_vmdk_descriptor(h)) return "vmdk";
   return {};
 }

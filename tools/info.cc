@@ -77,16 +77,16 @@ Task<Status> add_qcow2_encryption(io::HostFile& f, const q::Header& h, ImageInfo
 }
 
 // A raw LUKS image: its header alone, as qemu-img info reads it without a key.
-Status add_luks_info(const io::HostFile& f, ImageInfo& info) {
-  auto vol = image::crypto::LuksVolume::open_file(f.path(), info.filename);
-  if (!vol) return vol.status();
+Task<Status> add_luks_info(io::HostFile& f, ImageInfo& info) {
+  auto vol = co_await image::crypto::LuksVolume::open_file(f, info.filename);
+  if (!vol) co_return vol.status();
   const uint64_t payload = vol->info().payload_offset;
   info.described = true;
   info.encrypted = true;
   info.virtual_size = f.size() > payload ? f.size() - payload : 0;
   info.details.dirty = false;
   info.details.specific = image::crypto::luks_details(vol->info(), false);
-  return Status::ok();
+  co_return Status::ok();
 }
 
 Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
@@ -139,7 +139,7 @@ Task<Result<ImageInfo>> gather(const std::string& path, const std::string& forma
   if (info.format == "qcow2") {
     QCOWFS_CO_TRY(co_await add_qcow2_info(f, info));
   } else if (info.format == "luks") {
-    QCOWFS_CO_TRY(add_luks_info(f, info));
+    QCOWFS_CO_TRY(co_await add_luks_info(f, info));
   } else if (info.format != "raw") {
     QCOWFS_CO_TRY(co_await add_driver_info(std::move(image->file), file_options, info));
   }

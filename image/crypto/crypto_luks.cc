@@ -2,13 +2,9 @@
 // libcryptsetup handle (LuksVolume) and LUKS1 creation.
 #include "image/crypto/crypto_luks.h"
 
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <libcryptsetup.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +16,7 @@
 #include "image/crypto/crypto_cipher.h"
 #include "image/crypto/crypto_luks1.h"
 #include "image/endian.h"
+#include "image/extent/host_read.h"
 #include "io/fd.h"
 #include "io/log.h"
 
@@ -240,10 +237,11 @@ class LuksVolume::Memfd {
   }
   explicit Memfd(io::UniqueFd fd) : fd_(std::move(fd)), path_(fmt::format("/proc/self/fd/{}", fd_.get())) {}
 
-  Status write_all(std::span<const std::byte> bytes, std::string_view what) const {
+  Status write_at(uint64_t off, std::span<const std::byte> bytes, std::string_view what) const {
     size_t done = 0;
     while (done < bytes.size()) {
-      const ssize_t n = pwrite(fd_.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+      const ssize_t n =
+          pwrite(fd_.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(off + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
         return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: writing the LUKS header memfd", what));
@@ -251,14 +249,15 @@ class LuksVolume::Memfd {
     }
     return Status::ok();
   }
-  Result<std::vector<std::byte>> read_all(uint64_t size, std::string_view what) const {
-    std::vector<std::byte> out(size);
+  // len bytes at off; zeros past the memfd's end.
+  Result<std::vector<std::byte>> read_at(uint64_t off, size_t len, std::string_view what) const {
+    std::vector<std::byte> out(len);
     size_t done = 0;
     while (done < out.size()) {
-      const ssize_t n = pread(fd_.get(), out.data() + done, out.size() - done, static_cast<off_t>(done));
+      const ssize_t n = pread(fd_.get(), out.data() + done, out.size() - done, static_cast<off_t>(off + done));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        return Status::from_errno(n < 0 ? errno : EIO, fmt::format("{}: reading the LUKS header memfd", what));
+      if (n < 0) return Status::from_errno(errno, fmt::format("{}: reading the LUKS header memfd", what));
+      if (n == 0) break;
       done += static_cast<size_t>(n);
     }
     return out;
@@ -279,30 +278,6 @@ LuksVolume& LuksVolume::operator=(LuksVolume&&) noexcept = default;
 LuksVolume::~LuksVolume() = default;
 
 namespace {
-
-Result<uint64_t> file_size(int fd, std::string_view what) {
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return Status::from_errno(errno, what);
-  if (S_ISREG(st.st_mode)) return static_cast<uint64_t>(st.st_size);
-  if (!S_ISBLK(st.st_mode)) return Status::errorf(EINVAL, "{}: not a regular file or block device", what);
-  uint64_t size = 0;
-  if (ioctl(fd, BLKGETSIZE64, &size) != 0) return Status::from_errno(errno, what);
-  return size;
-}
-
-Result<std::vector<std::byte>> read_head(int fd, uint64_t size, std::string_view what) {
-  std::vector<std::byte> head(static_cast<size_t>(std::min<uint64_t>(size, kLuksProbeBytes)));
-  size_t done = 0;
-  while (done < head.size()) {
-    const ssize_t n = pread(fd, head.data() + done, head.size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::from_errno(errno, fmt::format("{}: reading the LUKS header", what));
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  head.resize(done);
-  return head;
-}
 
 // libcryptsetup's view of one key slot over what the parser found (LUKS1) or nothing (LUKS2).
 LuksKeySlotInfo slot_from_library(crypt_device* cd, int index, LuksKeySlotInfo slot) {
@@ -371,12 +346,11 @@ void fill_from_library(crypt_device* cd, LuksInfo& info) {
 
 }  // namespace
 
-Result<LuksVolume> LuksVolume::load(const std::string& path, std::shared_ptr<Memfd> memfd, LuksInfo parsed,
-                                    std::string_view what) {
+Result<LuksVolume> LuksVolume::load(std::shared_ptr<Memfd> memfd, LuksInfo parsed, std::string_view what) {
   init_library();
   last_library_error.clear();
   crypt_device* raw = nullptr;
-  if (const int r = crypt_init(&raw, path.c_str()); r < 0) return library_error(r, what, "crypt_init");
+  if (const int r = crypt_init(&raw, memfd->path().c_str()); r < 0) return library_error(r, what, "crypt_init");
   Device cd(raw);
   const char* type = parsed.version == kLuksVersion1 ? CRYPT_LUKS1 : CRYPT_LUKS2;
   if (const int r = crypt_load(cd.get(), type, nullptr); r < 0)
@@ -385,16 +359,48 @@ Result<LuksVolume> LuksVolume::load(const std::string& path, std::shared_ptr<Mem
   return LuksVolume(std::move(cd), std::move(memfd), std::move(parsed), std::string(what));
 }
 
-Result<LuksVolume> LuksVolume::open_file(const std::string& path, std::string_view what) {
-  io::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return Status::from_errno(errno, fmt::format("{}: opening {}", what, path));
-  auto size = file_size(fd.get(), what);
-  if (!size) return size.status();
-  auto head = read_head(fd.get(), *size, what);
-  if (!head) return head.status();
-  auto parsed = parse_luks_header(*head, *size, what);
-  if (!parsed) return parsed.status();
-  return load(path, nullptr, std::move(*parsed), what);
+// [off, off + len) of file into the memfd at the same offset, in pieces (zeros past the file's end).
+Task<Status> LuksVolume::copy_in(io::HostFile& file, const Memfd& memfd, uint64_t off, uint64_t len,
+                                 std::string_view what) {
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<std::byte> buf(static_cast<size_t>(std::min(len, kPiece)));
+  for (uint64_t done = 0; done < len;) {
+    std::span<std::byte> piece(buf.data(), static_cast<size_t>(std::min(len - done, kPiece)));
+    Status st = co_await read_padded(file, off + done, piece);
+    if (!st) co_return st.with_context(fmt::format("{}: reading the LUKS header", what));
+    QCOWFS_CO_TRY(memfd.write_at(off + done, piece, what));
+    done += piece.size();
+  }
+  co_return Status::ok();
+}
+
+Task<Result<LuksVolume>> LuksVolume::open_file(io::HostFile& file, std::string_view what) {
+  const uint64_t size = file.size();
+  std::vector<std::byte> head(static_cast<size_t>(std::min<uint64_t>(size, kLuksProbeBytes)));
+  if (Status st = co_await read_padded(file, 0, head); !st)
+    co_return st.with_context(fmt::format("{}: reading the LUKS header", what));
+  auto parsed = parse_luks_header(head, size, what);
+  if (!parsed) co_return parsed.status();
+  // The memfd has the file's size (sparse), so libcryptsetup's size checks see the image's.
+  auto memfd = Memfd::create(size, what);
+  if (!memfd) co_return memfd.status();
+  // LUKS1: the phdr is inside head; LUKS2: both binary headers and JSON areas (metadata_bytes so far).
+  const uint64_t headers = parsed->version == kLuksVersion1 ? head.size() : parsed->metadata_bytes;
+  uint64_t copied = headers;
+  QCOWFS_CO_TRY(co_await copy_in(file, **memfd, 0, headers, what));
+  auto vol = load(std::move(*memfd), std::move(*parsed), what);
+  if (!vol) co_return vol.status();
+  // Each active slot's material; a slot over the limits stays out (unlock refuses it by name).
+  for (const LuksKeySlotInfo& slot : vol->info_.slots) {
+    if (!slot.active || !check_slot_key_material(slot, what) || slot.key_offset >= size) continue;
+    const uint64_t len = std::min(slot.key_length, size - slot.key_offset);
+    copied += len;
+    if (copied > kMaxLuksHeaderBytes)
+      co_return Status::errorf(EFBIG, "{}: LUKS header and key material of {} bytes exceed the limit of {}", what,
+                               copied, kMaxLuksHeaderBytes);
+    QCOWFS_CO_TRY(co_await copy_in(file, *vol->memfd_, slot.key_offset, len, what));
+  }
+  co_return std::move(*vol);
 }
 
 Result<LuksVolume> LuksVolume::open_bytes(std::span<const std::byte> area, std::string_view what) {
@@ -405,9 +411,13 @@ Result<LuksVolume> LuksVolume::open_bytes(std::span<const std::byte> area, std::
   if (!parsed) return parsed.status();
   auto memfd = Memfd::create(area.size(), what);
   if (!memfd) return memfd.status();
-  QCOWFS_TRY((*memfd)->write_all(area, what));
-  const std::string path = (*memfd)->path();
-  return load(path, std::move(*memfd), std::move(*parsed), what);
+  QCOWFS_TRY((*memfd)->write_at(0, area, what));
+  return load(std::move(*memfd), std::move(*parsed), what);
+}
+
+Result<std::vector<std::byte>> LuksVolume::header_bytes(uint64_t off, size_t len) const {
+  if (!memfd_) return Status::errorf(EINVAL, "{}: no header copy to read", what_);
+  return memfd_->read_at(off, len, what_);
 }
 
 Result<SecretBuffer> LuksVolume::unlock(std::span<const std::byte> passphrase) const {
@@ -511,7 +521,7 @@ Result<LuksFormatted> format_luks1(const LuksFormatParams& params, std::span<con
   LuksFormatted out;
   out.payload_offset = crypt_get_data_offset(cd.get()) * kLuks1SectorBytes;
   cd.reset();  // everything written
-  auto header = (*memfd)->read_all(out.payload_offset, kFormatWhat);
+  auto header = (*memfd)->read_at(0, static_cast<size_t>(out.payload_offset), kFormatWhat);
   if (!header) return header.status();
   out.header = std::move(*header);
   key->shrink(key_size);

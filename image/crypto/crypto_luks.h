@@ -9,9 +9,12 @@
 //
 // libcryptsetup is set up once per process before the first crypt_init: its
 // log goes to io/log.h at debug level and its metadata locking (/run/cryptsetup)
-// is off, so everything here works unprivileged. A header held in memory
-// (open_bytes, format_luks1) lives in a memfd that libcryptsetup opens as
-// /proc/self/fd/N (it accepts that: no temporary file is ever written).
+// is off, so everything here works unprivileged. libcryptsetup never sees the
+// image itself: every header it reads is a copy in a memfd that it opens as
+// /proc/self/fd/N (it accepts that: no temporary file is ever written). For
+// a LUKS image (open_file) the copy is read through io::HostFile, so the image
+// may be anything a HostFile reads; libcryptsetup's crypt_init wants a path,
+// which the memfd gives it.
 //
 // Thread-safety: parse_luks_header and format_luks1 are pure / independent and
 // may run on any thread. A LuksVolume's const methods may be called from any
@@ -30,7 +33,9 @@
 
 #include "image/crypto/crypto_luks1.h"
 #include "image/crypto/crypto_secret.h"
+#include "io/host_file.h"
 #include "io/status.h"
+#include "io/task.h"
 
 struct crypt_device;
 
@@ -111,9 +116,12 @@ Status check_luks_slot_limits(const LuksKeySlotInfo& slot, std::string_view what
 
 class LuksVolume {
  public:
-  // A raw LUKS image (regular file or block device), opened read-only by libcryptsetup for its header.
-  // The header is parsed (parse_luks_header, the file's size as available) before libcryptsetup sees it.
-  static Result<LuksVolume> open_file(const std::string& path, std::string_view what);
+  // A raw LUKS image, read through file: the header is read and parsed (parse_luks_header, the
+  // file's size as available) before libcryptsetup sees it; then libcryptsetup loads a copy in a
+  // memfd as large as the file (sparse) holding the header (LUKS1: its first 4 KiB; LUKS2: both
+  // binary headers and JSON areas) and, once the header names them, every active key slot's
+  // material (EFBIG past kMaxLuksHeaderBytes in all). Nothing else of the file is read.
+  static Task<Result<LuksVolume>> open_file(io::HostFile& file, std::string_view what);
   // A header held in memory: the LUKS area inside a qcow2 image (its offsets are relative to the area;
   // the payload offset is meaningless there). Copied into a memfd that libcryptsetup opens as
   // /proc/self/fd/N, a detached header (the memfd lives as long as the volume). EFBIG past
@@ -136,6 +144,10 @@ class LuksVolume {
   // by libcryptsetup straight into the returned SecretBuffer.
   Result<SecretBuffer> unlock(std::span<const std::byte> passphrase) const;
 
+  // len bytes at off of the header copy libcryptsetup reads (zeros past what was copied): key
+  // material for the libgcrypt key-slot path (crypto_luks1.h). EINVAL for a volume of format_luks1.
+  Result<std::vector<std::byte>> header_bytes(uint64_t off, size_t len) const;
+
  private:
   struct CryptFree {
     void operator()(crypt_device* cd) const;
@@ -144,12 +156,13 @@ class LuksVolume {
   class Memfd;
 
   LuksVolume(Device cd, std::shared_ptr<Memfd> memfd, LuksInfo info, std::string what);
-  static Result<LuksVolume> load(const std::string& path, std::shared_ptr<Memfd> memfd, LuksInfo parsed,
-                                 std::string_view what);
+  static Result<LuksVolume> load(std::shared_ptr<Memfd> memfd, LuksInfo parsed, std::string_view what);
+  static Task<Status> copy_in(io::HostFile& file, const Memfd& memfd, uint64_t off, uint64_t len,
+                              std::string_view what);
   friend Result<LuksFormatted> format_luks1(const LuksFormatParams&, std::span<const std::byte>);
 
   Device cd_;
-  std::shared_ptr<Memfd> memfd_;  // the header's bytes for open_bytes (null for open_file)
+  std::shared_ptr<Memfd> memfd_;  // the header copy libcryptsetup reads
   LuksInfo info_;
   std::string what_;
 };

@@ -11,6 +11,7 @@
 #include "image/crypto/crypto_secret.h"
 #include "io/fd.h"
 #include "io/log.h"
+#include "io/small_file.h"
 
 namespace qcowfs::image::crypto {
 
@@ -206,12 +207,24 @@ Result<std::shared_ptr<const SecretBuffer>> KeyProvider::passphrase(std::string_
   return cached_;
 }
 
+std::string KeyProvider::refusal_note() {
+  std::lock_guard lock(mu_);
+  if (source_ != Source::file || !cached_ || cached_->empty()) return {};
+  if (cached_->data()[cached_->size() - 1] != std::byte{'\n'}) return {};
+  const std::string_view source = path_ == "-" ? "the passphrase on standard input" : "the key file";
+  return fmt::format("{} ends in a newline, which is part of the passphrase; write it with printf or echo -n",
+                     source);
+}
+
 Result<SecretBuffer> KeyProvider::read_source(std::string_view image) const {
   if (source_ == Source::file) {
     if (path_ == "-") return read_secret_fd(STDIN_FILENO, "the passphrase on standard input");
-    io::UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) return Status::from_errno(errno, fmt::format("opening the key file {}", path_));
-    return read_secret_fd(fd.get(), fmt::format("the key file {}", path_));
+    auto file = io::SmallFile::open(path_, kMaxPassphraseBytes, "key file");
+    if (!file) return file.status();
+    auto secret = SecretBuffer::allocate(file->size());
+    if (!secret) return secret.status();
+    QCOWFS_TRY(file->read(secret->span()));
+    return secret;
   }
   if (tty_.get() < 0)
     return Status::errorf(ENOKEY, "{} is encrypted: give its passphrase with -o key-file=PATH (or key-file=- "

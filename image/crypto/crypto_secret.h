@@ -57,8 +57,10 @@ inline constexpr size_t kMaxPassphraseBytes = 8 << 20;
 class KeyProvider {
  public:
   // -o key-file=PATH: the passphrase is the file's whole content (as QEMU's
-  // secret file=, no newline stripped); "-" reads standard input to its end
-  // at once (before the daemon lets go of its standard input).
+  // secret file=, no newline stripped), read through io::SmallFile (a regular
+  // file only: a FIFO or device is refused, never waited on); "-" reads
+  // standard input to its end at once (before the daemon lets go of its
+  // standard input).
   static std::shared_ptr<KeyProvider> from_file(std::string path);
   // No key given: prompts on the controlling terminal (without echo) when
   // standard input is a terminal; otherwise passphrase() fails with ENOKEY.
@@ -72,6 +74,11 @@ class KeyProvider {
   // image in the prompt and in messages. ENOKEY: no key was given and there
   // is no terminal to ask; EIO/ENOENT/EACCES: the key file cannot be read.
   Result<std::shared_ptr<const SecretBuffer>> passphrase(std::string_view image);
+  // Why a passphrase read from a key file or standard input may have been
+  // refused although the user typed the right one: its last byte is a
+  // newline (`echo pw > f`), which is kept as part of the passphrase (as
+  // cryptsetup and QEMU keep it). Empty when there is nothing to say.
+  std::string refusal_note();
 
  private:
   enum class Source { file, terminal, fixed };

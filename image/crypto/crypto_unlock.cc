@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
+#include <mutex>
 
 #include "image/crypto/crypto_luks1.h"
 #include "io/log.h"
@@ -24,12 +24,12 @@ void protect_process() {
 // The volume key through libcryptsetup, or for LUKS1 through libgcrypt when
 // libcryptsetup cannot run the key slots' cipher here. A wrong passphrase is
 // EACCES either way.
-Result<SecretBuffer> unlock_key(const LuksVolume& vol, std::span<const std::byte> pass, const ReadBytesFn& read,
-                                std::string_view what) {
+Result<SecretBuffer> unlock_key(const LuksVolume& vol, std::span<const std::byte> pass, std::string_view what) {
   auto key = vol.unlock(pass);
   if (key || key.status().code() == EACCES || vol.info().version != 1) return key;
   log::debug("{}: libcryptsetup cannot unlock a key slot ({}); trying the libgcrypt key-slot path", what,
              key.status().message());
+  const ReadBytesFn read = [&vol](uint64_t off, size_t len) { return vol.header_bytes(off, len); };
   auto head = read(0, kLuks1HeaderBytes);
   if (!head) return head.status();
   auto h = parse_luks1(*head, UINT64_MAX, what);
@@ -37,7 +37,15 @@ Result<SecretBuffer> unlock_key(const LuksVolume& vol, std::span<const std::byte
   return unlock_luks1(*h, pass, read, what);
 }
 
-Result<UnlockedLuks> finish(const LuksVolume& vol, KeyProvider& keys, const ReadBytesFn& read, std::string_view what) {
+// A refused passphrase, with the key provider's note when it has one (a key file ending in a newline).
+Status refused(const Status& st, KeyProvider& keys) {
+  if (st.code() != EACCES) return st;
+  const std::string note = keys.refusal_note();
+  if (note.empty()) return st;
+  return Status::errorf(EACCES, "{} ({})", st.message(), note);
+}
+
+Result<UnlockedLuks> finish(const LuksVolume& vol, KeyProvider& keys, std::string_view what) {
   UnlockedLuks u;
   u.info = vol.info();
   auto spec = spec_from_luks(u.info.cipher_name, u.info.cipher_mode, u.info.key_bytes, u.info.sector_size);
@@ -45,8 +53,8 @@ Result<UnlockedLuks> finish(const LuksVolume& vol, KeyProvider& keys, const Read
   u.spec = *spec;
   auto pass = keys.passphrase(what);
   if (!pass) return pass.status();
-  auto key = unlock_key(vol, (*pass)->span(), read, what);
-  if (!key) return key.status();
+  auto key = unlock_key(vol, (*pass)->span(), what);
+  if (!key) return refused(key.status(), keys);
   protect_process();
   auto cipher = SectorCipher::create(u.spec, key->span());
   if (!cipher) return cipher.status().with_context(std::string(what));
@@ -56,34 +64,16 @@ Result<UnlockedLuks> finish(const LuksVolume& vol, KeyProvider& keys, const Read
 
 }  // namespace
 
-Result<UnlockedLuks> unlock_luks_file(const std::string& path, KeyProvider& keys, std::string_view what) {
-  auto vol = LuksVolume::open_file(path, what);
-  if (!vol) return vol.status();
-  const ReadBytesFn read = [&path, what](uint64_t off, size_t len) -> Result<std::vector<std::byte>> {
-    std::ifstream in(path, std::ios::binary);
-    std::vector<std::byte> out(len);
-    in.seekg(static_cast<std::streamoff>(off));
-    in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(len));
-    if (in.bad()) return Status::errorf(EIO, "{}: reading the LUKS key material at {}", what, off);
-    out.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
-    out.resize(len);  // past the end: zeros (the parser has checked the bounds)
-    return out;
-  };
-  return finish(*vol, keys, read, what);
+Task<Result<UnlockedLuks>> unlock_luks_file(io::HostFile& file, KeyProvider& keys, std::string_view what) {
+  auto vol = co_await LuksVolume::open_file(file, what);
+  if (!vol) co_return vol.status();
+  co_return finish(*vol, keys, what);
 }
 
 Result<UnlockedLuks> unlock_luks_area(std::span<const std::byte> area, KeyProvider& keys, std::string_view what) {
   auto vol = LuksVolume::open_bytes(area, what);
   if (!vol) return vol.status();
-  const ReadBytesFn read = [area](uint64_t off, size_t len) -> Result<std::vector<std::byte>> {
-    std::vector<std::byte> out(len);
-    if (off < area.size()) {
-      const size_t n = std::min<uint64_t>(len, area.size() - off);
-      std::memcpy(out.data(), area.data() + off, n);
-    }
-    return out;
-  };
-  return finish(*vol, keys, read, what);
+  return finish(*vol, keys, what);
 }
 
 std::shared_ptr<KeyProvider> key_provider_or_terminal(const std::shared_ptr<KeyProvider>& given) {

@@ -19,6 +19,8 @@
 #include "image/crypto/crypto_luks.h"
 #include "image/crypto/crypto_secret.h"
 #include "image/json.h"
+#include "io/host_file.h"
+#include "io/task.h"
 
 namespace qcowfs::image::crypto {
 
@@ -28,9 +30,10 @@ struct UnlockedLuks {
   std::shared_ptr<const SectorCipher> cipher;
 };
 
-// A raw LUKS image (or block device) at path; what names it in messages.
-// EACCES: wrong passphrase; ENOKEY: no passphrase given and no terminal.
-Result<UnlockedLuks> unlock_luks_file(const std::string& path, KeyProvider& keys, std::string_view what);
+// A raw LUKS image read through file (LuksVolume::open_file); what names it in messages.
+// EACCES: wrong passphrase (with the key provider's refusal_note when it has one, e.g. a key file
+// ending in a newline); ENOKEY: no passphrase given and no terminal.
+Task<Result<UnlockedLuks>> unlock_luks_file(io::HostFile& file, KeyProvider& keys, std::string_view what);
 // The LUKS area of a qcow2 image (offsets relative to the area).
 Result<UnlockedLuks> unlock_luks_area(std::span<const std::byte> area, KeyProvider& keys, std::string_view what);
 

@@ -85,7 +85,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_luks(std::unique_ptr<io::HostFil
                                                      ImageOptions opts) {
   if (!opts.snapshot.empty()) co_return Status::errorf(EINVAL, "{}: LUKS images have no snapshots", path);
   auto keys = crypto::key_provider_or_terminal(opts.keys);
-  auto luks = crypto::unlock_luks_file(file->path(), *keys, path);
+  auto luks = co_await crypto::unlock_luks_file(*file, *keys, path);
   if (!luks) co_return luks.status();
   if (luks->info.payload_offset > file->size())
     co_return Status::errorf(EINVAL, "{}: the LUKS payload offset {} is past the end of the file ({} bytes)", path,

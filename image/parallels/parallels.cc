@@ -3,32 +3,27 @@
 // extension's checks, then an ExtentDriver over a ClusterMap.
 #include "image/parallels/parallels.h"
 
+#include <gcrypt.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "image/crypto/crypto_cipher.h"
 #include "image/endian.h"
 #include "image/extent/driver.h"
 #include "image/extent/host_read.h"
 #include "image/parallels/format.h"
 #include "image/parallels/header.h"
 #include "image/parallels/map.h"
-#include "image/parallels/md5.h"
 #include "image/parallels/writer.h"
 
 namespace qcowfs::image {
 namespace {
 
 using parallels::kSector;
-
-// The core's read_padded() (zeros past the end of the file, as QEMU's
-// bdrv_pread), with the structure named in a failure.
-Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf, std::string_view what,
-                         const std::string& path) {
-  Status st = co_await image::read_padded(file, off, buf);
-  co_return st.with_context(fmt::format("{}: reading the Parallels {}", path, what));
-}
 
 // The BAT entries that lie inside the file, in host order.
 Task<Result<std::vector<uint32_t>>> read_bat(io::HostFile& file, const parallels::Header& h, const std::string& path) {
@@ -40,25 +35,35 @@ Task<Result<std::vector<uint32_t>>> read_bat(io::HostFile& file, const parallels
                              parallels::kMaxBatInMemory, parallels::kMaxBatInMemory * 4 >> 20);
   std::vector<uint32_t> bat(n);
   std::span<std::byte> raw(reinterpret_cast<std::byte*>(bat.data()), n * 4);
-  QCOWFS_CO_TRY(co_await read_padded(file, parallels::kBatOff, raw, "BAT", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, parallels::kBatOff, raw, "Parallels BAT"));
   for (uint32_t& e : bat) e = load_le32(reinterpret_cast<const std::byte*>(&e));
   co_return bat;
 }
 
-// The MD5 of the extension cluster after its header, read in chunks (zeros
-// past the end of the file), against the one the header records.
+// libgcrypt's MD5 context, closed when it goes.
+struct Md5Close {
+  void operator()(gcry_md_hd_t h) const { gcry_md_close(h); }
+};
+using Md5Handle = std::unique_ptr<gcry_md_handle, Md5Close>;
+
+// The MD5 of the extension cluster after its header (libgcrypt, fed in chunks
+// read with zeros past the end of the file), against the one the header records.
 Task<Status> check_extension_md5(io::HostFile& file, uint64_t at, uint64_t cluster_size,
                                  std::span<const std::byte> first, const std::string& path) {
-  parallels::Md5 md5;
+  crypto::init_gcrypt();
+  gcry_md_hd_t raw = nullptr;
+  if (const gcry_error_t e = gcry_md_open(&raw, GCRY_MD_MD5, 0); e != 0)
+    co_return Status::errorf(EIO, "{}: MD5 of the Parallels format extension: {}", path, gcry_strerror(e));
+  const Md5Handle md5(raw);
   std::vector<std::byte> chunk(parallels::kMaxExtRead);
   for (uint64_t off = parallels::kExtHeaderSize; off < cluster_size;) {
     const uint64_t n = std::min<uint64_t>(chunk.size(), cluster_size - off);
     std::span<std::byte> part(chunk.data(), n);
-    QCOWFS_CO_TRY(co_await read_padded(file, at + off, part, "format extension", path));
-    md5.update(part);
+    QCOWFS_CO_TRY(co_await read_padded(file, at + off, part, "Parallels format extension"));
+    gcry_md_write(md5.get(), part.data(), part.size());
     off += n;
   }
-  if (std::memcmp(md5.digest().data(), first.data() + 8, 16) != 0)
+  if (std::memcmp(gcry_md_read(md5.get(), GCRY_MD_MD5), first.data() + 8, 16) != 0)
     co_return Status::errorf(EINVAL, "{}: wrong checksum in the Parallels format extension header: it is corrupted",
                              path);
   co_return Status::ok();
@@ -72,7 +77,7 @@ Task<Status> check_extension(io::HostFile& file, const parallels::Header& h, con
     co_return Status::errorf(EINVAL, "{}: Parallels format extension offset {:#x} is out of range", path, h.ext_off);
   const uint64_t at = h.ext_off * kSector;
   std::vector<std::byte> ext(std::min(h.cluster_size(), parallels::kMaxExtRead));
-  QCOWFS_CO_TRY(co_await read_padded(file, at, ext, "format extension", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, at, ext, "Parallels format extension"));
   if (ext.size() < parallels::kExtHeaderSize || load_le64(ext.data()) != parallels::kExtMagic)
     co_return parallels::check_extension(ext, h.cluster_size(), h.nb_sectors, path);  // names the bad magic
   if (h.cluster_size() > parallels::kMaxExtCluster)
@@ -119,7 +124,7 @@ Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, cons
   const uint64_t clusters = (h.nb_sectors * kSector + h.cluster_size() - 1) / h.cluster_size();
   QCOWFS_CO_TRY(check_writable(h, map, clusters, path));
   io::AlignedBuffer meta(static_cast<size_t>(parallels::ParallelsWriter::meta_end(clusters)), file.mem_align(), true);
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, meta.span(), "header and BAT", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, meta.span(), "Parallels header and BAT"));
   auto w = std::make_unique<parallels::ParallelsWriter>(file, path, h, map, std::move(meta));
   Status st = co_await w->mark_in_use();
   if (!st) co_return st.with_context(path + ": marking the Parallels image in use");
@@ -132,7 +137,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_parallels(std::unique_ptr<io::Ho
                                                           ImageOptions opts) {
   if (!opts.snapshot.empty()) co_return Status::errorf(EINVAL, "{}: Parallels images have no snapshots", path);
   std::array<std::byte, parallels::kHeaderSize> b;
-  QCOWFS_CO_TRY(co_await read_padded(*file, 0, b, "header", path));
+  QCOWFS_CO_TRY(co_await read_padded(*file, 0, b, "Parallels header"));
   auto h = parallels::parse_header(b, path);
   if (!h) co_return h.status();
   auto bat = co_await read_bat(*file, *h, path);

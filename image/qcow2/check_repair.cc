@@ -44,9 +44,9 @@ Task<Result<StoredRefcounts::Block*>> StoredRefcounts::block_for(HostCluster hc)
     co_return Status::errorf(EIO, "refcount block {:#x} is not cluster aligned", host);
   auto it = blocks_.find(host);
   if (it != blocks_.end()) co_return &it->second;
-  auto buf = co_await read_padded(file_, host, static_cast<size_t>(map_.cluster_size()));
-  if (!buf) co_return buf.status();
-  co_return &blocks_.emplace(host, Block{std::move(*buf), false}).first->second;
+  io::AlignedBuffer buf(static_cast<size_t>(map_.cluster_size()), file_.mem_align());
+  QCOWFS_CO_TRY(co_await read_padded(file_, host, buf.span()));
+  co_return &blocks_.emplace(host, Block{std::move(buf), false}).first->second;
 }
 
 // ---- comparing refcounts ----
@@ -124,12 +124,12 @@ class CopiedChecker {
   }
 
   Task<Status> check_l2(HostOffset l2) {
-    auto buf = co_await read_padded(f_, l2, static_cast<size_t>(h_.cluster_size()));
-    if (!buf) co_return Status::ok();  // already counted as a check error by the walk
+    io::AlignedBuffer buf(static_cast<size_t>(h_.cluster_size()), f_.mem_align());
+    if (!co_await read_padded(f_, l2, buf.span())) co_return Status::ok();  // already counted by the walk
     bool dirty = false;
     size_t esize = g_.l2_entry_size();
     for (uint64_t i = 0; i < g_.l2_entries(); ++i) {
-      std::byte* p = buf->data() + i * esize;
+      std::byte* p = buf.data() + i * esize;
       L2EntryClass c = decode_l2_entry(g_, load_be64(p), 0);
       if (!c.mapped()) continue;  // only normal and ZERO_ALLOC clusters have a refcount to match
       auto rc = co_await data_refcount(c);
@@ -144,7 +144,7 @@ class CopiedChecker {
       dirty = true;
       ++r_.corruptions_fixed;
     }
-    if (dirty) QCOWFS_CO_TRY(co_await f_.write(l2, buf->span()));
+    if (dirty) QCOWFS_CO_TRY(co_await f_.write(l2, buf.span()));
     co_return Status::ok();
   }
 

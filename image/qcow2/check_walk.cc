@@ -123,14 +123,14 @@ class Walker {
   Task<Status> walk_l1(HostOffset l1, uint32_t l1_size, bool active) {
     if (l1_size == 0) co_return Status::ok();
     inc(l1, uint64_t{l1_size} * kL1EntrySize);
-    auto buf = co_await read_padded(file_, l1, size_t{l1_size} * kL1EntrySize);
-    if (!buf) {
-      note("ERROR: I/O error in check_refcounts_l1: {}", buf.status().to_string());
+    io::AlignedBuffer buf(size_t{l1_size} * kL1EntrySize, file_.mem_align());
+    if (Status st = co_await read_padded(file_, l1, buf.span()); !st) {
+      note("ERROR: I/O error in check_refcounts_l1: {}", st.to_string());
       ++r_.check_errors;
       co_return Status::ok();
     }
     for (uint32_t i = 0; i < l1_size; ++i) {
-      uint64_t entry = load_be64(buf->data() + size_t{i} * kL1EntrySize);
+      uint64_t entry = load_be64(buf.data() + size_t{i} * kL1EntrySize);
       if (active) active_l1_.push_back(entry);
       if (entry != 0) QCOWFS_CO_TRY(co_await walk_l1_entry(entry, active));
       report_progress();
@@ -151,16 +151,16 @@ class Walker {
   }
 
   Task<Status> walk_l2(HostOffset l2, bool active) {
-    auto buf = co_await read_padded(file_, l2, static_cast<size_t>(cs_));
-    if (!buf) {
-      note("ERROR: I/O error in check_refcounts_l2: {}", buf.status().to_string());
+    io::AlignedBuffer buf(static_cast<size_t>(cs_), file_.mem_align());
+    if (Status st = co_await read_padded(file_, l2, buf.span()); !st) {
+      note("ERROR: I/O error in check_refcounts_l2: {}", st.to_string());
       ++r_.check_errors;
       co_return Status::ok();
     }
     next_contiguous_ = 0;  // fragmentation is counted within each L2 table, as QEMU does
     size_t esize = g_.l2_entry_size();
     for (uint64_t i = 0; i < g_.l2_entries(); ++i) {
-      const std::byte* p = buf->data() + i * esize;
+      const std::byte* p = buf.data() + i * esize;
       uint64_t bitmap = g_.extended_l2 ? load_be64(p + kExtendedL2BitmapOffset) : 0;
       check_l2_entry(decode_l2_entry(g_, load_be64(p), bitmap), active);
     }
@@ -238,10 +238,10 @@ class Walker {
 
 Task<Result<std::vector<uint64_t>>> read_reftable(io::HostFile& f, const Header& h) {
   uint64_t bytes = uint64_t{h.refcount_table_clusters} * h.cluster_size();
-  auto buf = co_await read_padded(f, h.refcount_table_offset, static_cast<size_t>(bytes));
-  if (!buf) co_return buf.status();
+  io::AlignedBuffer buf(static_cast<size_t>(bytes), f.mem_align());
+  QCOWFS_CO_TRY(co_await read_padded(f, h.refcount_table_offset, buf.span()));
   std::vector<uint64_t> t(bytes / kReftableEntrySize);
-  for (size_t i = 0; i < t.size(); ++i) t[i] = load_be64(buf->data() + i * kReftableEntrySize);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = load_be64(buf.data() + i * kReftableEntrySize);
   co_return t;
 }
 
@@ -259,10 +259,11 @@ Task<Result<std::vector<HostRange>>> bitmap_ranges(io::HostFile& file, const Hea
   std::vector<HostRange> out;
   if (b.table_size == 0) co_return out;
   out.push_back(HostRange{b.table_offset, uint64_t{b.table_size} * kBitmapTableEntrySize});
-  auto buf = co_await read_padded(file, b.table_offset, size_t{b.table_size} * kBitmapTableEntrySize);
-  if (!buf) co_return buf.status().with_context(fmt::format("reading the table of bitmap '{}'", b.name));
+  io::AlignedBuffer buf(size_t{b.table_size} * kBitmapTableEntrySize, file.mem_align());
+  if (Status st = co_await read_padded(file, b.table_offset, buf.span()); !st)
+    co_return st.with_context(fmt::format("reading the table of bitmap '{}'", b.name));
   for (uint32_t i = 0; i < b.table_size; ++i) {
-    HostOffset host = load_be64(buf->data() + size_t{i} * kBitmapTableEntrySize) & kBitmapTableOffsetMask;
+    HostOffset host = load_be64(buf.data() + size_t{i} * kBitmapTableEntrySize) & kBitmapTableOffsetMask;
     if (host != 0) out.push_back(HostRange{host, h.cluster_size()});
   }
   co_return out;

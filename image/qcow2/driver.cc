@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "image/extent/host_holes.h"
-#include "image/qcow2/status.h"
+#include "image/qcow2/metadata_prealloc.h"
 #include "image/qcow2/writer.h"
 #include "image/shrink.h"
 #include "io/align.h"

@@ -107,7 +107,7 @@ void setup_caches(Qcow2Image& img, const ImageOptions& opts) {
   const Header& h = img.header;
   size_t slice = static_cast<size_t>(std::min<uint64_t>(TableCache::kDefaultSliceSize, h.cluster_size()));
   uint64_t whole_disk = h.l1_entries_for(h.size) * h.cluster_size();
-  uint64_t bytes = opts.l2_cache_size != 0 ? opts.l2_cache_size : TableCache::default_size(whole_disk, slice);
+  uint64_t bytes = opts.table_cache_size != 0 ? opts.table_cache_size : TableCache::default_size(whole_disk, slice);
   img.l2_cache = std::make_unique<TableCache>(*img.file, slice, bytes);
   img.cluster_cache = std::make_unique<ClusterCache>(ClusterCache::default_capacity(h.cluster_size()));
 }

@@ -74,7 +74,7 @@ struct Qcow2Image {
   MetadataLayout layout;
   Corruption corruption;
   // Whether QEMU would take the image for one made with preallocation=metadata
-  // (image/qcow2/status.h); settled by the first block_status() call.
+  // (image/qcow2/metadata_prealloc.h); settled by the first block_status() call.
   enum class PreallocGuess : uint8_t { unknown, no, yes };
   std::atomic<PreallocGuess> metadata_prealloc{PreallocGuess::unknown};
 

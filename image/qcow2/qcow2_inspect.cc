@@ -14,22 +14,14 @@ constexpr uint64_t kSnapshotTableFirstRead = 64 * 1024;
 
 }  // namespace
 
-Task<Result<io::AlignedBuffer>> read_padded(io::HostFile& f, HostOffset host, size_t len) {
-  io::AlignedBuffer buf(len, f.mem_align());
-  if (len == 0 || host >= f.size()) co_return buf;
-  auto n = co_await f.read(host, buf.span());
-  if (!n) co_return n.status().with_context(fmt::format("reading {} bytes at {:#x} of {}", len, host, f.path()));
-  co_return buf;
-}
-
 Task<Result<Header>> read_qcow2_header(io::HostFile& f) {
-  auto probe = co_await read_padded(f, 0, kHeaderProbeBytes);
-  if (!probe) co_return probe.status();
-  auto cs = header_cluster_size(probe->span().first(std::min<uint64_t>(f.size(), kHeaderProbeBytes)));
+  io::AlignedBuffer probe(kHeaderProbeBytes, f.mem_align());
+  QCOWFS_CO_TRY(co_await read_padded(f, 0, probe.span()));
+  auto cs = header_cluster_size(probe.span().first(std::min<uint64_t>(f.size(), kHeaderProbeBytes)));
   if (!cs) co_return cs.status();
-  auto cluster0 = co_await read_padded(f, 0, static_cast<size_t>(*cs));
-  if (!cluster0) co_return cluster0.status();
-  co_return parse_header(cluster0->span(), f.size());
+  io::AlignedBuffer cluster0(static_cast<size_t>(*cs), f.mem_align());
+  QCOWFS_CO_TRY(co_await read_padded(f, 0, cluster0.span()));
+  co_return parse_header(cluster0.span(), f.size());
 }
 
 Task<Result<SnapshotTable>> read_qcow2_snapshots(io::HostFile& f, const Header& h) {
@@ -37,9 +29,9 @@ Task<Result<SnapshotTable>> read_qcow2_snapshots(io::HostFile& f, const Header& 
   uint64_t room = f.size() - std::min(f.size(), h.snapshots_offset);
   uint64_t want = std::min<uint64_t>(kSnapshotTableFirstRead, room);
   for (;;) {
-    auto buf = co_await read_padded(f, h.snapshots_offset, static_cast<size_t>(want));
-    if (!buf) co_return buf.status();
-    auto t = parse_snapshot_table(buf->span(), h, f.size());
+    io::AlignedBuffer buf(static_cast<size_t>(want), f.mem_align());
+    QCOWFS_CO_TRY(co_await read_padded(f, h.snapshots_offset, buf.span()));
+    auto t = parse_snapshot_table(buf.span(), h, f.size());
     if (!t || t->needed_bytes == 0) co_return t;
     want = std::min(std::max(t->needed_bytes, want * 2), std::min(kMaxSnapshotTableBytes, room));
   }
@@ -74,9 +66,9 @@ Task<Result<std::vector<Bitmap>>> read_qcow2_bitmaps(io::HostFile& f, const Head
     co_return std::vector<Bitmap>{};
   if (h.bitmaps->directory_size > kMaxBitmapDirectorySize)
     co_return Status::errorf(EINVAL, "bitmap directory of {} bytes is too large", h.bitmaps->directory_size);
-  auto dir = co_await read_padded(f, h.bitmaps->directory_offset, static_cast<size_t>(h.bitmaps->directory_size));
-  if (!dir) co_return dir.status();
-  co_return parse_bitmap_directory(dir->span(), h.bitmaps->nb_bitmaps);
+  io::AlignedBuffer dir(static_cast<size_t>(h.bitmaps->directory_size), f.mem_align());
+  QCOWFS_CO_TRY(co_await read_padded(f, h.bitmaps->directory_offset, dir.span()));
+  co_return parse_bitmap_directory(dir.span(), h.bitmaps->nb_bitmaps);
 }
 
 }  // namespace qcowfs::image::qcow2

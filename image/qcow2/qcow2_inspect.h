@@ -1,6 +1,6 @@
 // Reading qcow2 metadata straight from an image file for the tools (info,
 // check, create's verification): the header, the snapshot table and the
-// persistent bitmap directory, plus raw zero-padded reads; refcount entries
+// persistent bitmap directory (zero-padded reads: image/extent/host_read.h); refcount entries
 // through image/qcow2/refcount_entry.h. Unlike the driver, nothing here is cached.
 // Thread-safety: free functions; the HostFile's own rules apply.
 #pragma once
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "image/extent/host_read.h"
 #include "image/qcow2/header.h"
 #include "image/qcow2/refcount_entry.h"
 #include "image/qcow2/snapshot.h"
@@ -29,9 +30,6 @@ struct Bitmap {
   uint8_t granularity_bits = 0;
   uint64_t granularity() const { return uint64_t{1} << granularity_bits; }
 };
-
-// Reads len bytes at host; bytes past the end of the file read as zeros.
-Task<Result<io::AlignedBuffer>> read_padded(io::HostFile& f, HostOffset host, size_t len);
 
 // Reads and validates the header (image/qcow2/header.h rules).
 Task<Result<Header>> read_qcow2_header(io::HostFile& f);

@@ -126,7 +126,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_qed(std::unique_ptr<io::HostFile
   img.path = path;
   img.size = h->image_size;
   img.details = describe(*h, *backing_name);
-  auto map = std::make_unique<qed::QedMap>(*file, path, *h, std::move(*l1), opts.l2_cache_size);
+  auto map = std::make_unique<qed::QedMap>(*file, path, *h, std::move(*l1), opts.table_cache_size);
   if (opts.file.writable) {
     auto writer = co_await make_writer(*file, path, *h, *map);
     if (!writer) co_return writer.status();

@@ -160,7 +160,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> fi
     const bool fixed = (params->flags & kLeaveBlocksAllocated) != 0;
     wp = VhdxWriter::Params{*geometry, *header, *first_free, ws.next_sequence, ws.replayed, fixed};
   }
-  auto map = std::make_unique<BatMap>(f, *geometry, regions->bat.offset, path, opts.l2_cache_size);
+  auto map = std::make_unique<BatMap>(f, *geometry, regions->bat.offset, path, opts.table_cache_size);
   QCOWFS_CO_TRY(co_await map->init());
   ExtentImage img;
   img.format = "vhdx";

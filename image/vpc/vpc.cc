@@ -23,14 +23,6 @@ namespace {
 
 using vpc::kSector;
 
-// The core's read_padded() (zeros past the end of the file, as QEMU's
-// bdrv_pread), with the structure named in a failure.
-Task<Status> read_padded(io::HostFile& file, uint64_t off, std::span<std::byte> buf, std::string_view what,
-                         const std::string& path) {
-  Status st = co_await image::read_padded(file, off, buf);
-  co_return st.with_context(fmt::format("{}: reading the VHD {}", path, what));
-}
-
 struct FoundFooter {
   vpc::Footer footer;
   bool at_start = false;  // a dynamic disk's copy at offset 0 (QEMU reads that one first)
@@ -40,7 +32,7 @@ struct FoundFooter {
 // be a fixed disk's (vpc_open).
 Task<Result<FoundFooter>> find_footer(io::HostFile& file, const std::string& path) {
   std::array<std::byte, vpc::kFooterSize> b;
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, b, "footer copy", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, b, "VHD footer copy"));
   if (vpc::has_cookie(b, vpc::kFooterCookie)) {
     auto f = vpc::parse_footer(b, path);
     if (!f) co_return f.status();
@@ -48,7 +40,7 @@ Task<Result<FoundFooter>> find_footer(io::HostFile& file, const std::string& pat
   }
   const uint64_t size = file.size();
   if (size < vpc::kFooterSize) co_return Status::errorf(EINVAL, "{}: file too small for a VHD footer", path);
-  QCOWFS_CO_TRY(co_await read_padded(file, size - vpc::kFooterSize, b, "footer", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, size - vpc::kFooterSize, b, "VHD footer"));
   if (!vpc::has_cookie(b, vpc::kFooterCookie) || load_be32(&b[vpc::kFooterTypeOff]) != vpc::kFixed)
     co_return Status::errorf(EINVAL, "{}: invalid VPC image (no footer at 0 and no fixed-disk footer at the end)",
                              path);
@@ -62,7 +54,7 @@ Task<Result<vpc::DynHeader>> read_dyn_header(io::HostFile& file, const vpc::Foot
   std::array<std::byte, vpc::kDynHeaderSize> b;
   if (f.data_offset > UINT64_MAX - b.size())
     co_return Status::errorf(EINVAL, "{}: VHD dynamic header offset {:#x} is out of range", path, f.data_offset);
-  QCOWFS_CO_TRY(co_await read_padded(file, f.data_offset, b, "dynamic disk header", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, f.data_offset, b, "VHD dynamic disk header"));
   co_return vpc::parse_dyn_header(b, sectors, path);
 }
 
@@ -77,7 +69,7 @@ Task<Result<std::vector<uint32_t>>> read_bat(io::HostFile& file, const vpc::DynH
                              h.max_table_entries, h.table_offset, fsize);
   std::vector<uint32_t> bat(h.max_table_entries);
   std::span<std::byte> raw(reinterpret_cast<std::byte*>(bat.data()), bytes);
-  QCOWFS_CO_TRY(co_await read_padded(file, h.table_offset, raw, "BAT", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, h.table_offset, raw, "VHD BAT"));
   const uint64_t block_bytes = vpc::bitmap_size(h.block_size) + h.block_size;
   uint64_t free_offset = (h.table_offset + bytes + 511) & ~uint64_t{511};
   for (uint32_t& e : bat) {
@@ -148,10 +140,10 @@ Task<Result<std::unique_ptr<ExtentWriter>>> make_dynamic_writer(io::HostFile& fi
   l.free_offset = vpc::free_data_block_offset(h, map);
   QCOWFS_CO_TRY(vpc::check_layout(l, map, path));
   io::AlignedBuffer footer(vpc::kFooterSize, file.mem_align(), true);
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, footer.span(), "footer copy", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, footer.span(), "VHD footer copy"));
   const uint64_t base = vpc::VpcWriter::bat_base(h);
   io::AlignedBuffer bat(static_cast<size_t>(vpc::VpcWriter::bat_end(h) - base), file.mem_align(), true);
-  QCOWFS_CO_TRY(co_await read_padded(file, base, bat.span(), "BAT", path));
+  QCOWFS_CO_TRY(co_await read_padded(file, base, bat.span(), "VHD BAT"));
   co_return std::unique_ptr<ExtentWriter>(
       std::make_unique<vpc::VpcWriter>(file, path, l, map, std::move(footer), std::move(bat)));
 }

@@ -95,7 +95,7 @@ Task<void> fuzz_writable(const image::FormatInfo& f, std::vector<std::byte> byte
   file->set_size_limit(limit);
   image::ImageOptions opts;
   opts.format = QCOWFS_FUZZ_FORMAT;
-  opts.l2_cache_size = 64 * 1024;
+  opts.table_cache_size = 64 * 1024;
   opts.file.writable = true;
   auto d = co_await f.open(std::move(file), mo.path, opts);
   if (!d) co_return;
@@ -113,7 +113,7 @@ Task<void> fuzz_one(std::vector<std::byte> bytes) {
   auto file = std::make_unique<io::MemFile>(mo, std::move(bytes));
   image::ImageOptions opts;
   opts.format = QCOWFS_FUZZ_FORMAT;
-  opts.l2_cache_size = 64 * 1024;
+  opts.table_cache_size = 64 * 1024;
   auto d = co_await f->open(std::move(file), mo.path, opts);
   if (!d) co_return;
   co_await read_some(**d);

@@ -67,7 +67,7 @@ Task<void> fuzz_one(std::vector<std::byte> bytes) {
   mo.path = "/nonexistent-qcowfs-fuzz/fuzz.qcow2";
   auto file = std::make_unique<io::MemFile>(mo, std::move(bytes));
   image::ImageOptions opts;
-  opts.l2_cache_size = 64 * 1024;
+  opts.table_cache_size = 64 * 1024;
   auto d = co_await image::open_qcow2(std::move(file), mo.path, opts);
   if (!d) co_return;
   co_await read_some(**d);

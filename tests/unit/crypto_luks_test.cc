@@ -6,6 +6,7 @@
 
 #include "crypto_test_util.h"
 #include "io_test_util.h"
+#include "io/mem_file.h"
 
 #include <gcrypt.h>
 #include <gtest/gtest.h>
@@ -58,6 +59,13 @@ std::string must_run(const std::string& cmd) {
 
 std::vector<std::byte> read_file(const fs::path& p, size_t max = SIZE_MAX) {
   return io::testing::read_file(p.string(), max);
+}
+
+// A LUKS image opened as the driver opens it, through a HostFile: here one in memory, which has no
+// path for libcryptsetup to open.
+Result<LuksVolume> open_image(const fs::path& p, std::string_view what) {
+  io::MemFile file(io::MemFileOptions{}, read_file(p));
+  return io::testing::run_now(LuksVolume::open_file(file, what));
 }
 
 void write_file(const fs::path& p, std::span<const std::byte> data, uint64_t total = 0) {
@@ -196,7 +204,7 @@ class QemuLuks1 : public ::testing::TestWithParam<std::string> {};
 TEST_P(QemuLuks1, UnlocksTheKeyLuksDumpShowsAndReportsItsHeader) {
   auto& im = Images::get();
   const fs::path img = im.qemu_luks1(GetParam());
-  auto v = LuksVolume::open_file(img.string(), "q.luks");
+  auto v = open_image(img, "q.luks");
   ASSERT_TRUE(v) << v.status().to_string();
   expect_luks1_matches_dump(v->info(), img);
   // The pure parser agrees with libcryptsetup's view.
@@ -225,7 +233,7 @@ INSTANTIATE_TEST_SUITE_P(
 // against qemu-io's data.
 
 TEST(CryptoLuks, WrongPassphraseIsEacces) {
-  auto v = LuksVolume::open_file(Images::get().qemu_luks1().string(), "q.luks");
+  auto v = open_image(Images::get().qemu_luks1(), "q.luks");
   ASSERT_TRUE(v) << v.status().to_string();
   auto key = v->unlock(bytes("not it"));
   ASSERT_FALSE(key);
@@ -238,7 +246,7 @@ TEST(CryptoLuks, WrongPassphraseIsEacces) {
 TEST(CryptoLuks, OpenBytesOnTheLuks1AreaUnlocksTheSameKey) {
   auto& im = Images::get();
   const fs::path img = im.qemu_luks1();
-  auto v = LuksVolume::open_file(img.string(), "q.luks");
+  auto v = open_image(img, "q.luks");
   ASSERT_TRUE(v) << v.status().to_string();
   const auto area = read_file(img, v->info().payload_offset);
   auto m = LuksVolume::open_bytes(area, "area");
@@ -293,7 +301,7 @@ class CryptsetupLuks2 : public ::testing::TestWithParam<Luks2Case> {};
 TEST_P(CryptsetupLuks2, UnlocksTheKeyLuksDumpShowsAndReportsItsHeader) {
   auto& im = Images::get();
   const fs::path img = im.luks2(GetParam().args);
-  auto v = LuksVolume::open_file(img.string(), "c.img");
+  auto v = open_image(img, "c.img");
   ASSERT_TRUE(v) << v.status().to_string();
   expect_luks2_matches_dump(v->info(), img);
   EXPECT_EQ(v->info().sector_size, GetParam().sector_size);
@@ -392,7 +400,7 @@ class HostileLuks1 : public ::testing::Test {
   void expect_refused_at_open(int err, const std::string& text) {
     const fs::path p = Images::get().tmp() / "hostile.luks";
     write_file(p, bytes_);
-    auto v = LuksVolume::open_file(p.string(), "hostile.luks");
+    auto v = open_image(p, "hostile.luks");
     ASSERT_FALSE(v) << "opened";
     EXPECT_EQ(v.status().code(), err) << v.status().to_string();
     EXPECT_NE(v.status().message().find(text), std::string::npos) << v.status().message();
@@ -409,7 +417,7 @@ TEST_F(HostileLuks1, HugeSlotIterationsAreRefusedBeforeDerivation) {
   put_be32(bytes_, slot(0, kSlotIterations), 0xFFFFFFFF);
   const fs::path p = Images::get().tmp() / "iter.luks";
   write_file(p, bytes_);
-  auto v = LuksVolume::open_file(p.string(), "iter.luks");
+  auto v = open_image(p, "iter.luks");
   ASSERT_TRUE(v) << v.status().to_string();  // the header is readable; the slot is not usable
   EXPECT_EQ(v->info().slots[0].iterations, 0xFFFFFFFFu);
   const auto start = std::chrono::steady_clock::now();
@@ -434,7 +442,7 @@ TEST_F(HostileLuks1, ASlotOverTheLimitIsSkippedAndTheOthersStillUnlock) {
   auto b = read_file(p);
   put_be32(b, slot(0, kSlotIterations), kMaxPbkdf2Iterations + 1);
   write_file(p, b);
-  auto v = LuksVolume::open_file(p.string(), "two-slots.luks");
+  auto v = open_image(p, "two-slots.luks");
   ASSERT_TRUE(v) << v.status().to_string();
   EXPECT_TRUE(v->info().slots[1].active);
   auto key = v->unlock(bytes("second"));
@@ -573,7 +581,7 @@ TEST(HostileLuks2, Argon2MemoryAboveTheLimitIsRefusedBeforeDerivation) {
   patch_luks2_json(b, "\"memory\":1024", "\"memory\":4194305");
   const fs::path p = im.tmp() / "argon.img";
   write_file(p, b);
-  auto v = LuksVolume::open_file(p.string(), "argon.img");
+  auto v = open_image(p, "argon.img");
   ASSERT_TRUE(v) << v.status().to_string();
   ASSERT_EQ(v->info().slots.size(), 1u);
   EXPECT_EQ(v->info().slots[0].memory_kib, 4194305u);
@@ -595,7 +603,7 @@ TEST(HostileLuks2, Argon2TimeCostAndThreadsAboveTheLimit) {
   const std::string dump = must_run("cryptsetup luksDump " + im.luks2(kArgon2).string());
   patch_luks2_json(b, "\"time\":" + dump_field(dump, "Time cost"), "\"time\":100000");
   write_file(p, b);
-  auto v = LuksVolume::open_file(p.string(), "argon2.img");
+  auto v = open_image(p, "argon2.img");
   ASSERT_TRUE(v) << v.status().to_string();
   auto key = v->unlock(bytes(kPass));
   EXPECT_EQ(key.status().code(), EINVAL);
@@ -604,7 +612,7 @@ TEST(HostileLuks2, Argon2TimeCostAndThreadsAboveTheLimit) {
   b = orig;
   patch_luks2_json(b, "\"cpus\":" + dump_field(dump, "Threads"), "\"cpus\":64");
   write_file(p, b);
-  auto w = LuksVolume::open_file(p.string(), "argon2.img");
+  auto w = open_image(p, "argon2.img");
   ASSERT_TRUE(w) << w.status().to_string();
   key = w->unlock(bytes(kPass));
   EXPECT_EQ(key.status().code(), EINVAL);

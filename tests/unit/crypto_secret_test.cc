@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <pty.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -73,6 +74,33 @@ TEST(CryptoSecret, KeyFileIsTheWholeContentNewlineIncluded) {
   auto again = p->passphrase("disk.qcow2");
   ASSERT_TRUE(again);
   EXPECT_EQ(again->get(), s->get());
+}
+
+TEST(CryptoSecret, NewlineAtTheEndOfAKeyFileIsNotedForARefusal) {
+  TempFile with("pw\n"), without("pw");
+  auto p = KeyProvider::from_file(with.path());
+  EXPECT_EQ(p->refusal_note(), "");  // nothing read yet
+  ASSERT_TRUE(p->passphrase("d.luks"));
+  EXPECT_NE(p->refusal_note().find("the key file ends in a newline"), std::string::npos) << p->refusal_note();
+  auto q = KeyProvider::from_file(without.path());
+  ASSERT_TRUE(q->passphrase("d.luks"));
+  EXPECT_EQ(q->refusal_note(), "");
+  EXPECT_EQ(KeyProvider::from_bytes(bytes("pw\n"))->refusal_note(), "");  // not a file the user wrote
+}
+
+// A FIFO named as the key file is refused at once instead of blocking in open() (issue 31 item 3).
+TEST(CryptoSecret, KeyFileThatIsAFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = ::testing::TempDir() + "/qcowfs_key_fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto s = KeyProvider::from_file(fifo)->passphrase("d.luks");
+  ::unlink(fifo.c_str());
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.status().code(), EINVAL);
+  EXPECT_EQ(s.status().message(), "key file " + fifo + " is a FIFO, not a regular file");
+  auto dir = KeyProvider::from_file(::testing::TempDir())->passphrase("d.luks");
+  ASSERT_FALSE(dir);
+  EXPECT_NE(dir.status().message().find("is a directory, not a regular file"), std::string::npos);
 }
 
 TEST(CryptoSecret, MissingKeyFileNamesIt) {

@@ -38,8 +38,11 @@ TEST(FuseOptions, AllValuedOptions) {
   EXPECT_EQ(o->queues, 3u);
   EXPECT_EQ(o->image_options.format, "qcow2");
   EXPECT_TRUE(o->image_options.discard_unmap);
-  EXPECT_EQ(o->image_options.l2_cache_size, 4u << 20);
+  EXPECT_EQ(o->image_options.table_cache_size, 4u << 20);
   EXPECT_TRUE(o->allow_other);
+  auto alias = parse({"-o", "table_cache_size=64K", "img", "mnt"});
+  ASSERT_TRUE(alias) << alias.status().to_string();
+  EXPECT_EQ(alias->image_options.table_cache_size, 64u << 10);
 }
 
 TEST(FuseOptions, OptionsAfterPositionalsAsMountFuseSendsThem) {
@@ -97,6 +100,7 @@ TEST(FuseOptions, BadInputNamesTheCulprit) {
       {{"-o", "fuse_uring=yes", "img", "mnt"}, "fuse_uring"},
       {{"-o", "passthrough=on", "img", "mnt"}, "passthrough"},
       {{"-o", "l2_cache_size=12Q", "img", "mnt"}, "12Q"},
+      {{"-o", "table_cache_size=12Q", "img", "mnt"}, "12Q"},
       {{"-o", "snapshot=", "img", "mnt"}, "snapshot"},
       {{"-o", "uid=", "img", "mnt"}, "uid"},
       {{"-o", "uid=12ab", "img", "mnt"}, "12ab"},
@@ -235,7 +239,7 @@ TEST(FuseOptions, DefaultQueueCountIsBounded) {
 TEST(FuseOptions, UsageListsEveryOption) {
   std::string u = usage_text("qcowfs");
   for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
-                          "l2_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "uid=", "gid=", "umask=",
+                          "l2_cache_size=", "table_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "uid=", "gid=", "umask=",
                           "fmask=", "dmask=", "-f", "-d", "--help", "--version"})
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
 }

@@ -30,7 +30,7 @@ class Injection : public qcow2::testing::QemuImageTest {
     ASSERT_FALSE(HasFailure());
     mem_ = file.get();
     ImageOptions opts;
-    opts.l2_cache_size = 8192;  // two slices: L2 loads happen often
+    opts.table_cache_size = 8192;  // two slices: L2 loads happen often
     auto d = io::run_sync(*engine_, open_qcow2(std::move(file), image_path(), opts));
     ASSERT_TRUE(d.is_ok()) << d.status().to_string();
     driver_ = std::move(*d);

@@ -8,7 +8,7 @@
 #include "image/luks/luks.h"
 #include "image/qcow2/qcow2_create.h"
 #include "image/qcow2/qcow2_inspect.h"
-#include "image/qcow2/status.h"
+#include "image/qcow2/metadata_prealloc.h"
 #include "io/align.h"
 #include "io/mem_file.h"
 #include "io_test_util.h"

@@ -280,7 +280,7 @@ TEST_F(Qcow2Image, TinyL2CacheUnderConcurrentReaders) {
   sh("qemu-img create -q -f qcow2 -o cluster_size=4k t.qcow2 64M");
   sh("for i in $(seq 0 40); do qemu-io -f qcow2 -c \"write -P $i $((i*1500))k 7k\" t.qcow2; done");
   ImageOptions opts;
-  opts.l2_cache_size = 8192;  // two slices
+  opts.table_cache_size = 8192;  // two slices
   expect_same_as_qemu("t.qcow2", opts);
 }
 

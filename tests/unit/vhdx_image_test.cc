@@ -207,7 +207,7 @@ class VhdxImage : public ::testing::Test {
     auto f = std::make_unique<io::MemFile>(o, slurp("i.vhdx"));
     ImageOptions opts;
     opts.file.writable = writable;
-    opts.l2_cache_size = cache_bytes;
+    opts.table_cache_size = cache_bytes;
     return io::run_sync(*engine_, open_vhdx(std::move(f), o.path, opts));
   }
   Result<Bytes> read(BlockDriver& d, uint64_t off, size_t len) {

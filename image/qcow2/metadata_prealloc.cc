@@ -1,4 +1,4 @@
-#include "image/qcow2/status.h"
+#include "image/qcow2/metadata_prealloc.h"
 
 #include <algorithm>
 

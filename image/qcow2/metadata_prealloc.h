@@ -1,8 +1,9 @@
-// Block status details qemu-img map shows for qcow2 images beyond what the L2
-// tables say: QEMU guesses whether an image was created with
-// preallocation=metadata (its data clusters then mostly sit in host holes)
-// and, for such images only, asks the host file which parts of a data range
-// are holes (image/extent/host_holes.h), reporting those as data that reads as zeros.
+// Detecting an image made with preallocation=metadata, for the block status
+// details qemu-img map shows for qcow2 images beyond what the L2 tables say:
+// QEMU guesses whether an image was created so (its data clusters then mostly
+// sit in host holes) and, for such images only, asks the host file which parts
+// of a data range are holes (image/extent/host_holes.h), reporting those as data
+// that reads as zeros.
 //
 // Thread-safety: free functions; each call uses only its arguments.
 #pragma once
