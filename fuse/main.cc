@@ -130,8 +130,8 @@ int serve(fuse::Options opts) {
 
 // qemu-img's commands that qcowfs does not have: a first argument naming one
 // is a mistaken command, not an image (unless such a file exists).
-constexpr std::array<std::string_view, 11> kForeignCommands = {
-    "amend", "bench", "bitmap", "commit", "compare", "convert", "dd", "measure", "rebase", "resize", "snapshot",
+constexpr std::array<std::string_view, 10> kForeignCommands = {
+    "amend", "bench", "bitmap", "commit", "compare", "convert", "dd", "measure", "rebase", "snapshot",
 };
 
 bool is_bare_word(std::string_view s) {
@@ -162,10 +162,10 @@ bool is_unknown_command(const std::vector<std::string>& args) {
 int unknown_command(std::string_view name) {
   std::fprintf(stderr,
                "qcowfs: unknown command '%.*s'\n"
-               "Commands: create, info, check, map (qcowfs COMMAND --help); to mount an image:\n"
+               "Commands: %s (qcowfs COMMAND --help); to mount an image:\n"
                "  qcowfs [-f] [-o OPTION[,OPTION...]] IMAGE MOUNTPOINT\n"
                "Try 'qcowfs --help' for more information.\n",
-               static_cast<int>(name.size()), name.data());
+               static_cast<int>(name.size()), name.data(), std::string(tools::subcommand_names()).c_str());
   return 1;
 }
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "fuse/partitions_dir.h"
@@ -283,11 +284,21 @@ void Server::on_ring_settled() {
 
 // Waits for the kernel's FUSE_INIT to be answered and every ring to settle (see
 // EventLoop::Config::on_ring_settled), or for the session to end first. The
-// kernel sends INIT when mounted, so this takes one round trip. A signal or an
-// external unmount is left to run(): nothing here reads their fds.
+// kernel sends INIT when mounted, so this takes one round trip; a kernel that
+// has not done so within kReadyTimeout fails the mount (ETIMEDOUT) rather than
+// leaving the command waiting. A signal or an external unmount is left to
+// run(): nothing here reads their fds.
 Status Server::wait_until_ready() {
+  constexpr auto kReadyTimeout = std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + kReadyTimeout;
   pollfd fds[3] = {{ready_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {signal_fd_.get(), POLLIN, 0}};
-  while (::poll(fds, 3, -1) < 0) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const int n = ::poll(fds, 3, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n > 0) break;
+    if (n == 0)
+      return Status::errorf(ETIMEDOUT, "the kernel did not start the FUSE session within {} s of mounting",
+                            kReadyTimeout.count());
     if (errno != EINTR) return Status::from_errno(errno, "waiting for FUSE_INIT");
   }
   std::lock_guard lk(end_mu_);

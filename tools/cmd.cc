@@ -9,6 +9,8 @@
 
 namespace qcowfs::tools {
 
+std::string_view subcommand_names() { return "create, info, check, map, resize"; }
+
 bool is_subcommand(std::string_view name) {
   return name == "create" || name == "info" || name == "check" || name == "map" || name == "resize";
 }

@@ -23,6 +23,8 @@ namespace qcowfs::tools {
 using image::Json;
 using image::json_quote;
 
+// The subcommands, for messages: "create, info, check, map, resize".
+std::string_view subcommand_names();
 // True when `name` (argv[1]) is a subcommand.
 bool is_subcommand(std::string_view name);
 // Runs subcommand `name` with its arguments; returns the exit code.
