@@ -25,9 +25,9 @@ namespace qcowfs::image {
 namespace {
 
 const std::array kFormats = {
-    FormatInfo{"raw", "raw", open_raw},
+    FormatInfo{.name = "raw", .display = "raw", .open = open_raw},
     FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
-    FormatInfo{"qcow", "qcow (version 1)", nullptr},
+    FormatInfo{.name = "qcow", .display = "qcow (version 1)", .open = nullptr},
     FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .prepare_create = prepare_vmdk_create},
     FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .prepare_create = prepare_vhdx_create},
     FormatInfo{.name = "vpc", .display = "VHD (vpc)", .open = open_vpc, .prepare_create = prepare_vpc_create},
@@ -42,10 +42,10 @@ const std::array kFormats = {
                .open = open_parallels,
                .prepare_create = prepare_parallels_create,
                .check = check_parallels},
-    FormatInfo{"luks", "LUKS", open_luks},
-    FormatInfo{"bochs", "Bochs", nullptr},
-    FormatInfo{"cloop", "cloop", nullptr},
-    FormatInfo{"dmg", "DMG", nullptr},
+    FormatInfo{.name = "luks", .display = "LUKS", .open = open_luks},
+    FormatInfo{.name = "bochs", .display = "Bochs", .open = nullptr},
+    FormatInfo{.name = "cloop", .display = "cloop", .open = nullptr},
+    FormatInfo{.name = "dmg", .display = "DMG", .open = nullptr},
 };
 
 }  // namespace

@@ -140,7 +140,7 @@ def test_mounting_twice_on_one_mount_point_is_refused(workdir: Path, qcowfs: str
 def registry_formats() -> tuple[list[str], list[str]]:
     """(opened, recognised-only) format names from image/formats.cc's table."""
     src = (helpers.REPO_ROOT / "image" / "formats.cc").read_text()
-    rows = re.findall(r'FormatInfo\{"([a-z0-9]+)",\s*"[^"]*",\s*(\w+)\}', src)
+    rows = re.findall(r'FormatInfo\{\.name = "([a-z0-9]+)",\s*\.display = "[^"]*",\s*\.open = (\w+)', src)
     assert len(rows) >= 10, f"could not read the format table: {rows}"
     return [n for n, fn in rows if fn != "nullptr"], [n for n, fn in rows if fn == "nullptr"]
 
