@@ -41,7 +41,9 @@ class NewFiles {
  public:
   virtual ~NewFiles() = default;
   // Creates (or takes over) path, opened read-write and locked as QEMU locks
-  // an image it writes. The file lives as long as this NewFiles.
+  // an image it writes; path must be the image or one of the creator's
+  // extra_paths(), locked before write() began. The file lives as long as
+  // this NewFiles.
   virtual Result<io::HostFile*> create(const std::string& path) = 0;
 };
 
@@ -52,8 +54,12 @@ class Creator {
   // What qemu-img prints after "Formatting 'IMAGE', ": "fmt=vmdk size=1073741824
   // compat6=off hwversion=undefined" (the format's options in qemu-img's order).
   virtual std::string formatting() const = 0;
+  // The files write() makes besides the image itself (VMDK extents, external
+  // data files). The caller locks the image and each of these before write()
+  // empties any, so a file another process uses fails the create untouched.
+  virtual std::vector<std::string> extra_paths() const { return {}; }
   // Writes the new image: the image file first through files.create(path),
-  // then any further files (VMDK extents, external data files).
+  // then any further files (named by extra_paths()).
   virtual Task<Status> write(NewFiles& files) = 0;
 };
 

@@ -427,6 +427,8 @@ Task<Status> create_through_registry(const CreateArgs& a) {
   if (!a.quiet) fmt::print("Formatting '{}', {}\n", a.image, (*creator)->formatting());
   std::fflush(stdout);
   CreatedFiles files;
+  for (const std::string& path : (*creator)->extra_paths()) QCOWFS_CO_TRY(files.lock(path));
+  QCOWFS_CO_TRY(files.lock(a.image));
   Status st;
   {
     RegistryNewFiles new_files(files);

@@ -252,6 +252,7 @@ class VmdkCreator final : public Creator {
  public:
   explicit VmdkCreator(Options o) : o_(std::move(o)) {}
   std::string formatting() const override { return o_.formatting; }
+  std::vector<std::string> extra_paths() const override;
   Task<Status> write(NewFiles& files) override;
 
  private:
@@ -275,18 +276,28 @@ std::string VmdkCreator::descriptor(uint32_t parent_cid, const std::string& exte
 }
 
 // The extent files of a descriptor file (monolithicFlat, twoGbMaxExtent*),
-// made and named as qemu-img does: disk-flat.vmdk, disk-s001.vmdk,
-// disk-f001.vmdk...; returns their extent lines.
-Task<Result<std::string>> VmdkCreator::write_extent_files(NewFiles& files) {
+// named as qemu-img names them: disk-flat.vmdk, disk-s001.vmdk, disk-f001.vmdk...
+std::vector<std::string> VmdkCreator::extra_paths() const {
+  std::vector<std::string> names;
+  if (!o_.split() && !o_.flat()) return names;
   const NameParts n = decompose(o_.path);
+  const uint64_t extent_size = o_.split() ? kSplitSize : o_.size;
+  uint64_t covered = 0;
+  for (int idx = 1; covered < o_.size; ++idx) {
+    names.push_back(o_.split() ? fmt::format("{}{}-{}{:03}{}", n.dir, n.prefix, o_.flat() ? 'f' : 's', idx, n.postfix)
+                               : fmt::format("{}{}-flat{}", n.dir, n.prefix, n.postfix));
+    covered += std::min(o_.size - covered, extent_size);
+  }
+  return names;
+}
+
+// Makes the extent files (extra_paths()); returns their extent lines.
+Task<Result<std::string>> VmdkCreator::write_extent_files(NewFiles& files) {
   const uint64_t extent_size = o_.split() ? kSplitSize : o_.size;
   std::string lines;
   uint64_t created = 0;
-  for (int idx = 1; created < o_.size; ++idx) {
+  for (const std::string& name : extra_paths()) {
     const uint64_t bytes = std::min(o_.size - created, extent_size);
-    const std::string name = o_.split() ? fmt::format("{}{}-{}{:03}{}", n.dir, n.prefix, o_.flat() ? 'f' : 's', idx,
-                                                      n.postfix)
-                                        : fmt::format("{}{}-flat{}", n.dir, n.prefix, n.postfix);
     auto f = files.create(name);
     if (!f) co_return f.status();
     if (o_.flat())

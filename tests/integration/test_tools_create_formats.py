@@ -238,3 +238,20 @@ def test_qed_backing_name_must_fit_the_header_cluster(workdir: Path) -> None:
     err = proc.stderr.decode(errors="replace")
     assert proc.returncode == 1 and "backing file name (4040 bytes) does not fit" in err, err
     assert not image.exists()
+
+
+@pytest.mark.parametrize("held", ["image", "extent"])
+def test_a_file_in_use_fails_the_create_and_nothing_is_emptied(workdir, held):
+    """Every file a create writes (the image and, for a flat VMDK, its extent) is
+    locked before any is emptied: with one of them in use, both stay as they were."""
+    image, extent = workdir / "x.vmdk", workdir / "x-flat.vmdk"
+    helpers.run(["qemu-img", "create", "-q", "-f", "vmdk", "-o", "subformat=monolithicFlat", image, "1M"])
+    helpers.qemu_io(extent, "write -P 0x5a 0 64k", fmt="raw")
+    before = {p: helpers.sha256_file(p) for p in (image, extent)}
+    target = image if held == "image" else extent
+    with helpers.qemu_io_holding(target, "vmdk" if held == "image" else "raw"):
+        r = helpers.run([helpers.qcowfs_bin(), "create", "-q", "-f", "vmdk", "-o", "subformat=monolithicFlat",
+                         image, "2M"], check=False)
+        assert r.returncode == 1
+        assert '"write" lock' in r.stderr.decode(), r.stderr.decode()
+    assert {p: helpers.sha256_file(p) for p in (image, extent)} == before
