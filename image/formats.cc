@@ -9,6 +9,7 @@
 #include "image/qed/qed.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
+#include "image/vdi/vdi_check.h"
 #include "image/vhdx/vhdx.h"
 #include "image/vmdk/vmdk.h"
 #include "image/vpc/vpc.h"
@@ -23,7 +24,7 @@ const std::array kFormats = {
     FormatInfo{"vmdk", "VMDK", open_vmdk},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
-    FormatInfo{"vdi", "VDI", open_vdi},
+    FormatInfo{.name = "vdi", .display = "VDI", .open = open_vdi, .check = check_vdi},
     FormatInfo{"qed", "QED", open_qed},
     FormatInfo{"parallels", "Parallels", open_parallels},
     FormatInfo{"luks", "LUKS", open_luks},

@@ -127,12 +127,13 @@ Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks, std:
   const image::FormatInfo* format = image::find_format(image->format);
   if (!format || !format->check) {
     *no_checks = true;
-    co_return Status::error(ENOTSUP, "This image format does not support checks");
+    co_return q::check_not_supported();
   }
   q::CheckOptions opts;
   opts.repair = a.repair;
   if (!a.json && !a.quiet && ::isatty(STDERR_FILENO)) opts.progress = ProgressBar();
   auto r = co_await format->check(file, a.image, opts);
+  if (!r) *no_checks = q::is_check_not_supported(r.status());
   if (r && file.writable()) QCOWFS_CO_TRY(co_await file.flush());
   co_return r;
 }
