@@ -37,6 +37,10 @@ struct CheckReport {
   uint64_t compressed_clusters = 0;
   // One line per problem found (and per repair made), in the order found.
   std::vector<std::string> messages;
+  // Not 0: the check stopped with this errno after the findings in messages,
+  // as a QEMU check that returns -errno (VMDK's): qemu-img then prints the
+  // messages and "Check failed: <strerror>", no report, and exits 1.
+  int failed_errno = 0;
 };
 
 struct CheckOptions {

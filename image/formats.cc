@@ -12,6 +12,7 @@
 #include "image/vdi/vdi_check.h"
 #include "image/vhdx/vhdx.h"
 #include "image/vmdk/vmdk.h"
+#include "image/vmdk/vmdk_check.h"
 #include "image/vpc/vpc.h"
 
 namespace qcowfs::image {
@@ -21,7 +22,7 @@ const std::array kFormats = {
     FormatInfo{"raw", "raw", open_raw},
     FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
-    FormatInfo{"vmdk", "VMDK", open_vmdk},
+    FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .check = check_vmdk},
     FormatInfo{"vhdx", "VHDX", open_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{.name = "vdi", .display = "VDI", .open = open_vdi, .check = check_vdi},

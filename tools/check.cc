@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "image/check.h"
 #include "image/format.h"
@@ -163,8 +164,10 @@ int cmd_check(std::span<const std::string> args) {
     std::string format;
     auto r = io::run_sync(engine, run_check(a, &no_checks, &format));
     if (!r) return cmd_fail("check", r.status(), no_checks ? kExitNoChecks : 1);
-    if (!a.quiet)
+    if (!a.quiet || r->failed_errno)
       for (const auto& m : r->messages) fmt::print(stderr, "{}\n", m);
+    if (r->failed_errno)
+      return cmd_fail("check", Status::errorf(r->failed_errno, "Check failed: {}", std::strerror(r->failed_errno)), 1);
     if (a.json) fmt::print("{}\n", report_json(*r, a.image, format).render());
     else if (!a.quiet) print_human(*r);
     return exit_code(*r);
