@@ -11,6 +11,7 @@
 #include "image/vdi/vdi.h"
 #include "image/vdi/vdi_check.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vhdx/vhdx_check.h"
 #include "image/vmdk/vmdk.h"
 #include "image/vmdk/vmdk_check.h"
 #include "image/vpc/vpc.h"
@@ -23,7 +24,7 @@ const std::array kFormats = {
     FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
     FormatInfo{"qcow", "qcow (version 1)", nullptr},
     FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .check = check_vmdk},
-    FormatInfo{"vhdx", "VHDX", open_vhdx},
+    FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .check = check_vhdx},
     FormatInfo{"vpc", "VHD (vpc)", open_vpc},
     FormatInfo{.name = "vdi", .display = "VDI", .open = open_vdi, .check = check_vdi},
     FormatInfo{"qed", "QED", open_qed},

@@ -33,7 +33,7 @@ import hostile  # noqa: E402
 
 MiB = 1 << 20
 # stderr lines both tools print for what they find and repair.
-FINDING_PREFIXES = ("ERROR", "Leaked", "Repairing", "Rebuilding")
+FINDING_PREFIXES = ("ERROR", "Leaked", "Repairing", "Rebuilding", "VHDX")
 MOUNT_TIMEOUT_S = 20  # generous: the machine running the suite is loaded
 POOL = 6  # cases built and checked at once
 
@@ -129,6 +129,12 @@ def assert_refused(image: Path, fmt: str, pattern: str) -> None:
     assert any(p.lower() in err.lower() for p in pattern.split("|")), err
 
 
+def build_case(name: str, workdir: Path) -> Path:
+    d = workdir / name
+    d.mkdir()
+    return hostile.build(name, d).image
+
+
 def check_hostile_corpus(prefix: str, fmt: str, workdir: Path, refused: dict[str, int | None]) -> None:
     """Every case of the corpus: qcowfs check agrees with qemu-img check, but
     for the cases in `refused` (qcowfs refuses to open them, as its mount
@@ -138,9 +144,7 @@ def check_hostile_corpus(prefix: str, fmt: str, workdir: Path, refused: dict[str
     assert len(names) >= 5 and set(refused) <= set(names), names
 
     def one(name: str) -> None:
-        d = workdir / name
-        d.mkdir()
-        image = hostile.build(name, d).image
+        image = build_case(name, workdir)
         if name not in refused:
             assert_agree(image, fmt)
             return
@@ -250,6 +254,65 @@ def test_vmdk_kill9_mid_write_then_repair_modes(workdir: Path) -> None:
     for mode in ("leaks", "all"):
         assert assert_agree(image, "vmdk", "-r", mode)[0] == 63
     assert helpers.sha256_file(image) == before
+
+
+# ---------------------------------------------------------------- VHDX
+# QEMU 7.2's vhdx_co_check counts what vhdx_check_bat_entries finds in every
+# FULLY_PRESENT BAT entry (offset overflow, start or end past the end of the
+# file, payload block overlapping the log or a region), each a corruption. A
+# log that needs replay makes a read-only open fail (exit 1); -r leaks|all
+# opens read-write, which replays it: one corruption fixed.
+
+VHDX_CLEAN = {
+    "dynamic": ("", ("write -P 1 0 1M", "write -P 2 5M 64k")),
+    "fixed": ("subformat=fixed", ("write -P 3 1M 64k",)),
+    "small-blocks": ("block_size=1M,log_size=1M", ("write -P 4 0 3M",)),
+}
+VHDX_REFUSED = {"vhdx_virtual_size_wraps_block_count": 0}
+
+
+def test_vhdx_clean(workdir: Path) -> None:
+    def one(variant: str) -> None:
+        opts, cmds = VHDX_CLEAN[variant]
+        image = fh.make_image(workdir, "vhdx", f"{variant}.vhdx", 8 * MiB, opts, cmds)
+        assert assert_agree(image, "vhdx")[0] == 0
+    for_each(VHDX_CLEAN, one)
+
+
+def test_vhdx_hostile_corpus(workdir: Path) -> None:
+    check_hostile_corpus("vhdx_", "vhdx", workdir, VHDX_REFUSED)
+
+
+def test_vhdx_truncated_blocks(workdir: Path) -> None:
+    """A file cut inside its last block and before another: one block ends and
+    one starts past the end of the file, two corruptions; -r repairs nothing."""
+    image = fh.make_image(workdir, "vhdx", "t.vhdx", 8 * MiB, "block_size=1M",
+                          ("write -P 1 0 1M", "write -P 2 1M 1M", "write -P 3 2M 1M"))
+    os.truncate(image, os.path.getsize(image) - 3 * MiB // 2)
+    rc, report = assert_agree(image, "vhdx")
+    assert (rc, report.get("corruptions")) == (2, 2)
+    assert assert_agree(image, "vhdx", "-r", "all") == (rc, report)
+
+
+def test_vhdx_log_replay_by_repair(workdir: Path) -> None:
+    pending = build_case("vhdx_log_needs_replay", workdir)
+    for mode in ("leaks", "all"):
+        image = workdir / f"{mode}.vhdx"
+        helpers.run(["cp", pending, image])
+        assert assert_agree(image, "vhdx") == (1, {})
+        assert assert_agree(image, "vhdx", "-r", mode) == (0, {"corruptions-fixed": 1, "check-errors": 0,
+                                                                "format": "vhdx"})
+        helpers.qemu_img_check(image, "vhdx")
+        # The replayed guest data: as qemu-img's replay of the same log left it.
+        helpers.run(["qemu-img", "compare", "-q", "-f", "vhdx", "-F", "vhdx", image, workdir / f"qemu-{mode}.vhdx"])
+
+
+def test_vhdx_kill9_mid_write_then_repair(workdir: Path) -> None:
+    image = fh.make_image(workdir, "vhdx", "k.vhdx", 8 * MiB, "block_size=1M,log_size=1M")
+    kill9_mid_write(image, "vhdx", workdir)
+    assert_agree(image, "vhdx")
+    assert_agree(image, "vhdx", "-r", "all")
+    helpers.qemu_img_check(image, "vhdx")
 
 
 # ---------------------------------------------------------------- VHD (vpc)
