@@ -1,6 +1,7 @@
-// qcowfs check: consistency check and repair of a qcow2 image, with the
-// output and exit codes of `qemu-img check` (0 clean, 1 check not completed,
-// 2 corruptions, 3 leaks only, 63 format without checks).
+// qcowfs check: consistency check and repair of an image through its
+// format's check (image/check.h), with the output and exit codes of
+// `qemu-img check` (0 clean, 1 check not completed, 2 corruptions, 3 leaks
+// only, 63 format without checks or without repair).
 #include <unistd.h>
 
 #include <cstdio>
@@ -147,8 +148,12 @@ std::string_view check_usage() {
          "Checks an image for consistency, like qemu-img check. qcow2: leaked clusters,\n"
          "refcount mismatches, overlapping metadata, entries outside the file, invalid\n"
          "subcluster bitmaps and wrong copied flags, in the active tables and in every\n"
-         "snapshot; other formats: what qemu-img check finds in them. Exit status: 0 clean, 1 check not completed, 2 corruptions,\n"
-         "3 leaked clusters only, 63 the format has no checks (raw).\n"
+         "snapshot; VDI: block map entries out of range or shared, blocks_allocated;\n"
+         "VMDK: grains past the end of their extent file; VHDX: BAT entries past the\n"
+         "end or over the log or a region, a log to replay (replayed with -r); other\n"
+         "formats: what qemu-img check finds in them. Exit status: 0 clean, 1 check not\n"
+         "completed, 2 corruptions, 3 leaked clusters only, 63 the format has no checks\n"
+         "(raw, vpc) or no repair (vdi, vmdk with -r).\n"
          "\n"
          "  -r, --repair=leaks   lower the refcounts of leaked clusters\n"
          "  -r, --repair=all     also fix copied flags and rebuild refcounts if needed\n"
