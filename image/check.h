@@ -7,9 +7,11 @@
 // other writer may use the image meanwhile (the caller holds QEMU's locks).
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/host_file.h"
@@ -35,6 +37,10 @@ struct CheckReport {
   uint64_t compressed_clusters = 0;
   // One line per problem found (and per repair made), in the order found.
   std::vector<std::string> messages;
+  // Not 0: the check stopped with this errno after the findings in messages,
+  // as a QEMU check that returns -errno (VMDK's): qemu-img then prints the
+  // messages and "Check failed: <strerror>", no report, and exits 1.
+  int failed_errno = 0;
 };
 
 struct CheckOptions {
@@ -52,5 +58,13 @@ struct CheckOptions {
 // report describes the image after the repair plus the *_fixed counters, as
 // `qemu-img check -r` does after its "double checking" pass.
 using CheckFormatFn = Task<Result<CheckReport>> (*)(io::HostFile& file, std::string path, CheckOptions opts);
+
+// QEMU's "This image format does not support checks" (qemu-img check exit 63):
+// what a CheckFormatFn returns where QEMU's check returns -ENOTSUP, e.g. for a
+// repair mode the format does not offer (VDI with -r). Kept apart from the
+// ENOTSUP of an unsupported header, which qemu-img reports as a failed open.
+inline constexpr std::string_view kNoChecksMessage = "This image format does not support checks";
+inline Status check_not_supported() { return Status::error(ENOTSUP, std::string(kNoChecksMessage)); }
+inline bool is_check_not_supported(const Status& s) { return s.code() == ENOTSUP && s.message() == kNoChecksMessage; }
 
 }  // namespace qcowfs::image

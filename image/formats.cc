@@ -13,10 +13,13 @@
 #include "image/qed/qed_create.h"
 #include "image/raw/raw.h"
 #include "image/vdi/vdi.h"
+#include "image/vdi/vdi_check.h"
 #include "image/vdi/vdi_create.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vhdx/vhdx_check.h"
 #include "image/vhdx/vhdx_create.h"
 #include "image/vmdk/vmdk.h"
+#include "image/vmdk/vmdk_check.h"
 #include "image/vmdk/vmdk_create.h"
 #include "image/vpc/vpc.h"
 #include "image/vpc/vpc_create.h"
@@ -28,10 +31,10 @@ const std::array kFormats = {
     FormatInfo{.name = "raw", .display = "raw", .open = open_raw},
     FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
     FormatInfo{.name = "qcow", .display = "qcow (version 1)", .open = nullptr},
-    FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .prepare_create = prepare_vmdk_create},
-    FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .prepare_create = prepare_vhdx_create},
+    FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .prepare_create = prepare_vmdk_create, .check = check_vmdk},
+    FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .prepare_create = prepare_vhdx_create, .check = check_vhdx},
     FormatInfo{.name = "vpc", .display = "VHD (vpc)", .open = open_vpc, .prepare_create = prepare_vpc_create},
-    FormatInfo{.name = "vdi", .display = "VDI", .open = open_vdi, .prepare_create = prepare_vdi_create},
+    FormatInfo{.name = "vdi", .display = "VDI", .open = open_vdi, .prepare_create = prepare_vdi_create, .check = check_vdi},
     FormatInfo{.name = "qed",
                .display = "QED",
                .open = open_qed,

@@ -1,9 +1,11 @@
-// qcowfs check: consistency check and repair of an image (through its format's check), with the
-// output and exit codes of `qemu-img check` (0 clean, 1 check not completed,
-// 2 corruptions, 3 leaks only, 63 format without checks).
+// qcowfs check: consistency check and repair of an image through its
+// format's check (image/check.h), with the output and exit codes of
+// `qemu-img check` (0 clean, 1 check not completed, 2 corruptions, 3 leaks
+// only, 63 format without checks or without repair).
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "image/check.h"
 #include "image/format.h"
@@ -129,12 +131,13 @@ Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks, std:
   const image::FormatInfo* format = image::find_format(image->format);
   if (!format || !format->check) {
     *no_checks = true;
-    co_return Status::error(ENOTSUP, "This image format does not support checks");
+    co_return q::check_not_supported();
   }
   q::CheckOptions opts;
   opts.repair = a.repair;
   if (!a.json && !a.quiet && ::isatty(STDERR_FILENO)) opts.progress = ProgressBar();
   auto r = co_await format->check(file, a.image, opts);
+  if (!r) *no_checks = q::is_check_not_supported(r.status());
   if (r && file.writable()) QCOWFS_CO_TRY(co_await file.flush());
   co_return r;
 }
@@ -148,9 +151,12 @@ std::string_view check_usage() {
          "refcount mismatches, overlapping metadata, entries outside the file, invalid\n"
          "subcluster bitmaps and wrong copied flags, in the active tables and in every\n"
          "snapshot; QED: invalid or shared L1/L2 entries and leaked clusters; Parallels:\n"
-         "the in-use flag, BAT entries past the end and leaked space at the end.\n"
-         "Exit status: 0 clean, 1 check not completed, 2 corruptions,\n"
-         "3 leaked clusters only, 63 the format has no checks (raw).\n"
+         "the in-use flag, BAT entries past the end and leaked space at the end; VDI:\n"
+         "block map entries out of range or shared, blocks_allocated; VMDK: grains past\n"
+         "the end of their extent file; VHDX: BAT entries past the end or over the log\n"
+         "or a region, a log to replay (replayed with -r). Exit status: 0 clean, 1 check\n"
+         "not completed, 2 corruptions, 3 leaked clusters only, 63 the format has no\n"
+         "checks (raw, vpc) or no repair (vdi, vmdk with -r).\n"
          "\n"
          "  -r, --repair=leaks   repair leaks (qcow2: lower their refcounts; Parallels:\n"
          "                       truncate; QED: clear invalid entries, need-check)\n"
@@ -171,8 +177,10 @@ int cmd_check(std::span<const std::string> args) {
     std::string format;
     auto r = io::run_sync(engine, run_check(a, &no_checks, &format));
     if (!r) return cmd_fail("check", r.status(), no_checks ? kExitNoChecks : 1);
-    if (!a.quiet)
+    if (!a.quiet || r->failed_errno)
       for (const auto& m : r->messages) fmt::print(stderr, "{}\n", m);
+    if (r->failed_errno)
+      return cmd_fail("check", Status::errorf(r->failed_errno, "Check failed: {}", std::strerror(r->failed_errno)), 1);
     if (a.json) fmt::print("{}\n", report_json(*r, a.image, format).render());
     else if (!a.quiet) print_human(*r);
     return exit_code(*r);

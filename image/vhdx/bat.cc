@@ -47,6 +47,14 @@ Status check_present(uint64_t i, uint64_t entry, bool payload, const Geometry& g
 
 Task<Status> check_bat(io::HostFile& file, const Geometry& g, const Regions& r, const std::string& path) {
   const uint64_t file_size = file.size();
+  co_return co_await for_each_present(file, g, r, path, [&](uint64_t i, uint64_t entry, bool payload) {
+    return check_present(i, entry, payload, g, r, file_size, path);
+  });
+}
+
+Task<Status> for_each_present(io::HostFile& file, const Geometry& g, const Regions& r, const std::string& path,
+                              const std::function<Status(uint64_t i, uint64_t entry, bool payload)>& fn) {
+  const uint64_t file_size = file.size();
   const uint64_t bytes = uint64_t{g.bat_entries} * kBatEntrySize;
   io::AlignedBuffer buf(kCheckChunk, file.mem_align(), true);
   uint64_t payload_left = g.chunk_ratio;  // QEMU's `payblocks`
@@ -61,7 +69,7 @@ Task<Status> check_bat(io::HostFile& file, const Geometry& g, const Regions& r, 
       if (state_of(entry) != kFullyPresent) continue;
       const bool payload = payload_left != 0;
       payload_left = payload ? payload_left - 1 : g.chunk_ratio;
-      QCOWFS_CO_TRY(check_present((done + at) / kBatEntrySize, entry, payload, g, r, file_size, path));
+      QCOWFS_CO_TRY(fn((done + at) / kBatEntrySize, entry, payload));
     }
   }
   co_return Status::ok();

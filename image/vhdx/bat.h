@@ -12,6 +12,7 @@
 // coroutine over its own buffer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,12 @@ namespace qcowfs::image::vhdx {
 // block overlapping the log or a region (QEMU's count of payload entries,
 // which counts only FULLY_PRESENT ones, included).
 Task<Status> check_bat(io::HostFile& file, const Geometry& g, const Regions& regions, const std::string& path);
+
+// Calls fn for every FULLY_PRESENT entry in BAT order (entries past the end
+// of the file read as NOT_PRESENT), with whether QEMU's running count takes it
+// for a payload block; stops at the first error fn returns.
+Task<Status> for_each_present(io::HostFile& file, const Geometry& g, const Regions& regions, const std::string& path,
+                              const std::function<Status(uint64_t i, uint64_t entry, bool payload)>& fn);
 
 // What a read-write open adds: every FULLY_PRESENT block (payload and sector
 // bitmap) at or past 1 MiB, overlapping no other block, the log or a region;

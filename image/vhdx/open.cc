@@ -13,6 +13,7 @@
 #include "image/vhdx/log.h"
 #include "image/vhdx/log_writer.h"
 #include "image/vhdx/vhdx.h"
+#include "image/vhdx/vhdx_check.h"
 #include "image/vhdx/writer.h"
 #include "io/buffer.h"
 #include "io/log.h"
@@ -136,12 +137,10 @@ Task<Result<Header>> open_header(io::HostFile& f, const std::string& path, bool 
   co_return choose_header(ws.headers->block(0), ws.headers->block(1), path);
 }
 
-Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> file, std::string path,
-                                                const ImageOptions& opts) {
-  io::HostFile& f = *file;
-  const bool writable = opts.file.writable;
+// vhdx_open up to the BAT check: the signature, the header (the log replayed
+// first when writable), the regions, the parameters and the geometry.
+Task<Result<Layout>> open_layout(io::HostFile& f, const std::string& path, bool writable, WriteState& ws) {
   QCOWFS_CO_TRY(co_await check_signature(f, path));
-  WriteState ws;
   auto header = co_await open_header(f, path, writable, ws);
   if (!header) co_return header.status();
   auto regions = co_await read_regions(f, *header, path);
@@ -152,6 +151,20 @@ Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> fi
   if (!params) co_return params.status();
   auto geometry = make_geometry(*params, regions->bat.length, path);
   if (!geometry) co_return geometry.status();
+  co_return Layout{*header, std::move(*regions), *params, *geometry, false};
+}
+
+Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> file, std::string path,
+                                                const ImageOptions& opts) {
+  io::HostFile& f = *file;
+  const bool writable = opts.file.writable;
+  WriteState ws;
+  auto layout = co_await open_layout(f, path, writable, ws);
+  if (!layout) co_return layout.status();
+  const Header* header = &layout->header;
+  const Regions* regions = &layout->regions;
+  const Parameters* params = &layout->params;
+  const Geometry* geometry = &layout->geometry;
   QCOWFS_CO_TRY(co_await check_bat(f, *geometry, *regions, path));
   VhdxWriter::Params wp;
   if (writable) {
@@ -175,6 +188,15 @@ Task<Result<std::unique_ptr<BlockDriver>>> open(std::unique_ptr<io::HostFile> fi
 }
 
 }  // namespace
+
+Task<Result<Layout>> open_for_check(io::HostFile& file, const std::string& path, bool replay) {
+  WriteState ws;
+  auto layout = co_await open_layout(file, path, replay, ws);
+  if (!layout) co_return layout.status();
+  layout->replayed = ws.replayed;
+  co_return layout;
+}
+
 }  // namespace vhdx
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vhdx(std::unique_ptr<io::HostFile> file, std::string path,

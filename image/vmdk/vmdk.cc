@@ -18,6 +18,7 @@
 #include "image/vmdk/descriptor.h"
 #include "image/vmdk/format.h"
 #include "image/vmdk/map.h"
+#include "image/vmdk/vmdk_check.h"
 #include "image/vmdk/writer.h"
 
 namespace qcowfs::image {
@@ -426,13 +427,40 @@ Result<DescriptorPlace> descriptor_place(const Opening& o) {
                         o.path);
 }
 
+// What open_vmdk() and open_for_check() share: the extents of the image in
+// o.files[0] and the ExtentImage over them (the parent opened).
+Task<Result<ExtentImage>> open_read(Opening& o) {
+  auto chain = enter_backing_chain(o.path, o.opts);
+  if (!chain) co_return chain.status();
+  if (o.files[0].file->size() < 4)
+    co_return Status::errorf(EINVAL, "{}: file is too small to be a VMDK image", o.path);
+  auto window = co_await open_extents(o);
+  if (!window) co_return window.status();
+  co_return co_await image_of(o, *window);
+}
+
 }  // namespace
+
+Task<Result<vmdk::OpenedForCheck>> vmdk::open_for_check(io::HostFile& file, std::string path, ImageOptions opts) {
+  Opening o;
+  o.path = std::move(path);
+  o.opts = std::move(opts);
+  o.opts.file.writable = false;
+  HostFileState top;
+  top.file = &file;
+  o.files.push_back(std::move(top));
+  auto img = co_await open_read(o);
+  if (!img) co_return img.status();
+  OpenedForCheck opened;
+  opened.extents = std::move(o.extents);
+  opened.files = std::move(o.files);
+  opened.parent = std::move(img->backing);
+  opened.size = img->size;
+  co_return opened;
+}
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vmdk(std::unique_ptr<io::HostFile> file, std::string path,
                                                      ImageOptions opts) {
-  auto chain = enter_backing_chain(path, opts);
-  if (!chain) co_return chain.status();
-  if (file->size() < 4) co_return Status::errorf(EINVAL, "{}: file is too small to be a VMDK image", path);
   Opening o;
   o.path = path;
   o.opts = std::move(opts);
@@ -440,9 +468,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vmdk(std::unique_ptr<io::HostFil
   top.file = file.get();
   top.owned = std::move(file);
   o.files.push_back(std::move(top));
-  auto window = co_await open_extents(o);
-  if (!window) co_return window.status();
-  auto img = co_await image_of(o, *window);
+  auto img = co_await open_read(o);
   if (!img) co_return img.status();
   std::optional<DescriptorPlace> place;
   uint64_t grain = 0;
