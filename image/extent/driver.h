@@ -170,7 +170,7 @@ class ExtentDriver final : public BlockDriver {
   Task<Result<BlockStatus>> backing_status(uint64_t guest, uint64_t len);
   Status refuse_write() const;
 
-  // Write side (extent_write.cc).
+  // Write side (driver_write.cc).
   bool reads_zero(const Extent& e, uint64_t guest) const;
   Task<Status> plan_write(uint64_t start, std::span<const std::byte> buf, std::vector<SubWrite>& in_place,
                           std::vector<Allocation>& allocs);

@@ -7,7 +7,7 @@
 // the new mapping. The writer owns the format's metadata: where new units go,
 // the table entries, and writing them back.
 //
-// Metadata ordering (docs/ARCHITECTURE.md): published entries stay in memory
+// Metadata ordering (image/extent/DESIGN.md): published entries stay in memory
 // until flush(), idle writeback or close; the driver then flushes the data to
 // the host before write_metadata(), so no entry on disk points at data that is
 // not durable, and flushes again afterwards.

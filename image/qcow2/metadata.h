@@ -1,7 +1,7 @@
 // Metadata write-back for a writable qcow2 image: what the write path changed
 // in memory (L2 slices, L1 entries, refcount blocks, reftable entries, cluster
 // references dropped) and the one routine that writes it out in crash-safe
-// order. docs/ARCHITECTURE.md "Metadata write ordering" states the rules.
+// order. image/qcow2/DESIGN.md "Write ordering" states the rules.
 //
 // A writeback is a WritebackBatch: copies of everything dirty, taken in one
 // step under the metadata lock, so the copies are mutually consistent (every
