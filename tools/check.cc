@@ -15,20 +15,20 @@
 namespace qcowfs::tools {
 namespace {
 
-namespace q = image;
+
 
 constexpr int kExitNoChecks = 63;
 // L2 metadata to walk before a progress bar is worth showing on a terminal.
 constexpr uint64_t kProgressMinMetadata = 2ull << 30;
 
 struct CheckArgs : ImageCommandArgs {
-  q::RepairMode repair = q::RepairMode::none;
+  image::RepairMode repair = image::RepairMode::none;
   bool quiet = false;
 };
 
-Result<q::RepairMode> parse_repair(const std::string& v) {
-  if (v == "leaks") return q::RepairMode::leaks;
-  if (v == "all") return q::RepairMode::all;
+Result<image::RepairMode> parse_repair(const std::string& v) {
+  if (v == "leaks") return image::RepairMode::leaks;
+  if (v == "all") return image::RepairMode::all;
   return Status::errorf(EINVAL, "bad repair mode '{}' (expected leaks or all)", v);
 }
 
@@ -46,12 +46,12 @@ Result<CheckArgs> parse_check_args(std::span<const std::string> args) {
     a.repair = *r;
     return true;
   }));
-  if (a.force_share && a.repair != q::RepairMode::none)
+  if (a.force_share && a.repair != image::RepairMode::none)
     return Status::error(EINVAL, "-U (--force-share) reads only: it cannot be used with -r");
   return a;
 }
 
-Json report_json(const q::CheckReport& r, const std::string& filename, const std::string& format) {
+Json report_json(const image::CheckReport& r, const std::string& filename, const std::string& format) {
   Json j = Json::object();
   auto optional = [&](const char* key, uint64_t v) {
     if (v != 0) j.set(key, v);
@@ -71,7 +71,7 @@ Json report_json(const q::CheckReport& r, const std::string& filename, const std
   return j;
 }
 
-void print_human(const q::CheckReport& r) {
+void print_human(const image::CheckReport& r) {
   if (r.corruptions_fixed || r.leaks_fixed)
     fmt::print("The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n\n"
                "Double checking the fixed image now...\n", r.leaks_fixed, r.corruptions_fixed);
@@ -95,7 +95,7 @@ void print_human(const q::CheckReport& r) {
   if (r.image_end_offset) fmt::print("Image end offset: {}\n", r.image_end_offset);
 }
 
-int exit_code(const q::CheckReport& r) {
+int exit_code(const image::CheckReport& r) {
   if (r.check_errors) return 1;
   if (r.corruptions) return 2;
   if (r.leaks) return 3;
@@ -121,9 +121,9 @@ class ProgressBar {
 };
 
 // The check of the image's format; *format_name is the format's name once known.
-Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks, std::string* format_name) {
+Task<Result<image::CheckReport>> run_check(const CheckArgs& a, bool* no_checks, std::string* format_name) {
   io::OpenOptions o = a.read_options();
-  o.writable = a.repair != q::RepairMode::none;
+  o.writable = a.repair != image::RepairMode::none;
   auto image = co_await open_image_file(a.image, o, a.format, "");
   if (!image) co_return image.status();
   io::HostFile& file = *image->file;
@@ -131,13 +131,13 @@ Task<Result<q::CheckReport>> run_check(const CheckArgs& a, bool* no_checks, std:
   const image::FormatInfo* format = image::find_format(image->format);
   if (!format || !format->check) {
     *no_checks = true;
-    co_return q::check_not_supported();
+    co_return image::check_not_supported();
   }
-  q::CheckOptions opts;
+  image::CheckOptions opts;
   opts.repair = a.repair;
   if (!a.json && !a.quiet && ::isatty(STDERR_FILENO)) opts.progress = ProgressBar();
   auto r = co_await format->check(file, a.image, opts);
-  if (!r) *no_checks = q::is_check_not_supported(r.status());
+  if (!r) *no_checks = image::is_check_not_supported(r.status());
   if (r && file.writable()) QCOWFS_CO_TRY(co_await file.flush());
   co_return r;
 }

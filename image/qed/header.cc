@@ -1,5 +1,7 @@
 #include "image/qed/header.h"
 
+#include "image/extent/host_read.h"
+
 #include <bit>
 #include <cstddef>
 #include <limits>
@@ -8,8 +10,6 @@
 
 namespace qcowfs::image::qed {
 namespace {
-
-bool power_of_two_in(uint64_t v, uint64_t lo, uint64_t hi) { return v >= lo && v <= hi && std::has_single_bit(v); }
 
 Header decode(std::span<const std::byte> b) {
   Header h;
@@ -92,6 +92,12 @@ Result<Header> parse_header(std::span<const std::byte> bytes, uint64_t file_size
   derive_geometry(h);
   QCOWFS_TRY(check_backing_name(h, path));
   return h;
+}
+
+Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
+  std::vector<std::byte> bytes(kHeaderBytes);
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, bytes));
+  co_return parse_header(bytes, file.size(), path);
 }
 
 }  // namespace qcowfs::image::qed

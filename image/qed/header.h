@@ -3,12 +3,15 @@
 // Thread-safety: plain values and pure functions.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <string>
 
 #include "image/qed/format.h"
+#include "io/host_file.h"
 #include "io/status.h"
+#include "io/task.h"
 
 namespace qcowfs::image::qed {
 
@@ -55,6 +58,14 @@ struct Header {
 // file is shorter) of a file of file_size bytes. Errors carry QEMU's wording,
 // the field and path: EINVAL, or ENOTSUP for unknown feature bits.
 Result<Header> parse_header(std::span<const std::byte> bytes, uint64_t file_size, const std::string& path);
+
+// Reads the header at the start of file and parses it (parse_header).
+Task<Result<Header>> read_header(io::HostFile& file, const std::string& path);
+
+// v is a power of two in [lo, hi] (cluster and table sizes).
+inline bool power_of_two_in(uint64_t v, uint64_t lo, uint64_t hi) {
+  return v >= lo && v <= hi && std::has_single_bit(v);
+}
 
 // QEMU's qed_max_image_size(), with its uint64 arithmetic (it wraps to 0 for
 // the largest cluster and table sizes, which QEMU then refuses).

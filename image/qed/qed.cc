@@ -18,12 +18,6 @@ namespace {
 
 using qed::Header;
 
-Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
-  std::vector<std::byte> bytes(qed::kHeaderBytes);
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, bytes));
-  co_return qed::parse_header(bytes, file.size(), path);
-}
-
 // The backing file name as QEMU's qed_read_string() leaves it: a C string,
 // so it ends at the first NUL.
 Task<Result<std::string>> read_backing_name(io::HostFile& file, const Header& h) {
@@ -114,7 +108,7 @@ Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, cons
 Task<Result<std::unique_ptr<BlockDriver>>> open_qed(std::unique_ptr<io::HostFile> file, std::string path,
                                                     ImageOptions opts) {
   if (auto chain = enter_backing_chain(path, opts); !chain) co_return chain.status();
-  auto h = co_await read_header(*file, path);
+  auto h = co_await qed::read_header(*file, path);
   if (!h) co_return h.status();
   auto backing_name = co_await read_backing_name(*file, *h);
   if (!backing_name) co_return backing_name.status();

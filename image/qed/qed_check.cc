@@ -155,12 +155,6 @@ Task<Result<CheckReport>> Walk::run(const CheckOptions& opts) {
   co_return std::move(r_);
 }
 
-Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
-  std::vector<std::byte> bytes(qed::kHeaderBytes);
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, bytes));
-  co_return qed::parse_header(bytes, file.size(), path);
-}
-
 // qed_check_mark_clean(): after a fix that left no corruption, the fixes are
 // flushed and then the need-check bit cleared.
 Task<Status> mark_clean(io::HostFile& file, Header& h) {
@@ -179,7 +173,7 @@ Task<Result<CheckReport>> check_qed(io::HostFile& file, std::string path, CheckO
   const bool fix = opts.repair != RepairMode::none;
   if (fix && !file.writable()) co_return Status::error(EROFS, "repairing needs the image opened read-write");
   QCOWFS_CO_TRY(co_await open_for_check(file, path, open_qed));
-  auto h = co_await read_header(file, path);
+  auto h = co_await qed::read_header(file, path);
   if (!h) co_return h.status();
   auto first = co_await Walk(file, *h, fix).run(opts);
   if (!first) co_return first;

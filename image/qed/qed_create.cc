@@ -29,8 +29,6 @@ struct QedCreate {
   std::string backing_file, backing_format;
 };
 
-bool power_of_two_in(uint64_t v, uint64_t lo, uint64_t hi) { return v >= lo && v <= hi && std::has_single_bit(v); }
-
 // The first cluster: the header as bdrv_qed_co_create() fills it, and the
 // backing file name right after it.
 io::AlignedBuffer header_cluster(const QedCreate& c) {
@@ -107,10 +105,10 @@ Result<std::unique_ptr<Creator>> prepare_qed_create(const CreateRequest& request
   c.image_size = align_up(c.size, kSectorSize);
   c.cluster_size = *cs;
   c.table_size = *ts;
-  if (!power_of_two_in(c.cluster_size, kMinClusterSize, kMaxClusterSize))
+  if (!qed::power_of_two_in(c.cluster_size, kMinClusterSize, kMaxClusterSize))
     return Status::errorf(EINVAL, "{}: QED cluster size must be within range [{}, {}] and power of 2", r.path,
                           kMinClusterSize, kMaxClusterSize);
-  if (!power_of_two_in(c.table_size, kMinTableSize, kMaxTableSize))
+  if (!qed::power_of_two_in(c.table_size, kMinTableSize, kMaxTableSize))
     return Status::errorf(EINVAL, "{}: QED table size must be within range [{}, {}] and power of 2", r.path,
                           kMinTableSize, kMaxTableSize);
   // QEMU would write a longer name past its header cluster (or past what its

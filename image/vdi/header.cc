@@ -1,5 +1,7 @@
 #include "image/vdi/header.h"
 
+#include "image/extent/host_read.h"
+
 #include <algorithm>
 #include <cstddef>
 
@@ -68,6 +70,12 @@ Result<Header> parse_header(std::span<const std::byte> b, const std::string& pat
   h.disk_size = (h.disk_size + kSectorSize - 1) / kSectorSize * kSectorSize;
   QCOWFS_TRY(check_fields(b, h, path));
   return h;
+}
+
+Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
+  std::vector<std::byte> bytes(kHeaderBytes);
+  QCOWFS_CO_TRY(co_await read_padded(file, 0, bytes));
+  co_return parse_header(bytes, path);
 }
 
 }  // namespace qcowfs::image::vdi

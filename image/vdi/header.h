@@ -8,7 +8,9 @@
 #include <string>
 
 #include "image/vdi/format.h"
+#include "io/host_file.h"
 #include "io/status.h"
+#include "io/task.h"
 
 namespace qcowfs::image::vdi {
 
@@ -30,5 +32,8 @@ struct Header {
 // file is shorter). Errors carry QEMU's wording and the path: EINVAL for a
 // bad signature, ENOTSUP for what QEMU does not support.
 Result<Header> parse_header(std::span<const std::byte> bytes, const std::string& path);
+
+// Reads the header at the start of file and parses it (parse_header).
+Task<Result<Header>> read_header(io::HostFile& file, const std::string& path);
 
 }  // namespace qcowfs::image::vdi

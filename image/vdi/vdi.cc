@@ -17,12 +17,6 @@ namespace {
 
 using vdi::Header;
 
-Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
-  std::vector<std::byte> bytes(vdi::kHeaderBytes);
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, bytes));
-  co_return vdi::parse_header(bytes, path);
-}
-
 // The entries of the block map that map the disk. QEMU reads all
 // blocks_in_image entries (zeros past the end of the file); we read only what
 // the disk needs, and only from inside the file, so a hostile header cannot
@@ -94,7 +88,7 @@ Task<Result<std::unique_ptr<ExtentWriter>>> make_writer(io::HostFile& file, cons
 
 Task<Result<std::unique_ptr<BlockDriver>>> open_vdi(std::unique_ptr<io::HostFile> file, std::string path,
                                                     ImageOptions opts) {
-  auto h = co_await read_header(*file, path);
+  auto h = co_await vdi::read_header(*file, path);
   if (!h) co_return h.status();
   auto bmap = co_await read_block_map(*file, *h, path);
   if (!bmap) co_return bmap.status();

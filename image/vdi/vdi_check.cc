@@ -62,16 +62,10 @@ class BlockMapCheck {
   CheckReport r_;
 };
 
-Task<Result<Header>> read_header(io::HostFile& file, const std::string& path) {
-  std::vector<std::byte> bytes(vdi::kHeaderBytes);
-  QCOWFS_CO_TRY(co_await read_padded(file, 0, bytes));
-  co_return vdi::parse_header(bytes, path);
-}
-
 }  // namespace
 
 Task<Result<CheckReport>> check_vdi(io::HostFile& file, std::string path, CheckOptions opts) {
-  auto h = co_await read_header(file, path);
+  auto h = co_await vdi::read_header(file, path);
   if (!h) co_return h.status();
   if (opts.repair != RepairMode::none) co_return check_not_supported();
   BlockMapCheck check(*h);

@@ -29,7 +29,7 @@ using namespace vmdk;
 constexpr uint64_t kMaxSectors = static_cast<uint64_t>(INT64_MAX) / kSector;
 
 // n bytes at off, zeros past the end of the file (image/extent/host_read.h).
-Task<Result<std::vector<std::byte>>> read_padded(io::HostFile& f, uint64_t off, size_t n) {
+Task<Result<std::vector<std::byte>>> read_bytes(io::HostFile& f, uint64_t off, size_t n) {
   std::vector<std::byte> b(n);
   Status st = co_await image::read_padded(f, off, b);
   if (!st) co_return st.with_context(fmt::format("reading {}", f.path()));
@@ -70,7 +70,7 @@ Status add_extent(Opening& o, VExtent x, uint64_t sectors) {
 Task<Result<SparseHeader>> read_footer(io::HostFile& f, const std::string& name) {
   uint64_t rounded = (f.size() + kSector - 1) / kSector * kSector;
   if (rounded < kFooterBytes) co_return Status::errorf(EINVAL, "{}: too small for a stream footer", name);
-  auto b = co_await read_padded(f, rounded - kFooterBytes, kFooterBytes);
+  auto b = co_await read_bytes(f, rounded - kFooterBytes, kFooterBytes);
   if (!b) co_return b.status();
   const std::byte* p = b->data();
   const std::byte* eos = p + 2 * kSector;
@@ -115,7 +115,7 @@ Task<Status> load_gd(const VExtent& x, uint64_t gd_sector, std::vector<uint32_t>
   uint64_t at = gd_sector * kSector;
   uint64_t inside = at >= f.size() ? 0 : std::min<uint64_t>(x.gd_size, (f.size() - at) / 4);
   if (inside == 0) co_return Status::ok();
-  auto b = co_await read_padded(f, at, static_cast<size_t>(inside * 4));
+  auto b = co_await read_bytes(f, at, static_cast<size_t>(inside * 4));
   if (!b) co_return b.status().with_context("reading the grain directory");
   gd.resize(inside);
   for (uint64_t i = 0; i < inside; ++i) gd[i] = load_le32(b->data() + i * 4);
@@ -128,7 +128,7 @@ Task<Status> prepare_tables(HostFileState& s, uint64_t gt_bytes) {
   s.cache = std::make_unique<TableCache>(f, kGtWindow, TableCache::default_size(gt_bytes, kGtWindow));
   if (f.size() % kGtWindow != 0) {
     s.tail_slice = f.size() / kGtWindow * kGtWindow;
-    auto b = co_await read_padded(f, s.tail_slice, kGtWindow);
+    auto b = co_await read_bytes(f, s.tail_slice, kGtWindow);
     if (!b) co_return b.status();
     s.tail_bytes = std::move(*b);
   }
@@ -141,7 +141,7 @@ Task<Status> open_descriptor(Opening& o, std::string_view text, int depth);
 Task<Status> open_sparse(Opening& o, size_t file_index, std::string type, std::string filename, int depth) {
   HostFileState& s = o.files[file_index];
   io::HostFile& f = *s.file;
-  auto head = co_await read_padded(f, 0, kSector);
+  auto head = co_await read_bytes(f, 0, kSector);
   if (!head) co_return head.status();
   uint32_t magic = load_be32(head->data());
   if (magic != kVmdk4MagicBe && magic != kVmdk3MagicBe)
@@ -152,7 +152,7 @@ Task<Status> open_sparse(Opening& o, size_t file_index, std::string type, std::s
       co_return Status::errorf(EINVAL, "{}: sparse extent '{}' holds a descriptor of its own (refused)", o.path,
                                filename);
     if (h.desc_offset > kMaxSectors) co_return Status::errorf(EINVAL, "{}: descriptor offset is absurd", o.path);
-    auto text = co_await read_padded(f, h.desc_offset * kSector,
+    auto text = co_await read_bytes(f, h.desc_offset * kSector,
                                      static_cast<size_t>(std::min<uint64_t>(f.size(), kMaxDescriptorBytes)));
     if (!text) co_return text.status();
     co_return co_await open_descriptor(o, std::string_view(reinterpret_cast<const char*>(text->data()), text->size()),
@@ -321,11 +321,11 @@ Task<std::optional<uint32_t>> peek_cid(const Opening& o, const std::string& pare
   fo.writable = false;
   auto f = io::open_host_file(parent, fo);
   if (!f) co_return std::nullopt;
-  auto head = co_await read_padded(**f, 0, 4);
+  auto head = co_await read_bytes(**f, 0, 4);
   if (!head) co_return std::nullopt;
   uint32_t magic = load_be32(head->data());
   bool sparse = magic == kVmdk4MagicBe || magic == kVmdk3MagicBe;
-  auto text = co_await read_padded(**f, sparse ? kDescOffsetInSparse : 0, kDescWindow);
+  auto text = co_await read_bytes(**f, sparse ? kDescOffsetInSparse : 0, kDescWindow);
   if (!text) co_return std::nullopt;
   auto cid = descriptor_cid(std::string_view(reinterpret_cast<const char*>(text->data()), text->size()), false);
   if (!cid) co_return std::nullopt;
@@ -353,7 +353,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_parent(const Opening& o, const s
 // returns the text QEMU reads CID, parentCID and the parent hint from.
 Task<Result<std::string>> open_extents(Opening& o) {
   io::HostFile& f = *o.files[0].file;
-  auto head = co_await read_padded(f, 0, 4);
+  auto head = co_await read_bytes(f, 0, 4);
   if (!head) co_return head.status();
   uint32_t magic = load_be32(head->data());
   bool sparse = magic == kVmdk4MagicBe || magic == kVmdk3MagicBe;
@@ -361,7 +361,7 @@ Task<Result<std::string>> open_extents(Opening& o) {
   if (sparse) QCOWFS_CO_TRY(co_await open_sparse(o, 0, "", o.path, 0));
   uint64_t at = sparse ? kDescOffsetInSparse : 0;
   size_t n = sparse ? kDescWindow : static_cast<size_t>(std::min<uint64_t>(f.size(), kMaxDescriptorBytes));
-  auto text = co_await read_padded(f, at, n);
+  auto text = co_await read_bytes(f, at, n);
   if (!text) co_return text.status();
   std::string window(reinterpret_cast<const char*>(text->data()), text->size());
   if (!sparse) QCOWFS_CO_TRY(co_await open_descriptor(o, window, 0));
