@@ -134,6 +134,15 @@ def test_installed_binary_mounts_and_runs_commands(package: Path, workdir: Path)
     finally:
         helpers.run(["umount", mnt])
 
+    # Mount failures through mount(8) exit non-zero with the reason on stderr
+    # (the daemon reports only once the mount is up or has failed).
+    corrupt = workdir / "corrupt.qcow2"
+    corrupt.write_bytes(img.read_bytes()[:4] + (99).to_bytes(4, "big") + img.read_bytes()[8:65536])
+    for image, opts, reason in ((img, "ro,cache=sometimes", b"cache"), (corrupt, "ro", b"corrupt.qcow2")):
+        bad = helpers.run(["mount", "-t", "fuse.qcowfs", image, mnt, "-o", opts], check=False)
+        assert bad.returncode != 0 and reason in bad.stderr, (opts, bad.stderr)
+        assert not helpers.is_fuse_mounted(mnt)
+
     fstab = workdir / "fstab"
     fstab.write_text(f"{img}  {mnt}  fuse.qcowfs  ro,noauto,nofail,_netdev  0  0\n")
     helpers.run(["mount", "-T", fstab, mnt])
