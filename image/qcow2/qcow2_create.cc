@@ -1,5 +1,7 @@
 #include "image/qcow2/qcow2_create.h"
 
+#include "image/create.h"
+
 #include <algorithm>
 #include <bit>
 #include <charconv>
@@ -26,31 +28,9 @@ Status bad_value(std::string_view key, std::string_view value, std::string_view 
   return Status::errorf(EINVAL, "bad value '{}' for option {} (expected {})", value, key, expected);
 }
 
-Result<bool> parse_bool(std::string_view key, std::string_view v) {
-  if (v == "on" || v == "true" || v == "yes") return true;
-  if (v == "off" || v == "false" || v == "no") return false;
-  return bad_value(key, v, "on or off");
-}
-
-// "64K", "1M", "2G", "4096": K/M/G/T/P/E binary multiples (qemu's suffixes).
-Result<uint64_t> parse_size_value(std::string_view key, std::string_view text) {
-  uint64_t n = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (ec != std::errc() || end == text.data()) return bad_value(key, text, "a size such as 64K");
-  std::string_view suffix(end, static_cast<size_t>(text.data() + text.size() - end));
-  if (suffix == "B" || suffix == "b") suffix = "";
-  static constexpr std::string_view kSuffixes = "KMGTPE";
-  unsigned shift = 0;
-  if (suffix.size() == 1) {
-    auto pos = kSuffixes.find(static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0]))));
-    if (pos == std::string_view::npos) return bad_value(key, text, "a size with K, M, G, T, P or E");
-    shift = static_cast<unsigned>(10 * (pos + 1));
-  } else if (!suffix.empty()) {
-    return bad_value(key, text, "a size with K, M, G, T, P or E");
-  }
-  if (shift >= 64 || n > (~uint64_t{0} >> shift)) return bad_value(key, text, "a smaller size");
-  return n << shift;
-}
+// Bools and sizes as every format's create options parse them (image/create.h).
+Result<bool> parse_bool(std::string_view key, std::string_view v) { return parse_create_bool(key, v); }
+Result<uint64_t> parse_size_value(std::string_view key, std::string_view v) { return parse_create_size(key, v); }
 
 Result<Preallocation> parse_prealloc(std::string_view v) {
   if (v == "off") return Preallocation::off;
