@@ -81,7 +81,7 @@ class HostileCorpus : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::path("/var/tmp") / ("qcowfs_hostile_corpus_" + std::to_string(::getpid()));
-    fs::path script = fs::path(__FILE__).parent_path().parent_path() / "corpus" / "hostile.py";
+    fs::path script = fs::path(QCOWFS_TESTS_DIR) / "corpus" / "hostile.py";
     std::string cmd = "python3 '" + script.string() + "' '" + dir_.string() + "' >/dev/null";
     build_status_ = std::system(cmd.c_str());
   }

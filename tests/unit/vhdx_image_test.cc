@@ -189,7 +189,7 @@ class VhdxImage : public ::testing::Test {
   // Runs shell commands in the scratch directory; `ed` is tests/corpus/vhdx_edit.py
   // in a python3 -c command ("python3 -c \"$ED; e.set_bat(...)\"").
   void sh(const std::string& commands) {
-    const std::string corpus = (fs::path(__FILE__).parent_path().parent_path() / "corpus").string();
+    const std::string corpus = (fs::path(QCOWFS_TESTS_DIR) / "corpus").string();
     std::string cmd = "cd '" + dir_.string() + "' && export ED=\"import sys; sys.path.insert(0, '" + corpus +
                       "'); import vhdx_edit as e\" && { " + commands + "; } >/dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

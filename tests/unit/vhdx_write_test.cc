@@ -74,13 +74,8 @@ class GatedReads final : public qcowfs::testing::ForwardingFile {
   int waiting_ = 0;  // touched only on the test's engine thread
 };
 
-// tests/corpus; __FILE__ may be relative to the build directory of this test
-// binary (ccache's base directory rewriting).
-fs::path corpus_dir() {
-  fs::path src = fs::path(__FILE__);
-  if (src.is_relative()) src = fs::read_symlink("/proc/self/exe").parent_path() / src;
-  return fs::weakly_canonical(src.parent_path().parent_path() / "corpus");
-}
+// tests/corpus (QCOWFS_TESTS_DIR: tests/CMakeLists.txt).
+fs::path corpus_dir() { return fs::path(QCOWFS_TESTS_DIR) / "corpus"; }
 
 class VhdxWrite : public ::testing::Test {
  protected:
