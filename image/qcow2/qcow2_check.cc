@@ -2,6 +2,9 @@
 
 #include "image/qcow2/qcow2.h"
 
+#include "image/backing.h"
+#include "image/path.h"
+
 #include "image/endian.h"
 #include "image/qcow2/check_repair.h"
 #include "image/qcow2/check_walk.h"
@@ -117,7 +120,33 @@ Task<Result<CheckReport>> check_image(io::HostFile& file, CheckOptions opts) {
 
 namespace qcowfs::image {
 
-Task<Result<CheckReport>> check_qcow2(io::HostFile& file, std::string /*path*/, CheckOptions opts) {
+namespace {
+
+// What qemu-img check does before it checks: it opens the image with its
+// backing chain and external data file, so one that is missing or is no file
+// (a FIFO, a directory) fails the check. These opens take no locks (the check
+// holds the image's own; with -U others may hold the rest) and read nothing
+// but the backing chain's headers. An unreadable header is left to
+// check_image(), which reports it.
+Task<Status> open_files_for_check(io::HostFile& file, const std::string& path) {
+  auto h = co_await qcow2::read_qcow2_header(file);
+  if (!h) co_return Status::ok();
+  ImageOptions opts;
+  opts.file.locking = io::LockMode::off;
+  if (h->has_external_data_file() && !h->data_file.empty()) {
+    auto data = io::open_host_file(resolve_relative(path, h->data_file), opts.file);
+    if (!data) co_return data.status().with_context(fmt::format("opening external data file of {}", path));
+  }
+  if (h->backing_file.empty()) co_return Status::ok();
+  auto backing = co_await open_backing_file(path, h->backing_file, h->backing_format, opts);
+  if (!backing) co_return backing.status();
+  co_return co_await (*backing)->close();
+}
+
+}  // namespace
+
+Task<Result<CheckReport>> check_qcow2(io::HostFile& file, std::string path, CheckOptions opts) {
+  QCOWFS_CO_TRY(co_await open_files_for_check(file, path));
   co_return co_await qcow2::check_image(file, std::move(opts));
 }
 
