@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "image/block_driver.h"
 #include "image/create.h"
@@ -149,24 +150,35 @@ Status missing_backing_format(const std::string& image, std::string_view detecte
 }
 
 // Opens the backing file (as qemu-img does, unless -u): it must open with the
-// format given, and its size is the default image size.
-Task<Status> inspect_backing(const CreateArgs& a, q::CreateOptions& o) {
-  if (o.backing_file.empty()) co_return Status::ok();
+// format given, and its size is the default image size. `size` is the size
+// given, if any; it is set to the backing file's when not.
+Task<Status> inspect_backing_file(const CreateArgs& a, const std::string& file, const std::string& format,
+                                  std::optional<uint64_t>& size) {
+  if (file.empty()) co_return Status::ok();
   if (a.unsafe) {
-    if (o.backing_format.empty()) co_return missing_backing_format(a.image, "");
-    if (!o.size_given) co_return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", a.image);
+    if (format.empty()) co_return missing_backing_format(a.image, "");
+    if (!size) co_return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", a.image);
     co_return Status::ok();
   }
   image::ImageOptions bo;
-  bo.format = o.backing_format;
-  auto b = co_await image::open_image(image::resolve_relative(a.image, o.backing_file), bo);
-  if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", o.backing_file));
+  bo.format = format;
+  auto b = co_await image::open_image(image::resolve_relative(a.image, file), bo);
+  if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", file));
   std::string detected((*b)->format_name());
-  uint64_t size = (*b)->size();
+  uint64_t backing_size = (*b)->size();
   QCOWFS_CO_TRY(co_await (*b)->close());
-  if (o.backing_format.empty()) co_return missing_backing_format(a.image, detected);
-  if (!o.size_given) {
-    o.size = size;
+  if (format.empty()) co_return missing_backing_format(a.image, detected);
+  if (!size) size = backing_size;
+  co_return Status::ok();
+}
+
+// inspect_backing_file() for qcow2's create options.
+Task<Status> inspect_backing(const CreateArgs& a, q::CreateOptions& o) {
+  std::optional<uint64_t> size;
+  if (o.size_given) size = o.size;
+  QCOWFS_CO_TRY(co_await inspect_backing_file(a, o.backing_file, o.backing_format, size));
+  if (size) {
+    o.size = *size;
     o.size_given = true;
   }
   co_return Status::ok();
@@ -379,25 +391,9 @@ Result<image::CreateRequest> build_request(const CreateArgs& a) {
   return r;
 }
 
-// As inspect_backing() for qcow2: the backing file must open with its format,
-// and its size is the default size.
+// inspect_backing_file() for a registry format's request.
 Task<Status> inspect_request_backing(const CreateArgs& a, image::CreateRequest& r) {
-  if (r.backing_file.empty()) co_return Status::ok();
-  if (a.unsafe) {
-    if (r.backing_format.empty()) co_return missing_backing_format(a.image, "");
-    if (!r.size) co_return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", a.image);
-    co_return Status::ok();
-  }
-  image::ImageOptions bo;
-  bo.format = r.backing_format;
-  auto b = co_await image::open_image(image::resolve_relative(a.image, r.backing_file), bo);
-  if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", r.backing_file));
-  std::string detected((*b)->format_name());
-  uint64_t size = (*b)->size();
-  QCOWFS_CO_TRY(co_await (*b)->close());
-  if (r.backing_format.empty()) co_return missing_backing_format(a.image, detected);
-  if (!r.size) r.size = size;
-  co_return Status::ok();
+  co_return co_await inspect_backing_file(a, r.backing_file, r.backing_format, r.size);
 }
 
 // image::NewFiles over CreatedFiles: every file made is removed if the create fails.
