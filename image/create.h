@@ -1,10 +1,12 @@
 // Creating an image: what `qcowfs create` (tools/create.cc) asks of a format,
 // format-neutral. A format that can make new images offers the registry
 // (image/format.h) a PrepareCreateFn; tools/ parses qemu-img create's command
-// line into a CreateRequest, asks the format to prepare (options checked, no
-// file touched), prints the creator's "Formatting" line, and lets it write
-// through NewFiles, which creates (and locks) each file and removes every file
-// it made if the create fails.
+// line into a CreateRequest, opens the backing file if one is named, asks the
+// format to prepare (options checked, no file touched), locks the image and
+// every extra path, lets the creator ask for its secrets, prints the
+// creator's "Formatting" line, and lets it write through NewFiles, which
+// creates each (locked) file and removes every file it made if the create
+// fails.
 //
 // Thread-safety: a Creator is used by one thread, once.
 #pragma once
@@ -58,6 +60,11 @@ class Creator {
   // data files). The caller locks the image and each of these before write()
   // empties any, so a file another process uses fails the create untouched.
   virtual std::vector<std::string> extra_paths() const { return {}; }
+  // Called once the image and every extra path are locked, before the
+  // "Formatting" line: asks what the create needs from the user (an encrypted
+  // image's passphrase, and runs its PBKDF2), so an image in use is refused
+  // before anything is asked. Default: nothing to ask.
+  virtual Status ask_secrets() { return Status::ok(); }
   // Writes the new image: the image file first through files.create(path),
   // then any further files (named by extra_paths()).
   virtual Task<Status> write(NewFiles& files) = 0;

@@ -2,7 +2,7 @@
 // name, and for each the function that opens it (nullptr for a format qcowfs
 // only recognises, so that it is refused with a message naming it instead of
 // being served, and written, as if it were a raw disk), and where the format
-// has them, the functions behind `qcowfs create` and `qcowfs check`: tools/
+// has them, the functions behind `qcowfs create`, `check` and `info`: tools/
 // reaches a format only through this table.
 //
 // A format lives in its own folder (image/raw/, image/qcow2/, ...) and offers
@@ -20,6 +20,7 @@
 #include "image/block_driver.h"
 #include "image/check.h"
 #include "image/create.h"
+#include "image/describe.h"
 
 namespace qcowfs::image {
 
@@ -36,6 +37,8 @@ struct FormatInfo {
   PrepareCreateFn prepare_create = nullptr;
   // `qcowfs check` (image/check.h); nullptr: "This image format does not support checks".
   CheckFormatFn check = nullptr;
+  // `qcowfs info` (image/describe.h); nullptr: described through its driver's details().
+  DescribeFormatFn describe = nullptr;
   bool supported() const { return open != nullptr; }
 };
 
@@ -48,5 +51,10 @@ const FormatInfo* find_format(std::string_view name);
 
 // The names of the formats qcowfs opens, for messages: "raw, qcow2".
 std::string supported_format_names();
+
+// The format `qcowfs create` makes without -f (qemu-img's default, qcow2), and
+// the names of the formats it makes, for messages: "raw, qcow2, vmdk, ...".
+std::string_view default_create_format();
+std::string creatable_format_names();
 
 }  // namespace qcowfs::image

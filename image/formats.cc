@@ -8,6 +8,7 @@
 #include "image/parallels/parallels_check.h"
 #include "image/parallels/parallels_create.h"
 #include "image/qcow2/qcow2.h"
+#include "image/qcow2/qcow2_create.h"
 #include "image/qed/qed.h"
 #include "image/qed/qed_check.h"
 #include "image/qed/qed_create.h"
@@ -28,8 +29,13 @@ namespace qcowfs::image {
 namespace {
 
 const std::array kFormats = {
-    FormatInfo{.name = "raw", .display = "raw", .open = open_raw},
-    FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
+    FormatInfo{.name = "raw", .display = "raw", .open = open_raw, .prepare_create = prepare_raw_create},
+    FormatInfo{.name = "qcow2",
+               .display = "qcow2",
+               .open = open_qcow2,
+               .prepare_create = qcow2::prepare_qcow2_create,
+               .check = check_qcow2,
+               .describe = describe_qcow2},
     FormatInfo{.name = "qcow", .display = "qcow (version 1)", .open = nullptr},
     FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .prepare_create = prepare_vmdk_create, .check = check_vmdk},
     FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .prepare_create = prepare_vhdx_create, .check = check_vhdx},
@@ -45,7 +51,11 @@ const std::array kFormats = {
                .open = open_parallels,
                .prepare_create = prepare_parallels_create,
                .check = check_parallels},
-    FormatInfo{.name = "luks", .display = "LUKS", .open = open_luks},
+    FormatInfo{.name = "luks",
+               .display = "LUKS",
+               .open = open_luks,
+               .prepare_create = prepare_luks_create,
+               .describe = describe_luks},
     FormatInfo{.name = "bochs", .display = "Bochs", .open = nullptr},
     FormatInfo{.name = "cloop", .display = "cloop", .open = nullptr},
     FormatInfo{.name = "dmg", .display = "DMG", .open = nullptr},
@@ -60,6 +70,18 @@ const FormatInfo* find_format(std::string_view name) {
   for (const FormatInfo& f : kFormats)
     if (f.name == name) return &f;
   return nullptr;
+}
+
+std::string_view default_create_format() { return "qcow2"; }
+
+std::string creatable_format_names() {
+  std::string names;
+  for (const FormatInfo& f : kFormats) {
+    if (f.prepare_create == nullptr) continue;
+    if (!names.empty()) names += ", ";
+    names += f.name;
+  }
+  return names;
 }
 
 std::string supported_format_names() {

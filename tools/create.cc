@@ -1,11 +1,12 @@
-// qcowfs create: makes a new qcow2, raw or LUKS image, with qemu-img create's
-// command line: -o takes qemu-img's option names, -b/-F name the backing file.
-// Encrypted images (qcow2 -o encrypt.format=luks, -f luks) take the passphrase
-// from a key file (encrypt.key-file / key-file, in place of QEMU's secret
-// objects) or the terminal; it is read before any existing file is changed,
-// and a failed create removes the files it made. Every file is write-locked
-// first (as QEMU locks images, before the passphrase is asked): an image in
-// use is refused at once and left as it was.
+// qcowfs create: makes a new image with qemu-img create's command line: -f
+// names the format (qcow2 by default), -o takes qemu-img's option names, -b/-F
+// name the backing file. The format checks its options and writes the image
+// through the registry (image/format.h, image/create.h); this file only opens
+// the backing file, locks the files and prints the "Formatting" line.
+// Encrypted images take the passphrase from a key file (in place of QEMU's
+// secret objects) or the terminal; it is asked once every file is
+// write-locked (as QEMU locks images): an image in use is refused at once and
+// left as it was, and a failed create removes the files it made.
 // Like qemu-img 7.2 it refuses a backing file without its format (-F or
 // backing_fmt): the format is written into the image, and a probed one lets a
 // raw backing file that starts like a qcow2 header pass itself off as one.
@@ -18,12 +19,7 @@
 #include "image/block_driver.h"
 #include "image/create.h"
 #include "image/format.h"
-#include "image/crypto/crypto_luks.h"
-#include "image/crypto/crypto_secret.h"
-#include "image/luks/luks.h"
 #include "image/path.h"
-#include "image/qcow2/qcow2_create.h"
-#include "image/raw/raw.h"
 #include "io/fd.h"
 #include "io/lock.h"
 #include "tools/cmd.h"
@@ -31,41 +27,26 @@
 namespace qcowfs::tools {
 namespace {
 
-namespace q = image::qcow2;
-
 struct CreateArgs {
   std::string image;
-  std::string format = "qcow2";
+  std::string format{image::default_create_format()};
   std::string option_list;  // -o lists, joined with commas
   std::string backing, backing_format;
   std::string size;
   bool quiet = false;
   bool unsafe = false;  // -u: do not open the backing file
   bool help = false;
-  q::CreateOptions create_options;  // the above as qcow2 create options (not with help)
-  image::LuksCreateOptions luks;    // -f luks: the -o list as LUKS options
 };
 
-// The formats create makes itself (their options are qcow2's create options)
-// rather than through the registry's PrepareCreateFn.
-bool is_builtin_format(std::string_view f) { return f == "qcow2" || f == "raw" || f == "luks"; }
-
-std::string creatable_format_names() {
-  std::string names = "qcow2, raw, luks";
-  for (const image::FormatInfo& f : image::all_formats())
-    if (f.prepare_create && !is_builtin_format(f.name)) names += fmt::format(", {}", f.name);
-  return names;
-}
-
 Status check_create_format(std::string_view v) {
-  if (is_builtin_format(v)) return Status::ok();
   const image::FormatInfo* f = image::find_format(v);
   if (f && f->prepare_create) return Status::ok();
   if (f) return Status::errorf(EINVAL, "Format driver '{}' does not support image creation", v);
-  return Status::errorf(EINVAL, "unknown format '{}' ({})", v, creatable_format_names());
+  return Status::errorf(EINVAL, "unknown format '{}' ({})", v, image::creatable_format_names());
 }
 
-Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
+// The command line; errors are usage errors. With --help nothing but the flags is looked at.
+Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
   CreateArgs a;
   std::vector<std::string> positional;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -99,48 +80,6 @@ Result<CreateArgs> parse_create_flags(std::span<const std::string> args) {
   return a;
 }
 
-// -f luks: size= and the LUKS options by their unprefixed names, as qemu-img create -f luks.
-Status apply_luks_options(CreateArgs& a, q::CreateOptions& o) {
-  for (std::string_view list = a.option_list; !list.empty();) {
-    const size_t comma = list.find(',');
-    const std::string_view opt = list.substr(0, comma);
-    const size_t eq = opt.find('=');
-    if (eq == std::string_view::npos) return Status::errorf(EINVAL, "option '{}' needs a value (key=value)", opt);
-    const std::string_view key = opt.substr(0, eq), value = opt.substr(eq + 1);
-    if (key == "size")
-      QCOWFS_TRY(q::apply_create_option(o, key, value));
-    else
-      QCOWFS_TRY(image::apply_luks_create_option(a.luks, key, value));
-    if (comma == std::string_view::npos) break;
-    list.remove_prefix(comma + 1);
-  }
-  return Status::ok();
-}
-
-Result<q::CreateOptions> build_options(CreateArgs& a) {
-  q::CreateOptions o;
-  if (!is_builtin_format(a.format)) return o;  // the format parses its own (create_through_registry)
-  if (a.format == "luks")
-    QCOWFS_TRY(apply_luks_options(a, o));
-  else
-    QCOWFS_TRY(q::apply_create_options(o, a.option_list));
-  if (!a.size.empty()) QCOWFS_TRY(q::apply_create_option(o, "size", a.size));
-  if (!a.backing.empty()) o.backing_file = a.backing;
-  if (!a.backing_format.empty()) o.backing_format = a.backing_format;
-  return o;
-}
-
-// The command line, its -o/-b/-F/SIZE turned into create options; errors are
-// usage errors. With --help nothing but the flags is looked at.
-Result<CreateArgs> parse_create_args(std::span<const std::string> args) {
-  auto a = parse_create_flags(args);
-  if (!a || a->help) return a;
-  auto o = build_options(*a);
-  if (!o) return o.status();
-  a->create_options = std::move(*o);
-  return a;
-}
-
 // qemu-img's refusal of a backing file without a format; `detected` is the
 // probed format when the backing file was opened.
 Status missing_backing_format(const std::string& image, std::string_view detected) {
@@ -150,73 +89,24 @@ Status missing_backing_format(const std::string& image, std::string_view detecte
 }
 
 // Opens the backing file (as qemu-img does, unless -u): it must open with the
-// format given, and its size is the default image size. `size` is the size
-// given, if any; it is set to the backing file's when not.
-Task<Status> inspect_backing_file(const CreateArgs& a, const std::string& file, const std::string& format,
-                                  std::optional<uint64_t>& size) {
-  if (file.empty()) co_return Status::ok();
+// format given, and its size is the default image size (r.size is set to it
+// when no size was given).
+Task<Status> inspect_backing_file(const CreateArgs& a, image::CreateRequest& r) {
   if (a.unsafe) {
-    if (format.empty()) co_return missing_backing_format(a.image, "");
-    if (!size) co_return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", a.image);
+    if (r.backing_format.empty()) co_return missing_backing_format(a.image, "");
+    if (!r.size) co_return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", a.image);
     co_return Status::ok();
   }
   image::ImageOptions bo;
-  bo.format = format;
-  auto b = co_await image::open_image(image::resolve_relative(a.image, file), bo);
-  if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", file));
+  bo.format = r.backing_format;
+  auto b = co_await image::open_image(image::resolve_relative(a.image, r.backing_file), bo);
+  if (!b) co_return b.status().with_context(fmt::format("could not open backing file '{}'", r.backing_file));
   std::string detected((*b)->format_name());
   uint64_t backing_size = (*b)->size();
   QCOWFS_CO_TRY(co_await (*b)->close());
-  if (format.empty()) co_return missing_backing_format(a.image, detected);
-  if (!size) size = backing_size;
+  if (r.backing_format.empty()) co_return missing_backing_format(a.image, detected);
+  if (!r.size) r.size = backing_size;
   co_return Status::ok();
-}
-
-// inspect_backing_file() for qcow2's create options.
-Task<Status> inspect_backing(const CreateArgs& a, q::CreateOptions& o) {
-  std::optional<uint64_t> size;
-  if (o.size_given) size = o.size;
-  QCOWFS_CO_TRY(co_await inspect_backing_file(a, o.backing_file, o.backing_format, size));
-  if (size) {
-    o.size = *size;
-    o.size_given = true;
-  }
-  co_return Status::ok();
-}
-
-// QEMU's "encrypt.format=luks encrypt.key-secret=..." part: the LUKS options that differ from the defaults.
-std::string luks_formatting(const image::LuksCreateOptions& l, std::string_view prefix) {
-  const image::LuksCreateOptions d;
-  std::string s;
-  auto add = [&](std::string_view key, const auto& v, bool given) {
-    if (given) s += fmt::format(" {}{}={}", prefix, key, v);
-  };
-  add("key-file", l.key_file, !l.key_file.empty());
-  add("cipher-alg", l.cipher_alg, l.cipher_alg != d.cipher_alg);
-  add("cipher-mode", l.cipher_mode, l.cipher_mode != d.cipher_mode);
-  add("ivgen-alg", l.ivgen_alg, l.ivgen_alg != d.ivgen_alg);
-  add("ivgen-hash-alg", l.ivgen_hash_alg, !l.ivgen_hash_alg.empty());
-  add("hash-alg", l.hash_alg, l.hash_alg != d.hash_alg);
-  add("iter-time", l.iter_time_ms, l.iter_time_ms != d.iter_time_ms);
-  return s;
-}
-
-void print_formatting(const CreateArgs& a, const q::CreateOptions& o) {
-  if (a.format == "raw" || a.format == "luks") {
-    fmt::print("Formatting '{}', fmt={} size={}{}\n", a.image, a.format, o.size,
-               a.format == "luks" ? luks_formatting(a.luks, "") : "");
-    return;
-  }
-  fmt::print("Formatting '{}', fmt=qcow2", a.image);
-  if (o.encrypt) fmt::print(" encrypt.format=luks{}", luks_formatting(o.luks, "encrypt."));
-  fmt::print(" cluster_size={} extended_l2={} compression_type={} size={}", o.cluster_size,
-             o.extended_l2 ? "on" : "off", o.compression_type ? "zstd" : "zlib", o.size);
-  if (!o.backing_file.empty()) fmt::print(" backing_file={}", o.backing_file);
-  if (!o.backing_format.empty()) fmt::print(" backing_fmt={}", o.backing_format);
-  if (!o.data_file.empty()) fmt::print(" data_file={} data_file_raw={}", o.data_file, o.data_file_raw ? "on" : "off");
-  fmt::print(" lazy_refcounts={} refcount_bits={}", o.lazy_refcounts ? "on" : "off", o.refcount_bits);
-  if (o.preallocation != q::Preallocation::off) fmt::print(" preallocation={}", q::to_string(o.preallocation));
-  fmt::print("\n");
 }
 
 // The files a create makes. Each is first write-locked (lock(), for every
@@ -284,75 +174,6 @@ class CreatedFiles {
   bool done_ = false;
 };
 
-// A new LUKS1 header for the image, its passphrase from the key file or the terminal (before any file exists).
-Result<image::crypto::LuksFormatted> format_new_luks(const image::LuksCreateOptions& l, const std::string& image,
-                                                     std::string_view key_option) {
-  auto params = image::luks_format_params(l);
-  if (!params) return params.status();
-  auto keys = l.key_file.empty() ? image::crypto::KeyProvider::from_terminal()
-                                 : image::crypto::KeyProvider::from_file(l.key_file);
-  auto pass = keys->passphrase(image);
-  if (!pass && pass.status().code() == ENOKEY)
-    return Status::errorf(ENOKEY,
-                          "{}: the new image is encrypted: give its passphrase with -o {}=PATH ({}=- for "
-                          "standard input), or run on a terminal to be asked",
-                          image, key_option, key_option);
-  if (!pass) return pass.status();
-  return image::crypto::format_luks1(*params, (*pass)->span());
-}
-
-Task<Status> create_raw_file(const std::string& path, const q::CreateOptions& o) {
-  CreatedFiles files;
-  QCOWFS_CO_TRY(files.lock(path));
-  auto f = files.create(path);
-  if (!f) co_return f.status();
-  bool allocate = o.preallocation == q::Preallocation::falloc || o.preallocation == q::Preallocation::full;
-  co_return files.finish(co_await image::create_raw(**f, o.size, allocate));
-}
-
-// The files are locked before the passphrase is asked (and its PBKDF2 run),
-// so an image in use is refused at once, as qemu-img create does.
-Task<Status> create_luks_file(const CreateArgs& a, const q::CreateOptions& o) {
-  CreatedFiles files;
-  QCOWFS_CO_TRY(files.lock(a.image));
-  auto luks = format_new_luks(a.luks, a.image, "key-file");
-  if (!luks) co_return luks.status();
-  if (!a.quiet) print_formatting(a, o);
-  auto f = files.create(a.image);
-  if (!f) co_return f.status();
-  co_return files.finish(co_await image::create_luks(**f, *luks, o.size));
-}
-
-Task<Status> create_qcow2(const CreateArgs& a, q::CreateOptions o) {
-  const std::string& path = a.image;
-  QCOWFS_CO_TRY(co_await inspect_backing(a, o));
-  auto valid = q::validate_create_options(std::move(o));
-  if (!valid) co_return valid.status();
-  CreatedFiles files;
-  const std::string data_path =
-      valid->data_file.empty() ? std::string() : image::resolve_relative(path, valid->data_file);
-  if (!data_path.empty()) QCOWFS_CO_TRY(files.lock(data_path));
-  QCOWFS_CO_TRY(files.lock(path));
-  image::crypto::LuksFormatted luks;
-  if (valid->encrypt) {
-    auto formatted = format_new_luks(valid->luks, path, "encrypt.key-file");
-    if (!formatted) co_return formatted.status();
-    luks = std::move(*formatted);
-  }
-  if (!a.quiet) print_formatting(a, *valid);
-  std::unique_ptr<io::HostFile> data;
-  if (!data_path.empty()) {
-    auto d = files.create(data_path);
-    if (!d) co_return d.status();
-    data = std::move(*d);
-  }
-  auto f = files.create(path);
-  if (!f) co_return f.status();
-  co_return files.finish(co_await q::write_new_image(**f, data.get(), *valid, luks.header));
-}
-
-// ---- every other format: through the registry (image/create.h) ----
-
 // The -o list as key=value pairs, in order.
 Result<std::vector<std::pair<std::string, std::string>>> split_options(std::string_view list) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -391,11 +212,6 @@ Result<image::CreateRequest> build_request(const CreateArgs& a) {
   return r;
 }
 
-// inspect_backing_file() for a registry format's request.
-Task<Status> inspect_request_backing(const CreateArgs& a, image::CreateRequest& r) {
-  co_return co_await inspect_backing_file(a, r.backing_file, r.backing_format, r.size);
-}
-
 // image::NewFiles over CreatedFiles: every file made is removed if the create fails.
 class RegistryNewFiles final : public image::NewFiles {
  public:
@@ -412,19 +228,21 @@ class RegistryNewFiles final : public image::NewFiles {
   std::vector<std::unique_ptr<io::HostFile>> open_;
 };
 
-Task<Status> create_through_registry(const CreateArgs& a) {
+// The format prepares (options checked, nothing touched); every file is
+// locked; the creator asks for its secrets; the Formatting line; the write.
+Task<Status> create_image(const CreateArgs& a) {
   const image::FormatInfo* f = image::find_format(a.format);
   auto request = build_request(a);
   if (!request) co_return request.status();
-  if (!request->backing_file.empty() || !request->backing_format.empty())
-    QCOWFS_CO_TRY(co_await inspect_request_backing(a, *request));
+  if (!request->backing_file.empty()) QCOWFS_CO_TRY(co_await inspect_backing_file(a, *request));
   auto creator = f->prepare_create(*request);
   if (!creator) co_return creator.status();
-  if (!a.quiet) fmt::print("Formatting '{}', {}\n", a.image, (*creator)->formatting());
-  std::fflush(stdout);
   CreatedFiles files;
   for (const std::string& path : (*creator)->extra_paths()) QCOWFS_CO_TRY(files.lock(path));
   QCOWFS_CO_TRY(files.lock(a.image));
+  QCOWFS_CO_TRY((*creator)->ask_secrets());
+  if (!a.quiet) fmt::print("Formatting '{}', {}\n", a.image, (*creator)->formatting());
+  std::fflush(stdout);
   Status st;
   {
     RegistryNewFiles new_files(files);
@@ -503,27 +321,8 @@ std::string_view create_usage() {
 
 int cmd_create(std::span<const std::string> args) {
   return run_tool("create", create_usage(), parse_create_args(args), [](const CreateArgs& a, io::Engine& engine) {
-    if (!is_builtin_format(a.format)) {
-      Status st = io::run_sync(engine, create_through_registry(a));
-      return st ? 0 : cmd_fail("create", st);
-    }
-    const q::CreateOptions& o = a.create_options;
-    if (a.format == "raw" && !o.backing_file.empty())
-      return cmd_fail("create",
-                      Status::errorf(EINVAL, "{}: Backing file not supported for file format 'raw'", a.image));
-    if (a.format == "raw" && (o.encrypt || o.encrypt_options_given))
-      return usage_error("create", "a raw image cannot be encrypted (use -f luks)");
-    if (a.format == "raw" && !o.size_given) return usage_error("create", "a raw image needs a SIZE");
-    if (a.format == "luks" && !o.backing_file.empty())
-      return cmd_fail("create",
-                      Status::errorf(EINVAL, "{}: Backing file not supported for file format 'luks'", a.image));
-    if (a.format == "luks" && !o.size_given) return usage_error("create", "a LUKS image needs a SIZE");
-    if (a.format == "raw" && !a.quiet) print_formatting(a, o);
-    Status st = a.format == "raw"    ? io::run_sync(engine, create_raw_file(a.image, o))
-                : a.format == "luks" ? io::run_sync(engine, create_luks_file(a, o))
-                                     : io::run_sync(engine, create_qcow2(a, o));
-    if (!st) return cmd_fail("create", st);
-    return 0;
+    Status st = io::run_sync(engine, create_image(a));
+    return st ? 0 : cmd_fail("create", st);
   });
 }
 

@@ -1,23 +1,20 @@
 // qcowfs info: what `qemu-img info` shows about an image (and with
 // --backing-chain, about every image of its chain), as text or as JSON with
-// qemu-img's --output=json field names.
+// qemu-img's --output=json field names. What is shown is what the image's
+// format describes (image/describe.h, through the registry); this file only
+// lays it out as qemu-img 7.2 does.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
 
-#include "image/crypto/crypto_unlock.h"
-#include "image/endian.h"
+#include "image/describe.h"
 #include "image/format.h"
-#include "image/path.h"
-#include "io/buffer.h"
-#include "image/qcow2/qcow2_inspect.h"
-#include "tools/cmd.h"
 #include "image/json.h"
+#include "image/path.h"
+#include "tools/cmd.h"
 
 namespace qcowfs::tools {
 namespace {
-
-namespace q = image::qcow2;
 
 struct InfoArgs : ImageCommandArgs {
   bool backing_chain = false;
@@ -33,128 +30,38 @@ Result<InfoArgs> parse_info_args(std::span<const std::string> args) {
   return a;
 }
 
-// Everything info prints about one image.
+// Everything info prints about one image: its name and format, and what the
+// format describes (image/describe.h).
 struct ImageInfo {
   std::string filename;
   std::string format;
-  uint64_t virtual_size = 0;
-  uint64_t actual_size = 0;
-  bool dirty = false;
-  // Every format but raw and qcow2: what its driver describes (cluster size,
-  // backing file, dirty flag, format-specific data).
-  bool described = false;
-  image::ImageDetails details;
-  // qcow2 only
-  bool qcow2 = false;
-  q::Header header;
-  std::vector<q::Snapshot> snapshots;
-  std::vector<q::Bitmap> bitmaps;
-  std::string full_backing;
-  // Encrypted images: qemu-img's "encrypted: yes" and the qcow2 "encrypt"
-  // block (read from the header alone, no key needed).
-  bool encrypted = false;
-  Json encrypt;
+  image::ImageDescription desc;
+  std::string full_backing;  // the backing file's name resolved against filename's directory
+  const image::ImageDetails& details() const { return desc.details; }
 };
-
-// qcow2's "encrypt" block: {"format": "aes"} or the LUKS area's header.
-Task<Status> add_qcow2_encryption(io::HostFile& f, const q::Header& h, ImageInfo& info) {
-  if (h.crypt_method == q::kCryptNone) co_return Status::ok();
-  info.encrypted = true;
-  if (h.crypt_method == q::kCryptAes || !h.crypto) {
-    info.encrypt.set("format", "aes");
-    co_return Status::ok();
-  }
-  if (h.crypto->length > image::crypto::kMaxLuksHeaderBytes)
-    co_return Status::errorf(EINVAL, "{}: LUKS area of {} bytes is larger than the limit of {}", info.filename,
-                             h.crypto->length, image::crypto::kMaxLuksHeaderBytes);
-  io::AlignedBuffer area(static_cast<size_t>(h.crypto->length), f.mem_align(), true);
-  auto n = co_await f.read(h.crypto->offset, area.span());
-  if (!n) co_return n.status();
-  auto vol = image::crypto::LuksVolume::open_bytes(area.span(), info.filename);
-  if (!vol) co_return vol.status();
-  info.encrypt = image::crypto::luks_details(vol->info(), true);
-  co_return Status::ok();
-}
-
-// A raw LUKS image: its header alone, as qemu-img info reads it without a key.
-Task<Status> add_luks_info(io::HostFile& f, ImageInfo& info) {
-  auto vol = co_await image::crypto::LuksVolume::open_file(f, info.filename);
-  if (!vol) co_return vol.status();
-  const uint64_t payload = vol->info().payload_offset;
-  info.described = true;
-  info.encrypted = true;
-  info.virtual_size = f.size() > payload ? f.size() - payload : 0;
-  info.details.dirty = false;
-  info.details.specific = image::crypto::luks_details(vol->info(), false);
-  co_return Status::ok();
-}
-
-Task<Status> add_qcow2_info(io::HostFile& f, ImageInfo& info) {
-  auto h = co_await q::read_qcow2_header(f);
-  if (!h) co_return h.status();
-  info.qcow2 = true;
-  info.header = *h;
-  info.virtual_size = h->size;
-  info.dirty = h->dirty();
-  auto sn = co_await q::read_qcow2_snapshots(f, *h);
-  if (!sn) co_return sn.status();
-  info.snapshots = std::move(sn->snapshots);
-  auto bm = co_await q::read_qcow2_bitmaps(f, *h);
-  if (!bm) co_return bm.status();
-  info.bitmaps = std::move(*bm);
-  if (!h->backing_file.empty()) info.full_backing = image::resolve_relative(info.filename, h->backing_file);
-  co_return co_await add_qcow2_encryption(f, *h, info);
-}
-
-// The other formats describe themselves through their driver, opened alone
-// (without its backing file, as qemu-img info opens it).
-Task<Status> add_driver_info(std::unique_ptr<io::HostFile> f, io::OpenOptions file_options, ImageInfo& info) {
-  image::ImageOptions opts;
-  opts.format = info.format;
-  opts.file = file_options;  // the other files it opens (VMDK extents, data files) as the image
-  opts.no_backing = true;
-  auto d = co_await image::find_format(info.format)->open(std::move(f), info.filename, opts);
-  if (!d) co_return d.status();
-  info.described = true;
-  info.virtual_size = (*d)->size();
-  info.actual_size = (*d)->allocated_bytes();  // every file of the image (VMDK extents), as qemu-img adds them
-  info.details = (*d)->details();
-  info.dirty = info.details.dirty.value_or(false);
-  if (!info.details.backing_file.empty())
-    info.full_backing = image::resolve_relative(info.filename, info.details.backing_file);
-  co_return co_await (*d)->close();
-}
 
 // backing_of: the overlay whose backing file path is ("" for the image named).
 Task<Result<ImageInfo>> gather(const std::string& path, const std::string& format_hint, const std::string& backing_of,
                                io::OpenOptions file_options) {
   auto image = co_await open_image_file(path, file_options, format_hint, backing_of);
   if (!image) co_return image.status();
-  io::HostFile& f = *image->file;
   ImageInfo info;
   info.filename = path;
   info.format = image->format;
-  info.actual_size = f.allocated_bytes();
-  info.virtual_size = f.size();
-  if (info.format == "qcow2") {
-    QCOWFS_CO_TRY(co_await add_qcow2_info(f, info));
-  } else if (info.format == "luks") {
-    QCOWFS_CO_TRY(co_await add_luks_info(f, info));
-  } else if (info.format != "raw") {
-    QCOWFS_CO_TRY(co_await add_driver_info(std::move(image->file), file_options, info));
-  }
+  image::ImageOptions opts;
+  opts.format = info.format;
+  opts.file = file_options;  // the other files it opens (VMDK extents, data files) as the image
+  auto desc = co_await image::describe_image(*image::find_format(info.format), std::move(image->file), path, opts);
+  if (!desc) co_return desc.status();
+  info.desc = std::move(*desc);
+  if (!info.details().backing_file.empty())
+    info.full_backing = image::resolve_relative(info.filename, info.details().backing_file);
   co_return info;
 }
 
-uint64_t snapshot_icount(const q::Snapshot& s) {
-  if (s.extra.size() < sizeof(q::SnapshotExtraLayout)) return ~uint64_t{0};
-  return image::load_be64(s.extra.data() + offsetof(q::SnapshotExtraLayout, icount));
-}
-
-Json snapshot_json(const q::Snapshot& s) {
+Json snapshot_json(const image::SnapshotListing& s) {
   Json j = Json::object();
-  uint64_t icount = snapshot_icount(s);
-  if (icount != ~uint64_t{0}) j.set("icount", icount);
+  if (s.icount) j.set("icount", *s.icount);
   j.set("vm-clock-nsec", s.vm_clock_nsec % 1000000000);
   j.set("name", s.name);
   j.set("date-sec", uint64_t{s.date_sec});
@@ -165,80 +72,32 @@ Json snapshot_json(const q::Snapshot& s) {
   return j;
 }
 
-Json bitmap_json(const q::Bitmap& b) {
-  Json flags = Json::array();
-  if (b.flags & q::kBitmapFlagInUse) flags.push("in-use");
-  if (b.flags & q::kBitmapFlagAuto) flags.push("auto");
-  Json j = Json::object();
-  j.set("flags", std::move(flags));
-  j.set("name", b.name);
-  j.set("granularity", b.granularity());
-  return j;
-}
-
-std::string compression_name(uint8_t t) { return t == q::kCompressionZstd ? "zstd" : "zlib"; }
-
-Json qcow2_specific(const ImageInfo& info) {
-  const q::Header& h = info.header;
-  Json d = Json::object();
-  if (h.version == 2) {
-    d.set("compat", "0.10");
-    d.set("compression-type", compression_name(h.compression_type));
-    d.set("refcount-bits", uint64_t{h.refcount_bits()});
-    if (info.encrypted) d.set("encrypt", info.encrypt);
-    return d;
-  }
-  d.set("compat", "1.1");
-  d.set("compression-type", compression_name(h.compression_type));
-  d.set("lazy-refcounts", (h.compatible_features & q::kCompatLazyRefcounts) != 0);
-  if (!info.bitmaps.empty()) {
-    Json list = Json::array();
-    for (const auto& b : info.bitmaps) list.push(bitmap_json(b));
-    d.set("bitmaps", std::move(list));
-  }
-  d.set("refcount-bits", uint64_t{h.refcount_bits()});
-  if (info.encrypted) d.set("encrypt", info.encrypt);
-  if (h.has_data_file_name) d.set("data-file", h.data_file);
-  if (h.has_external_data_file()) d.set("data-file-raw", h.data_file_raw());
-  d.set("corrupt", h.corrupt());
-  d.set("extended-l2", h.extended_l2());
-  return d;
-}
-
-uint64_t cluster_size(const ImageInfo& info) {
-  return info.qcow2 ? info.header.cluster_size() : info.details.cluster_size;
-}
-
-const std::string& backing_file(const ImageInfo& info) {
-  return info.qcow2 ? info.header.backing_file : info.details.backing_file;
-}
-
 Json info_json(const ImageInfo& info) {
+  const image::ImageDetails& d = info.details();
   Json j = Json::object();
-  if (!info.snapshots.empty()) {
+  if (!info.desc.snapshots.empty()) {
     Json list = Json::array();
-    for (const auto& s : info.snapshots) list.push(snapshot_json(s));
+    for (const auto& s : info.desc.snapshots) list.push(snapshot_json(s));
     j.set("snapshots", std::move(list));
   }
-  const std::string& backing_format = info.qcow2 ? info.header.backing_format : info.details.backing_format;
-  if (!backing_format.empty()) j.set("backing-filename-format", backing_format);
-  j.set("virtual-size", info.virtual_size);
+  if (!d.backing_format.empty()) j.set("backing-filename-format", d.backing_format);
+  j.set("virtual-size", info.desc.virtual_size);
   j.set("filename", info.filename);
-  if (cluster_size(info) != 0) j.set("cluster-size", cluster_size(info));
+  if (d.cluster_size != 0) j.set("cluster-size", d.cluster_size);
   j.set("format", info.format);
-  j.set("actual-size", info.actual_size);
-  if (info.qcow2 || !info.details.specific.empty()) {
+  j.set("actual-size", info.desc.actual_size);
+  if (!d.specific.empty()) {
     Json spec = Json::object();
     spec.set("type", info.format);
-    spec.set("data", info.qcow2 ? qcow2_specific(info) : info.details.specific);
+    spec.set("data", d.specific);
     j.set("format-specific", std::move(spec));
   }
-  if (!backing_file(info).empty()) {
+  if (!d.backing_file.empty()) {
     j.set("full-backing-filename", info.full_backing);
-    j.set("backing-filename", backing_file(info));
+    j.set("backing-filename", d.backing_file);
   }
-  if (info.encrypted) j.set("encrypted", true);
-  if (!info.described || info.details.dirty) j.set("dirty-flag", info.dirty);
+  if (d.encrypted) j.set("encrypted", true);
+  if (d.dirty) j.set("dirty-flag", *d.dirty);
   return j;
 }
 
@@ -256,50 +115,12 @@ std::string date_text(uint32_t sec) {
   return buf;
 }
 
-void print_snapshots(const std::vector<q::Snapshot>& snapshots) {
+void print_snapshots(const std::vector<image::SnapshotListing>& snapshots) {
   fmt::print("Snapshot list:\n{:<9} {:<17} {:>7}{:>20}{:>13}{:>11}\n", "ID", "TAG", "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
-  for (const auto& s : snapshots) {
-    uint64_t icount = snapshot_icount(s);
+  for (const auto& s : snapshots)
     fmt::print("{:<9} {:<17} {:>7} {:>19} {:>12} {:>10}\n", s.id, s.name, human_size(s.vm_state_size),
                date_text(s.date_sec), clock_text(s.vm_clock_nsec),
-               icount == ~uint64_t{0} ? std::string("--") : fmt::format("{}", icount));
-  }
-}
-
-void print_specific(const Json& j, int level);
-
-void print_qcow2_encrypt(const ImageInfo& info) {
-  if (!info.encrypted) return;
-  fmt::print("    encrypt:\n");
-  print_specific(info.encrypt, 2);
-}
-
-void print_qcow2_specific(const ImageInfo& info) {
-  const q::Header& h = info.header;
-  fmt::print("Format specific information:\n");
-  fmt::print("    compat: {}\n", h.version == 2 ? "0.10" : "1.1");
-  fmt::print("    compression type: {}\n", compression_name(h.compression_type));
-  if (h.version == 2) {
-    fmt::print("    refcount bits: {}\n", h.refcount_bits());
-    print_qcow2_encrypt(info);
-    return;
-  }
-  fmt::print("    lazy refcounts: {}\n", (h.compatible_features & q::kCompatLazyRefcounts) != 0);
-  if (!info.bitmaps.empty()) {
-    fmt::print("    bitmaps:\n");
-    for (const auto& b : info.bitmaps) {
-      fmt::print("        [{}]:\n            flags:\n", &b - info.bitmaps.data());
-      int n = 0;
-      if (b.flags & q::kBitmapFlagInUse) fmt::print("                [{}]: in-use\n", n++);
-      if (b.flags & q::kBitmapFlagAuto) fmt::print("                [{}]: auto\n", n++);
-      fmt::print("            name: {}\n            granularity: {}\n", b.name, b.granularity());
-    }
-  }
-  fmt::print("    refcount bits: {}\n", h.refcount_bits());
-  print_qcow2_encrypt(info);
-  if (h.has_data_file_name) fmt::print("    data file: {}\n", h.data_file);
-  if (h.has_external_data_file()) fmt::print("    data file raw: {}\n", h.data_file_raw());
-  fmt::print("    corrupt: {}\n    extended l2: {}\n", h.corrupt(), h.extended_l2());
+               s.icount ? fmt::format("{}", *s.icount) : std::string("--"));
 }
 
 // qemu-img's human rendering of format-specific data (dump_qobject): one
@@ -328,24 +149,23 @@ void print_specific(const Json& j, int level) {
 }
 
 void print_human(const ImageInfo& info) {
+  const image::ImageDetails& d = info.details();
   fmt::print("image: {}\nfile format: {}\n", info.filename, info.format);
-  fmt::print("virtual size: {} ({} bytes)\n", human_size(info.virtual_size), info.virtual_size);
-  fmt::print("disk size: {}\n", human_size(info.actual_size));
-  if (info.encrypted) fmt::print("encrypted: yes\n");
-  if (cluster_size(info) != 0) fmt::print("cluster_size: {}\n", cluster_size(info));
-  if (!backing_file(info).empty()) {
-    fmt::print("backing file: {}", backing_file(info));
-    if (info.full_backing != backing_file(info)) fmt::print(" (actual path: {})", info.full_backing);
+  fmt::print("virtual size: {} ({} bytes)\n", human_size(info.desc.virtual_size), info.desc.virtual_size);
+  fmt::print("disk size: {}\n", human_size(info.desc.actual_size));
+  if (d.encrypted) fmt::print("encrypted: yes\n");
+  if (d.cluster_size != 0) fmt::print("cluster_size: {}\n", d.cluster_size);
+  if (!d.backing_file.empty()) {
+    fmt::print("backing file: {}", d.backing_file);
+    if (info.full_backing != d.backing_file) fmt::print(" (actual path: {})", info.full_backing);
     fmt::print("\n");
-    const std::string& bf = info.qcow2 ? info.header.backing_format : info.details.backing_format;
-    if (!bf.empty()) fmt::print("backing file format: {}\n", bf);
+    if (!d.backing_format.empty()) fmt::print("backing file format: {}\n", d.backing_format);
   }
-  if (info.dirty) fmt::print("cleanly shut down: no\n");
-  if (!info.snapshots.empty()) print_snapshots(info.snapshots);
-  if (info.qcow2) print_qcow2_specific(info);
-  if (!info.details.specific.empty()) {
+  if (d.dirty.value_or(false)) fmt::print("cleanly shut down: no\n");
+  if (!info.desc.snapshots.empty()) print_snapshots(info.desc.snapshots);
+  if (!d.specific.empty()) {
     fmt::print("Format specific information:\n");
-    print_specific(info.details.specific, 1);
+    print_specific(d.specific, 1);
   }
 }
 
@@ -363,9 +183,9 @@ Task<Result<std::vector<ImageInfo>>> gather_chain(const InfoArgs& a) {
     if (!info) co_return info.status();
     chain.push_back(std::move(*info));
     const ImageInfo& last = chain.back();
-    if (!a.backing_chain || backing_file(last).empty()) co_return chain;
+    if (!a.backing_chain || last.details().backing_file.empty()) co_return chain;
     path = last.full_backing;
-    format = last.qcow2 ? last.header.backing_format : last.details.backing_format;
+    format = last.details().backing_format;
   }
 }
 

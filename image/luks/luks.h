@@ -17,6 +17,8 @@
 #include <string_view>
 
 #include "image/block_driver.h"
+#include "image/create.h"
+#include "image/describe.h"
 #include "image/crypto/crypto_file.h"
 #include "image/crypto/crypto_luks.h"
 #include "image/crypto/crypto_unlock.h"
@@ -55,6 +57,12 @@ class LuksDriver final : public BlockDriver {
 Task<Result<std::unique_ptr<BlockDriver>>> open_luks(std::unique_ptr<io::HostFile> file, std::string path,
                                                      ImageOptions opts);
 
+// `qcowfs info`, the registry's DescribeFormatFn (image/describe.h): the
+// header alone, without the passphrase; the virtual size is the file after
+// the payload offset.
+Task<Result<ImageDescription>> describe_luks(std::unique_ptr<io::HostFile> file, std::string path,
+                                             ImageOptions opts);
+
 }  // namespace qcowfs::image
 
 namespace qcowfs::image {
@@ -65,5 +73,11 @@ namespace qcowfs::image {
 // the header and key material (formatted.header), then a sparse payload of
 // size bytes (rounded up to 512), so the file is payload_offset + size long.
 Task<Status> create_luks(io::HostFile& file, const crypto::LuksFormatted& formatted, uint64_t size);
+
+// `qcowfs create -f luks`, the registry's PrepareCreateFn (image/create.h):
+// size= and the LUKS options by their unprefixed names (key-file,
+// cipher-alg, ..., iter-time); no backing file. The passphrase is asked in
+// Creator::ask_secrets(), once the image is locked.
+Result<std::unique_ptr<Creator>> prepare_luks_create(const CreateRequest& request);
 
 }  // namespace qcowfs::image

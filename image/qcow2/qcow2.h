@@ -7,6 +7,7 @@
 
 #include "image/block_driver.h"
 #include "image/check.h"
+#include "image/describe.h"
 
 namespace qcowfs::image {
 
@@ -17,5 +18,10 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_qcow2(std::unique_ptr<io::HostFi
 
 // The registry's check (image/check.h): qcow2_check.h's check_image().
 Task<Result<CheckReport>> check_qcow2(io::HostFile& file, std::string path, CheckOptions opts);
+
+// The registry's describe (image/describe.h): header, snapshot table, bitmaps
+// and LUKS header read from the file (qcow2_inspect.h), no key needed.
+Task<Result<ImageDescription>> describe_qcow2(std::unique_ptr<io::HostFile> file, std::string path,
+                                              ImageOptions opts);
 
 }  // namespace qcowfs::image

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 
+#include "image/create.h"
 #include "image/crypto/luks_create.h"
 #include "image/qcow2/header.h"
 #include "io/host_file.h"
@@ -75,5 +76,11 @@ Task<Status> write_new_image(io::HostFile& file, io::HostFile* data_file, const 
                              std::span<const std::byte> luks_area = {});
 
 std::string_view to_string(Preallocation p);
+
+// `qcowfs create -f qcow2`, the registry's PrepareCreateFn (image/create.h):
+// the request's options as apply_create_option takes them, its size and
+// backing file, validated; the external data file is the creator's extra
+// path, an encrypted image's passphrase is asked in ask_secrets().
+Result<std::unique_ptr<Creator>> prepare_qcow2_create(const CreateRequest& request);
 
 }  // namespace qcowfs::image::qcow2

@@ -103,6 +103,12 @@ Task<Status> create_raw(io::HostFile& file, uint64_t size, bool allocate) {
   co_return co_await file.flush();
 }
 
+ImageDetails RawDriver::details() const {
+  ImageDetails d;
+  d.dirty = false;
+  return d;
+}
+
 Task<Result<std::unique_ptr<BlockDriver>>> open_raw(std::unique_ptr<io::HostFile> file, std::string path,
                                                     ImageOptions opts) {
   if (!opts.snapshot.empty()) co_return Status::errorf(EINVAL, "{}: raw images have no snapshots", path);

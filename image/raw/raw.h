@@ -11,6 +11,7 @@
 #include <string>
 
 #include "image/block_driver.h"
+#include "image/create.h"
 
 namespace qcowfs::image {
 
@@ -39,6 +40,8 @@ class RawDriver final : public BlockDriver {
   uint64_t allocated_bytes() const override { return file_->allocated_bytes(); }
   Task<Status> close() override;
   io::HostFile* identity_file() override;
+  // No cluster size, backing file or format data; "dirty-flag": false, as qemu-img info shows a raw image.
+  ImageDetails details() const override;
 
   io::HostFile& file() { return *file_; }
 
@@ -58,5 +61,10 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_raw(std::unique_ptr<io::HostFile
 // `allocate` every byte is also given host space (write_zeroes), as qemu-img's
 // preallocation=falloc|full does. Flushes before it returns.
 Task<Status> create_raw(io::HostFile& file, uint64_t size, bool allocate);
+
+// `qcowfs create -f raw`, the registry's PrepareCreateFn (image/create.h):
+// size= and preallocation=off|metadata|falloc|full (falloc and full give every
+// byte host space); no backing file, no encryption (that is -f luks).
+Result<std::unique_ptr<Creator>> prepare_raw_create(const CreateRequest& request);
 
 }  // namespace qcowfs::image
