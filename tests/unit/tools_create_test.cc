@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "image/endian.h"
+#include "image/format.h"
 #include "image/qcow2/format.h"
 #include "tools/cmd.h"
 
@@ -85,6 +86,21 @@ TEST_F(CreateEncrypted, RefusalsLeaveNoFile) {
     EXPECT_NE(create(args), 0) << b.back();
     EXPECT_FALSE(std::filesystem::exists(img)) << b.back();
   }
+}
+
+// tools/create.cc knows formats only through the registry: every format qcowfs
+// opens is one create makes (no format is built in beside the table), and
+// the default format is one of them.
+TEST(CreateRegistry, EveryFormatQcowfsOpensHasACreate) {
+  for (const image::FormatInfo& f : image::all_formats()) {
+    if (f.supported()) {
+      EXPECT_NE(f.prepare_create, nullptr) << f.name;
+    }
+  }
+  const image::FormatInfo* def = image::find_format(image::default_create_format());
+  ASSERT_NE(def, nullptr);
+  EXPECT_NE(def->prepare_create, nullptr);
+  EXPECT_EQ(image::creatable_format_names(), "raw, qcow2, vmdk, vhdx, vpc, vdi, qed, parallels, luks");
 }
 
 // The data file is made first; when the image then cannot be created, the data file goes again.
