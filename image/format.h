@@ -20,6 +20,7 @@
 #include "image/block_driver.h"
 #include "image/check.h"
 #include "image/create.h"
+#include "image/snapshot.h"
 
 namespace qcowfs::image {
 
@@ -36,6 +37,8 @@ struct FormatInfo {
   PrepareCreateFn prepare_create = nullptr;
   // `qcowfs check` (image/check.h); nullptr: "This image format does not support checks".
   CheckFormatFn check = nullptr;
+  // `qcowfs snapshot` (image/snapshot.h); nullptr: no internal snapshots.
+  const SnapshotOps* snapshot = nullptr;
   bool supported() const { return open != nullptr; }
 };
 

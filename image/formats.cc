@@ -8,6 +8,7 @@
 #include "image/parallels/parallels_check.h"
 #include "image/parallels/parallels_create.h"
 #include "image/qcow2/qcow2.h"
+#include "image/qcow2/snapshot_ops.h"
 #include "image/qed/qed.h"
 #include "image/qed/qed_check.h"
 #include "image/qed/qed_create.h"
@@ -29,7 +30,7 @@ namespace {
 
 const std::array kFormats = {
     FormatInfo{.name = "raw", .display = "raw", .open = open_raw},
-    FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2},
+    FormatInfo{.name = "qcow2", .display = "qcow2", .open = open_qcow2, .check = check_qcow2, .snapshot = &kQcow2SnapshotOps},
     FormatInfo{.name = "qcow", .display = "qcow (version 1)", .open = nullptr},
     FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .prepare_create = prepare_vmdk_create, .check = check_vmdk},
     FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .prepare_create = prepare_vhdx_create, .check = check_vhdx},
