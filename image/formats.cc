@@ -8,7 +8,7 @@
 #include "image/parallels/parallels_check.h"
 #include "image/parallels/parallels_create.h"
 #include "image/qcow2/qcow2.h"
-#include "image/qcow2/snapshot_ops.h"
+#include "image/qcow2/qcow2_snapshot.h"
 #include "image/qed/qed.h"
 #include "image/qed/qed_check.h"
 #include "image/qed/qed_create.h"

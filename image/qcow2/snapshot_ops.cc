@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "image/qcow2/qcow2_inspect.h"
+#include "image/qcow2/qcow2_snapshot.h"
 #include "image/qcow2/snapshot_refcount.h"
 
 namespace qcowfs::image::qcow2 {

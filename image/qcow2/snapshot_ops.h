@@ -1,7 +1,7 @@
 // qcow2 internal snapshots: create, apply (goto) and delete as QEMU 7.2's
 // block/qcow2-snapshot.c does them, on a SnapshotImage
-// (image/qcow2/snapshot_image.h), and the registry's SnapshotOps
-// (image/snapshot.h) that open one on a file for `qcowfs snapshot`.
+// (image/qcow2/snapshot_image.h); the registry's SnapshotOps that open one on
+// a file for `qcowfs snapshot` are declared in image/qcow2/qcow2_snapshot.h.
 //
 //   create  the active L1 table copied to new clusters, every cluster it
 //           reaches one reference more, OFLAG_COPIED cleared where the
@@ -33,10 +33,3 @@ Task<Status> apply_snapshot(SnapshotImage& im, std::string id_or_name);
 Task<Status> delete_snapshot(SnapshotImage& im, std::string id, std::string name);
 
 }  // namespace qcowfs::image::qcow2
-
-namespace qcowfs::image {
-
-// The registry's row value (image/formats.cc).
-extern const SnapshotOps kQcow2SnapshotOps;
-
-}  // namespace qcowfs::image
