@@ -33,8 +33,20 @@ class L2Table {
   HostOffset at_ = 0;
 };
 
+// A reference more beyond the refcount width is QEMU's EINVAL (update_refcount()),
+// found before RefcountTable::add() would call it a corruption.
 Task<Status> add_refcount(SnapshotImage& im, HostCluster first, uint64_t n, int delta) {
-  if (delta > 0) co_return co_await im.refcounts->add(first, n, delta);
+  if (delta > 0) {
+    const uint64_t max = im.refcounts->map().max();
+    for (HostCluster hc = first; hc < first + n; ++hc) {
+      auto v = co_await im.refcounts->get(hc);
+      if (!v) co_return v.status();
+      if (max - *v < static_cast<uint64_t>(delta))
+        co_return Status::errorf(EINVAL, "refcount of cluster {:#x} would exceed {} (refcount_bits={})",
+                                 hc << im.header.cluster_bits, max, im.header.refcount_bits());
+    }
+    co_return co_await im.refcounts->add(first, n, delta);
+  }
   co_return co_await im.alloc->release(first, n, &im.freed);
 }
 
