@@ -21,6 +21,7 @@
 #include "image/check.h"
 #include "image/create.h"
 #include "image/describe.h"
+#include "image/snapshot.h"
 
 namespace qcowfs::image {
 
@@ -39,6 +40,8 @@ struct FormatInfo {
   CheckFormatFn check = nullptr;
   // `qcowfs info` (image/describe.h); nullptr: described through its driver's details().
   DescribeFormatFn describe = nullptr;
+  // `qcowfs snapshot` (image/snapshot.h); nullptr: no internal snapshots.
+  const SnapshotOps* snapshot = nullptr;
   bool supported() const { return open != nullptr; }
 };
 

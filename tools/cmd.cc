@@ -9,10 +9,11 @@
 
 namespace qcowfs::tools {
 
-std::string_view subcommand_names() { return "create, info, check, map, resize"; }
+std::string_view subcommand_names() { return "create, info, check, map, resize, snapshot"; }
 
 bool is_subcommand(std::string_view name) {
-  return name == "create" || name == "info" || name == "check" || name == "map" || name == "resize";
+  return name == "create" || name == "info" || name == "check" || name == "map" || name == "resize" ||
+         name == "snapshot";
 }
 
 int run_subcommand(std::string_view name, std::span<const std::string> args) {
@@ -20,6 +21,7 @@ int run_subcommand(std::string_view name, std::span<const std::string> args) {
   if (name == "info") return cmd_info(args);
   if (name == "check") return cmd_check(args);
   if (name == "resize") return cmd_resize(args);
+  if (name == "snapshot") return cmd_snapshot(args);
   return cmd_map(args);
 }
 

@@ -1,4 +1,4 @@
-// The qcowfs subcommands (git style: `qcowfs create|info|check|map|resize ...`),
+// The qcowfs subcommands (git style: `qcowfs create|info|check|map|resize|snapshot ...`),
 // each a function from its arguments (without the subcommand name) to a
 // process exit code. They print to stdout/stderr and run their image I/O on a
 // private Engine through io::run_sync. They use image/ and io/ only, never
@@ -23,7 +23,7 @@ namespace qcowfs::tools {
 using image::Json;
 using image::json_quote;
 
-// The subcommands, for messages: "create, info, check, map, resize".
+// The subcommands, for messages: "create, info, check, map, resize, snapshot".
 std::string_view subcommand_names();
 // True when `name` (argv[1]) is a subcommand.
 bool is_subcommand(std::string_view name);
@@ -35,6 +35,7 @@ int cmd_info(std::span<const std::string> args);
 int cmd_check(std::span<const std::string> args);
 int cmd_map(std::span<const std::string> args);
 int cmd_resize(std::span<const std::string> args);
+int cmd_snapshot(std::span<const std::string> args);
 
 // Every subcommand's --help text (the man page documents the same options).
 std::string_view create_usage();
@@ -42,6 +43,7 @@ std::string_view info_usage();
 std::string_view check_usage();
 std::string_view map_usage();
 std::string_view resize_usage();
+std::string_view snapshot_usage();
 
 // ---- helpers shared by the subcommands ----
 

@@ -1,5 +1,9 @@
 #include "image/qcow2/snapshot.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
 #include "image/endian.h"
 #include "io/align.h"
 
@@ -33,6 +37,7 @@ void parse_extra(Snapshot& s, const std::byte* extra, uint32_t size, const Heade
   if (size >= offsetof(SnapshotExtraLayout, disk_size)) s.vm_state_size = load_be64(extra);
   s.disk_size = size >= offsetof(SnapshotExtraLayout, icount) ? load_be64(extra + offsetof(SnapshotExtraLayout, disk_size))
                                                               : h.size;
+  if (size >= sizeof(SnapshotExtraLayout)) s.icount = load_be64(extra + offsetof(SnapshotExtraLayout, icount));
 }
 
 // The fields of the entry at p; var: its variable part (extra data, id, name).
@@ -90,6 +95,66 @@ int find_snapshot(const std::vector<Snapshot>& snapshots, const std::string& id_
   for (size_t i = 0; i < snapshots.size(); ++i)
     if (snapshots[i].name == id_or_name) return static_cast<int>(i);
   return -1;
+}
+
+int find_snapshot_by_id_and_name(const std::vector<Snapshot>& snapshots, const std::string& id,
+                                 const std::string& name) {
+  for (size_t i = 0; i < snapshots.size(); ++i)
+    if ((id.empty() || snapshots[i].id == id) && (name.empty() || snapshots[i].name == name)) return static_cast<int>(i);
+  return -1;
+}
+
+std::string next_snapshot_id(const std::vector<Snapshot>& snapshots) {
+  unsigned long max_id = 0;
+  for (const Snapshot& s : snapshots) max_id = std::max(max_id, std::strtoul(s.id.c_str(), nullptr, 10));
+  return std::to_string(max_id + 1);
+}
+
+namespace {
+
+size_t extra_bytes(const Snapshot& s) { return std::max(sizeof(SnapshotExtraLayout), s.extra.size()); }
+
+void put_entry(std::byte* p, const Snapshot& s) {
+  auto at = [p](size_t off) { return p + off; };
+  store_be64(at(offsetof(SnapshotHeaderLayout, l1_table_offset)), s.l1_table_offset);
+  store_be32(at(offsetof(SnapshotHeaderLayout, l1_size)), s.l1_size);
+  store_be16(at(offsetof(SnapshotHeaderLayout, id_str_size)), static_cast<uint16_t>(s.id.size()));
+  store_be16(at(offsetof(SnapshotHeaderLayout, name_size)), static_cast<uint16_t>(s.name.size()));
+  store_be32(at(offsetof(SnapshotHeaderLayout, date_sec)), s.date_sec);
+  store_be32(at(offsetof(SnapshotHeaderLayout, date_nsec)), s.date_nsec);
+  store_be64(at(offsetof(SnapshotHeaderLayout, vm_clock_nsec)), s.vm_clock_nsec);
+  // Older readers see a VM state too large for 32 bits as none (QEMU does the same).
+  store_be32(at(offsetof(SnapshotHeaderLayout, vm_state_size)),
+             s.vm_state_size <= 0xffffffffu ? static_cast<uint32_t>(s.vm_state_size) : 0);
+  const size_t extra = extra_bytes(s);
+  store_be32(at(offsetof(SnapshotHeaderLayout, extra_data_size)), static_cast<uint32_t>(extra));
+  std::byte* e = p + sizeof(SnapshotHeaderLayout);
+  std::copy(s.extra.begin(), s.extra.end(), e);
+  store_be64(e + offsetof(SnapshotExtraLayout, vm_state_size_large), s.vm_state_size);
+  store_be64(e + offsetof(SnapshotExtraLayout, disk_size), s.disk_size);
+  store_be64(e + offsetof(SnapshotExtraLayout, icount), s.icount);
+  std::memcpy(e + extra, s.id.data(), s.id.size());
+  std::memcpy(e + extra + s.id.size(), s.name.data(), s.name.size());
+}
+
+}  // namespace
+
+Result<std::vector<std::byte>> serialize_snapshot_table(const std::vector<Snapshot>& snapshots) {
+  uint64_t size = 0;
+  for (const Snapshot& s : snapshots) {
+    if (s.id.size() > UINT16_MAX || s.name.size() > UINT16_MAX)
+      return Status::errorf(EINVAL, "snapshot ID or name of {} bytes is too long", std::max(s.id.size(), s.name.size()));
+    size = align_up(size, kSnapshotEntryAlign) + sizeof(SnapshotHeaderLayout) + extra_bytes(s) + s.id.size() + s.name.size();
+    if (size > kMaxSnapshotTableBytes) return Status::errorf(EFBIG, "the snapshot table would exceed {} bytes", kMaxSnapshotTableBytes);
+  }
+  std::vector<std::byte> table(size);
+  uint64_t pos = 0;
+  for (const Snapshot& s : snapshots) {
+    pos = align_up(pos, kSnapshotEntryAlign);
+    put_entry(table.data() + pos, s);
+    pos += sizeof(SnapshotHeaderLayout) + extra_bytes(s) + s.id.size() + s.name.size();
+  }
+  return table;
 }
 
 }  // namespace qcowfs::image::qcow2

@@ -1,5 +1,6 @@
 // qcow2 internal snapshot table: parsing and validation of the variable-length
-// entries (ID, name, extra data) as pure functions over the table's bytes.
+// entries (ID, name, extra data), and writing a table back, as pure functions
+// over the table's bytes; the lookups and the ID QEMU's block/qcow2-snapshot.c uses.
 // Thread-safety: plain values and pure functions.
 #pragma once
 
@@ -24,6 +25,7 @@ struct Snapshot {
   uint64_t vm_clock_nsec = 0;
   uint64_t vm_state_size = 0;
   uint64_t disk_size = 0;
+  uint64_t icount = ~uint64_t{0};  // ~0: the entry records none (QEMU's -1)
   std::vector<std::byte> extra;  // the entry's extra data, verbatim (kept for rewriting)
 };
 
@@ -39,7 +41,23 @@ struct SnapshotTable {
 // aligned, bounded and inside the file.
 Result<SnapshotTable> parse_snapshot_table(std::span<const std::byte> table, const Header& h, uint64_t file_size);
 
-// Index of the snapshot whose ID is `id_or_name`, else whose name is; -1 if none.
+// Index of the snapshot whose ID is `id_or_name`, else whose name is; -1 if none
+// (QEMU's find_snapshot_by_id_or_name()).
 int find_snapshot(const std::vector<Snapshot>& snapshots, const std::string& id_or_name);
+
+// Index of the first snapshot with this ID and this name; an empty id or name
+// matches any (QEMU's find_snapshot_by_id_and_name()); -1 if none.
+int find_snapshot_by_id_and_name(const std::vector<Snapshot>& snapshots, const std::string& id,
+                                 const std::string& name);
+
+// The ID QEMU gives a new snapshot: one more than the largest numeric ID
+// (each ID read as strtoul() reads it), "1" for the first.
+std::string next_snapshot_id(const std::vector<Snapshot>& snapshots);
+
+// The table as QEMU's qcow2_write_snapshots() writes it: entries 8-byte
+// aligned, each with at least the 24 bytes of extra data QEMU 7.2 knows
+// (vm_state_size, disk_size, icount from the fields) followed by any longer
+// extra data kept verbatim, then ID and name. EFBIG past QEMU's table size limit.
+Result<std::vector<std::byte>> serialize_snapshot_table(const std::vector<Snapshot>& snapshots);
 
 }  // namespace qcowfs::image::qcow2
