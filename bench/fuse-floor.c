@@ -15,7 +15,10 @@
  *     entry's payload; larger ones into a huge-page buffer and copied there (as qcowfs does).
  * Reads of at least 1 MiB use 2 MiB-aligned MADV_HUGEPAGE buffers (as qcowfs): one DMA segment.
  *   cc -O2 -o fuse-floor fuse-floor.c $(pkg-config --cflags --libs fuse3 liburing)
- *   fuse-floor [--ring] [--entries N] [--copy-min BYTES] IMAGE MOUNTFILE   # foreground; fusermount3 -u
+ *   fuse-floor [--ring] [--entries N] [--copy-min BYTES] [--huge-entries] IMAGE MOUNTFILE
+ * (foreground; unmount with fusermount3 -u). --entries: per kernel queue (64). --copy-min: 0 copies
+ * every READ, more than 1 MiB none (default 256 KiB). --huge-entries: each entry's payload on a
+ * 2 MiB huge page of its own (what it costs: a huge page per entry ever used).
  */
 #define _GNU_SOURCE
 #define FUSE_USE_VERSION 314
@@ -31,6 +34,9 @@
 #include <string.h>
 #include <poll.h>
 #include <sys/mman.h>
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1; glibc 2.36 does not name it */
+#endif
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
@@ -42,7 +48,7 @@ struct ctx { int kind; };
 struct entry;
 struct op { struct ctx c; fuse_req_t req; void *buf, *owned; size_t cap; struct entry *ent; };
 struct entry {  /* a FUSE io_uring queue entry */
-  struct ctx c; uint16_t qid; char *mem; struct iovec iov[2]; uint64_t unique; int busy;
+  struct ctx c; uint16_t qid; char *mem; struct iovec iov[2]; uint64_t unique; int busy, huge;
 };
 struct ring_cmd { uint64_t flags, commit_id; uint16_t qid; uint8_t pad[6]; };
 struct ring_hdr { char in_out[128], op_in[128]; struct { uint64_t flags, commit_id; uint32_t payload_sz, pad; uint64_t r; } ent; };
@@ -51,7 +57,7 @@ static struct io_uring ring;
 static struct fuse_session *se;
 static int fuse_fd, img_fd, use_ring;
 static off_t img_size;
-static unsigned nentries = 64, copy_min = 256 << 10;
+static unsigned nentries = 64, copy_min = 256 << 10, huge_entries;
 static struct entry *entries, *dispatching, *replying;  /* the entry whose request is being handled */
 static unsigned nent_total;
 static char *cur;                 /* the /dev/fuse buffer the next request is read into */
@@ -105,7 +111,13 @@ static void ring_register(void) {
     struct entry *e = &entries[i];
     e->c.kind = K_ENTRY;
     e->qid = (uint16_t)(i / nentries);
-    e->mem = xalloc(PREFIX, PREFIX + MAX_IO + PREFIX);
+    if (huge_entries) {  /* the payload on a huge page of its own, the prefix on the page before */
+      char *base = xalloc(HUGE, 2 * HUGE);
+      if (huge_entries == 1) madvise(base + HUGE, HUGE, MADV_HUGEPAGE);
+      e->mem = base + HUGE - PREFIX;
+    } else {
+      e->mem = xalloc(PREFIX, PREFIX + MAX_IO + PREFIX);
+    }
     e->iov[0] = (struct iovec){e->mem, sizeof(struct ring_hdr)};
     e->iov[1] = (struct iovec){e->mem + PREFIX, MAX_IO + PREFIX};
     ring_submit(e, 1 /* FUSE_IO_URING_CMD_REGISTER */, 0);
@@ -123,6 +135,14 @@ static void ring_deliver(struct entry *e, int res) {
   char *msg = e->mem + PREFIX - op_bytes - sizeof in;
   memcpy(msg, &in, sizeof in);
   memcpy(msg + sizeof in, h->op_in, op_bytes);
+  if (huge_entries == 2 && !e->huge && (in.opcode == FUSE_READ || in.opcode == FUSE_WRITE)) {
+    uint32_t size = in.opcode == FUSE_READ ? ((struct fuse_read_in *)h->op_in)->size : h->ent.payload_sz;
+    if (size >= copy_min && in.opcode == FUSE_READ) {
+      /* the payload's old bytes are not needed: the host read faults in a huge page */
+      madvise(e->mem + PREFIX, HUGE, MADV_DONTNEED);
+      e->huge = madvise(e->mem + PREFIX, HUGE, MADV_HUGEPAGE) == 0 ? 1 : -1;
+    }
+  }
   e->unique = in.unique;
   e->busy = 1;
   dispatching = replying = e;
@@ -194,7 +214,7 @@ static void start_io(int kind, fuse_req_t req, void *buf, void *owned, size_t ca
 static void floor_read_op(fuse_req_t req, fuse_ino_t ino, size_t n, off_t off, struct fuse_file_info *fi) {
   if (off >= img_size) { fuse_reply_buf(req, NULL, 0); return; }
   if ((off_t)n > img_size - off) n = (size_t)(img_size - off);
-  if (dispatching && n < copy_min) { start_io(K_READ, req, dispatching->mem + PREFIX, NULL, 0, n, off); return; }
+  if (dispatching && (n < copy_min || huge_entries)) { start_io(K_READ, req, dispatching->mem + PREFIX, NULL, 0, n, off); return; }
   int huge = n >= MAX_IO || dispatching;
   char *b = huge ? take_huge() : xalloc(PREFIX, (n + 4095) & ~4095ul);
   start_io(K_READ, req, b, b, huge ? HUGE : 0, n, off);
@@ -253,11 +273,13 @@ int main(int argc, char **argv) {
   for (; a < argc && argv[a][0] == '-' && argv[a][1] == '-'; ++a) {
     if (!strcmp(argv[a], "--ring")) use_ring = 1;
     else if (!strcmp(argv[a], "--entries") && a + 1 < argc) nentries = (unsigned)atoi(argv[++a]);
+    else if (!strcmp(argv[a], "--huge-entries")) huge_entries = 1;
+    else if (!strcmp(argv[a], "--lazy-huge")) huge_entries = 2;
     else if (!strcmp(argv[a], "--copy-min") && a + 1 < argc) copy_min = (unsigned)strtoul(argv[++a], NULL, 0);
     else break;
   }
   if (argc - a != 2) {
-    fprintf(stderr, "usage: fuse-floor [--ring] [--entries N] [--copy-min BYTES] IMAGE MOUNTFILE\n");
+    fprintf(stderr, "usage: fuse-floor [--ring] [--entries N] [--copy-min BYTES] [--huge-entries] IMAGE MOUNTFILE\n");
     return 2;
   }
   img_fd = open(argv[a], O_RDWR | O_DIRECT | O_CLOEXEC);
