@@ -11,14 +11,14 @@
  *     (one queue per possible CPU) are registered with IORING_OP_URING_CMD on the same ring. A
  *     request is laid out as one /dev/fuse-format message ending where the entry's payload begins
  *     and handed to libfuse; its reply (libfuse's writev, rerouted by fuse_session_custom_io) goes
- *     back with COMMIT_AND_FETCH. READs of less than COPY_MIN bytes are read straight into the
- *     entry's payload; larger ones into a huge-page buffer and copied there (as qcowfs does).
+ *     back with COMMIT_AND_FETCH. READ data is read straight into the entry's payload, a WRITE's
+ *     is written from there. As in qcowfs, an entry's payload starts on a 2 MiB boundary and
+ *     moves to a huge page once the entry carries a READ or WRITE of 256 KiB or more.
  * Reads of at least 1 MiB use 2 MiB-aligned MADV_HUGEPAGE buffers (as qcowfs): one DMA segment.
  *   cc -O2 -o fuse-floor fuse-floor.c $(pkg-config --cflags --libs fuse3 liburing)
- *   fuse-floor [--ring] [--entries N] [--copy-min BYTES] [--huge-entries] IMAGE MOUNTFILE
- * (foreground; unmount with fusermount3 -u). --entries: per kernel queue (64). --copy-min: 0 copies
- * every READ, more than 1 MiB none (default 256 KiB). --huge-entries: each entry's payload on a
- * 2 MiB huge page of its own (what it costs: a huge page per entry ever used).
+ *   fuse-floor [--ring] [--entries N] [--small-pages] IMAGE MOUNTFILE
+ * (foreground; unmount with fusermount3 -u). --entries: per kernel queue (64). --small-pages:
+ * entries keep 4 KiB pages whatever they carry.
  */
 #define _GNU_SOURCE
 #define FUSE_USE_VERSION 314
@@ -48,7 +48,7 @@ struct ctx { int kind; };
 struct entry;
 struct op { struct ctx c; fuse_req_t req; void *buf, *owned; size_t cap; struct entry *ent; };
 struct entry {  /* a FUSE io_uring queue entry */
-  struct ctx c; uint16_t qid; char *mem; struct iovec iov[2]; uint64_t unique; int busy, huge;
+  struct ctx c; uint16_t qid; char *mem; struct iovec iov[2]; uint64_t unique; int busy, huge, huge_on_reply;
 };
 struct ring_cmd { uint64_t flags, commit_id; uint16_t qid; uint8_t pad[6]; };
 struct ring_hdr { char in_out[128], op_in[128]; struct { uint64_t flags, commit_id; uint32_t payload_sz, pad; uint64_t r; } ent; };
@@ -57,7 +57,7 @@ static struct io_uring ring;
 static struct fuse_session *se;
 static int fuse_fd, img_fd, use_ring;
 static off_t img_size;
-static unsigned nentries = 64, copy_min = 256 << 10, huge_entries;
+static unsigned nentries = 64, huge_min = 256 << 10, small_pages;
 static struct entry *entries, *dispatching, *replying;  /* the entry whose request is being handled */
 static unsigned nent_total;
 static char *cur;                 /* the /dev/fuse buffer the next request is read into */
@@ -111,17 +111,17 @@ static void ring_register(void) {
     struct entry *e = &entries[i];
     e->c.kind = K_ENTRY;
     e->qid = (uint16_t)(i / nentries);
-    if (huge_entries) {  /* the payload on a huge page of its own, the prefix on the page before */
-      char *base = xalloc(HUGE, 2 * HUGE);
-      if (huge_entries == 1) madvise(base + HUGE, HUGE, MADV_HUGEPAGE);
-      e->mem = base + HUGE - PREFIX;
-    } else {
-      e->mem = xalloc(PREFIX, PREFIX + MAX_IO + PREFIX);
-    }
+    e->mem = (char *)xalloc(HUGE, 2 * HUGE) + HUGE - PREFIX;  /* the payload on a 2 MiB boundary */
     e->iov[0] = (struct iovec){e->mem, sizeof(struct ring_hdr)};
     e->iov[1] = (struct iovec){e->mem + PREFIX, MAX_IO + PREFIX};
     ring_submit(e, 1 /* FUSE_IO_URING_CMD_REGISTER */, 0);
   }
+}
+static void use_huge(struct entry *e) {  /* the old bytes are not needed: the next touch faults a huge page */
+  e->huge = 1;
+  e->huge_on_reply = 0;
+  madvise(e->mem + PREFIX, HUGE, MADV_DONTNEED);
+  madvise(e->mem + PREFIX, HUGE, MADV_HUGEPAGE);
 }
 static void ring_deliver(struct entry *e, int res) {
   if (res < 0) {
@@ -135,13 +135,10 @@ static void ring_deliver(struct entry *e, int res) {
   char *msg = e->mem + PREFIX - op_bytes - sizeof in;
   memcpy(msg, &in, sizeof in);
   memcpy(msg + sizeof in, h->op_in, op_bytes);
-  if (huge_entries == 2 && !e->huge && (in.opcode == FUSE_READ || in.opcode == FUSE_WRITE)) {
-    uint32_t size = in.opcode == FUSE_READ ? ((struct fuse_read_in *)h->op_in)->size : h->ent.payload_sz;
-    if (size >= copy_min && in.opcode == FUSE_READ) {
-      /* the payload's old bytes are not needed: the host read faults in a huge page */
-      madvise(e->mem + PREFIX, HUGE, MADV_DONTNEED);
-      e->huge = madvise(e->mem + PREFIX, HUGE, MADV_HUGEPAGE) == 0 ? 1 : -1;
-    }
+  e->huge_on_reply = 0;
+  if (!small_pages && !e->huge) {  /* READ: before its host read; WRITE: once it has replied */
+    if (in.opcode == FUSE_READ && ((struct fuse_read_in *)h->op_in)->size >= huge_min) use_huge(e);
+    else if (in.opcode == FUSE_WRITE && h->ent.payload_sz >= huge_min) e->huge_on_reply = 1;
   }
   e->unique = in.unique;
   e->busy = 1;
@@ -165,6 +162,7 @@ static ssize_t floor_writev(int fd, struct iovec *iov, int count, void *ud) {
     }
     return writev(fd, iov, count);
   }
+  if (e->huge_on_reply) use_huge(e);
   char *dst = e->mem + PREFIX;
   size_t n = 0, total = 0;
   for (int i = 0; i < count; ++i) {
@@ -214,8 +212,8 @@ static void start_io(int kind, fuse_req_t req, void *buf, void *owned, size_t ca
 static void floor_read_op(fuse_req_t req, fuse_ino_t ino, size_t n, off_t off, struct fuse_file_info *fi) {
   if (off >= img_size) { fuse_reply_buf(req, NULL, 0); return; }
   if ((off_t)n > img_size - off) n = (size_t)(img_size - off);
-  if (dispatching && (n < copy_min || huge_entries)) { start_io(K_READ, req, dispatching->mem + PREFIX, NULL, 0, n, off); return; }
-  int huge = n >= MAX_IO || dispatching;
+  if (dispatching) { start_io(K_READ, req, dispatching->mem + PREFIX, NULL, 0, n, off); return; }
+  int huge = n >= MAX_IO;
   char *b = huge ? take_huge() : xalloc(PREFIX, (n + 4095) & ~4095ul);
   start_io(K_READ, req, b, b, huge ? HUGE : 0, n, off);
 }
@@ -273,13 +271,11 @@ int main(int argc, char **argv) {
   for (; a < argc && argv[a][0] == '-' && argv[a][1] == '-'; ++a) {
     if (!strcmp(argv[a], "--ring")) use_ring = 1;
     else if (!strcmp(argv[a], "--entries") && a + 1 < argc) nentries = (unsigned)atoi(argv[++a]);
-    else if (!strcmp(argv[a], "--huge-entries")) huge_entries = 1;
-    else if (!strcmp(argv[a], "--lazy-huge")) huge_entries = 2;
-    else if (!strcmp(argv[a], "--copy-min") && a + 1 < argc) copy_min = (unsigned)strtoul(argv[++a], NULL, 0);
+    else if (!strcmp(argv[a], "--small-pages")) small_pages = 1;
     else break;
   }
   if (argc - a != 2) {
-    fprintf(stderr, "usage: fuse-floor [--ring] [--entries N] [--copy-min BYTES] [--huge-entries] IMAGE MOUNTFILE\n");
+    fprintf(stderr, "usage: fuse-floor [--ring] [--entries N] [--small-pages] IMAGE MOUNTFILE\n");
     return 2;
   }
   img_fd = open(argv[a], O_RDWR | O_DIRECT | O_CLOEXEC);

@@ -4,7 +4,7 @@
 # requests of one fio job, the daemon's CPU time (task-clock), its context switches and
 # io_uring_enter calls (perf stat -p, software events and syscall tracepoints), fio's own context
 # switches, and at the disk (/sys/block/DEV/stat deltas) the mean request size and the mean number
-# of requests in flight. Also fio's IOPS or MiB/s, which a loaded machine does move.
+# of requests in flight (of the job's direction). Also fio's IOPS or MiB/s, which a loaded machine does move.
 # Systems: raw (the host file), floor, floor-ring, qcowfs (fuse_uring=off), qcowfs-ring
 # (fuse_uring=on), each over the same 1 GiB raw image (qcowfs: format=raw, cache=none, rw, so no
 # passthrough); ROUNDS rounds, the systems alternating within each.
@@ -70,7 +70,8 @@ if sys.argv[10]:
         if len(f) > 3 and f[0].replace(".", "").isdigit(): perf[f[2]] = float(f[0])
 fiocs = next((float(l.split(",")[0]) for l in open(sys.argv[7]) if "context-switches" in l), 0)
 a = list(map(int, sys.argv[8].split())); b = list(map(int, sys.argv[9].split()))
-ios_ = (b[0] - a[0]) + (b[4] - a[4]); sect = (b[2] - a[2]) + (b[6] - a[6]); qms = b[10] - a[10]
+w = 0 if d["read"]["io_bytes"] else 4  # the job's direction only: other processes write to this disk too
+ios_ = b[w] - a[w]; sect = b[w + 2] - a[w + 2]; qms = b[w + 3] - a[w + 3]  # ticks: ms spent by those requests
 ms = d["job_runtime"] or 1
 rate = f"{side['bw'] / 1024:8.0f} MiB/s" if job.endswith("1m") else f"{side['iops']:8.0f} IOPS"
 cpu = perf.get("task-clock", 0) * 1000 / n if perf else 0  # task-clock is in ms
