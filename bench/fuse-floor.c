@@ -42,11 +42,12 @@
 #include <unistd.h>
 
 enum { K_POLL, K_READ, K_WRITE, K_ENTRY };
-enum { PREFIX = 4096, MAX_IO = 1 << 20, BUF_BYTES = MAX_IO + 2 * PREFIX, HUGE = 2 << 20, READ_BATCH = 4 };
+enum { PREFIX = 4096, MAX_IO = 1 << 20, HUGE = 2 << 20, READ_BATCH = 4 };
+enum { POOL_NONE, POOL_HUGE, POOL_REQ };  /* where a buffer goes back to */
 
 struct ctx { int kind; };
 struct entry;
-struct op { struct ctx c; fuse_req_t req; void *buf, *owned; size_t cap; struct entry *ent; };
+struct op { struct ctx c; fuse_req_t req; void *buf, *owned; int pool; struct entry *ent; };
 struct entry {  /* a FUSE io_uring queue entry */
   struct ctx c; uint16_t qid; char *mem; struct iovec iov[2]; uint64_t unique; int busy, huge, huge_on_reply;
 };
@@ -70,16 +71,17 @@ static void *xalloc(size_t align, size_t n) {
   if (!p) { perror("aligned_alloc"); exit(1); }
   return p;
 }
-static char *take_req(void) { return nfree_req ? free_req[--nfree_req] : xalloc(PREFIX, BUF_BYTES); }
-static char *take_huge(void) {
-  if (nfree_huge) return free_huge[--nfree_huge];
+static char *huge_buffer(void) {
   char *p = xalloc(HUGE, HUGE);
   madvise(p, HUGE, MADV_HUGEPAGE);
   return p;
 }
-static void give(char *p, size_t cap) {
-  if (cap == HUGE && nfree_huge < 64) free_huge[nfree_huge++] = p;
-  else if (cap == BUF_BYTES && nfree_req < 64) free_req[nfree_req++] = p;
+/* /dev/fuse request buffers hold up to 1 MiB of WRITE payload: on a huge page, as qcowfs's */
+static char *take_req(void) { return nfree_req ? free_req[--nfree_req] : huge_buffer(); }
+static char *take_huge(void) { return nfree_huge ? free_huge[--nfree_huge] : huge_buffer(); }
+static void give(char *p, int pool) {
+  if (pool == POOL_HUGE && nfree_huge < 64) free_huge[nfree_huge++] = p;
+  else if (pool == POOL_REQ && nfree_req < 64) free_req[nfree_req++] = p;
   else free(p);
 }
 static struct io_uring_sqe *sqe_get(void) {
@@ -201,9 +203,9 @@ static void floor_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *f
 static void floor_fsync(fuse_req_t req, fuse_ino_t ino, int d, struct fuse_file_info *fi) {
   fuse_reply_err(req, fdatasync(img_fd) ? errno : 0);
 }
-static void start_io(int kind, fuse_req_t req, void *buf, void *owned, size_t cap, size_t len, off_t off) {
+static void start_io(int kind, fuse_req_t req, void *buf, void *owned, int pool, size_t len, off_t off) {
   struct op *o = malloc(sizeof *o);
-  *o = (struct op){{kind}, req, buf, owned, cap, dispatching};
+  *o = (struct op){{kind}, req, buf, owned, pool, dispatching};
   struct io_uring_sqe *s = sqe_get();
   if (kind == K_READ) io_uring_prep_read(s, img_fd, buf, (unsigned)len, (uint64_t)off);
   else io_uring_prep_write(s, img_fd, buf, (unsigned)len, (uint64_t)off);
@@ -212,16 +214,16 @@ static void start_io(int kind, fuse_req_t req, void *buf, void *owned, size_t ca
 static void floor_read_op(fuse_req_t req, fuse_ino_t ino, size_t n, off_t off, struct fuse_file_info *fi) {
   if (off >= img_size) { fuse_reply_buf(req, NULL, 0); return; }
   if ((off_t)n > img_size - off) n = (size_t)(img_size - off);
-  if (dispatching) { start_io(K_READ, req, dispatching->mem + PREFIX, NULL, 0, n, off); return; }
+  if (dispatching) { start_io(K_READ, req, dispatching->mem + PREFIX, NULL, POOL_NONE, n, off); return; }
   int huge = n >= MAX_IO;
   char *b = huge ? take_huge() : xalloc(PREFIX, (n + 4095) & ~4095ul);
-  start_io(K_READ, req, b, b, huge ? HUGE : 0, n, off);
+  start_io(K_READ, req, b, b, huge ? POOL_HUGE : POOL_NONE, n, off);
 }
 static void floor_write_op(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t n, off_t off,
                            struct fuse_file_info *fi) {
   char *owned = NULL;
   if (!dispatching) { owned = cur; cur = NULL; }  /* the payload stays in its request buffer */
-  start_io(K_WRITE, req, (void *)buf, owned, BUF_BYTES, n, off);
+  start_io(K_WRITE, req, (void *)buf, owned, POOL_REQ, n, off);
 }
 static void io_done(struct op *o, int res) {
   replying = o->ent;
@@ -229,7 +231,7 @@ static void io_done(struct op *o, int res) {
   else if (o->c.kind == K_READ) fuse_reply_buf(o->req, o->buf, (size_t)res);
   else fuse_reply_write(o->req, (size_t)res);
   replying = NULL;
-  if (o->owned) give(o->owned, o->cap);
+  if (o->owned) give(o->owned, o->pool);
   free(o);
 }
 static const struct fuse_lowlevel_ops ops = {
@@ -250,7 +252,7 @@ static int drain(void) {
     if (!cur) cur = take_req();
     /* the payload of a WRITE (after its 80 header bytes) starts 4096-aligned */
     char *start = cur + PREFIX - sizeof(struct fuse_in_header) - sizeof(struct fuse_write_in);
-    ssize_t n = read(fuse_fd, start, BUF_BYTES - PREFIX);
+    ssize_t n = read(fuse_fd, start, HUGE - PREFIX);
     if (n < 0) {
       if (errno == EAGAIN) return 1;
       if (errno == EINTR || errno == ENOENT) continue;
