@@ -29,8 +29,8 @@ struct FuseRing::Entry : io::IoRequest {
   iovec iovs[2] = {};
   uring_abi::CmdReq cmd = {};
   bool registered = false;  // the kernel accepted this entry at least once
-  bool huge = false;        // the payload is advised MADV_HUGEPAGE (see use_huge_payload())
-  bool huge_on_reply = false;  // ... once the WRITE it holds has replied
+  bool huge = false;        // use_huge_payload() has decided this entry's pages
+  bool huge_on_reply = false;  // decide once the WRITE it holds has replied
 
   std::byte* prefix() { return mem.data() + io::kHugePageSize - kPrefixBytes; }
   uring_abi::ReqHeader* header() { return reinterpret_cast<uring_abi::ReqHeader*>(prefix()); }
@@ -154,10 +154,13 @@ void FuseRing::deliver(Entry& e) {
 // on: its old pages are dropped (their bytes are not needed: before a READ's
 // host read, after a WRITE's reply) and the range advised MADV_HUGEPAGE, so the
 // next touch faults in one 2 MiB page. Entries that only ever carry small
-// requests keep the few 4 KiB pages they touched.
+// requests keep the few 4 KiB pages they touched; past kMaxHugeEntries per
+// ring, entries keep 4 KiB pages whatever they carry.
 void FuseRing::use_huge_payload(Entry& e) {
-  e.huge = true;
+  e.huge = true;  // decided, huge or not: not asked again
   e.huge_on_reply = false;
+  if (huge_entries_ >= kMaxHugeEntries) return;
+  ++huge_entries_;
   if (::madvise(e.payload(), io::kHugePageSize, MADV_DONTNEED) != 0 ||
       ::madvise(e.payload(), io::kHugePageSize, MADV_HUGEPAGE) != 0)
     log::debug("FUSE io_uring entry stays on 4 KiB pages: {}", Status::from_errno(errno, "madvise").to_string());
