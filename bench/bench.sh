@@ -251,6 +251,9 @@ def med(xs):
 def fmt(v, job):
     if v is None: return "failed"
     return f"{v:,.0f} MiB/s" if is_mb(job) else f"{v:,.0f} IOPS"
+def cell(rounds, k, job):  # "-" for a system this run left out (FLOOR=none, no FUSE io_uring)
+    if not any(k in v for v in rounds.values()): return "-"
+    return fmt(med([v.get(k) for v in rounds.values()]), job)
 def ratio(rounds, a, b):
     r = med([v[a] / v[b] for v in rounds.values() if v.get(a) and v.get(b)])
     return "-" if r is None else f"{r:.2f}x"
@@ -258,6 +261,8 @@ print(f"Medians of {sys.argv[2]} rounds; ratios are medians of the per-round rat
 def lat_table(systems):
     # Latency: mean and p99 in microseconds; ratios of means to the raw host file's, IOPS to qsd's.
     if not lats: return
+    systems = systems[:2] + [k for k in systems[2:]  # those this run measured
+                             if any(k in r for rounds in lats.values() for r in rounds.values())]
     heads = " | ".join(f"{k} mean / p99 us" for k in systems)
     print(f"| image | job | {heads} | " + " | ".join(f"{k} mean / raw's | {k} IOPS / qsd's" for k in systems[2:]) + " |")
     print("|---|---|" + "---|" * (len(systems) + 2 * len(systems[2:])))
@@ -311,9 +316,9 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for (s, job), rounds in runs.items():
     m = {k: med([v.get(k) for v in rounds.values()])
          for k in ("raw-host", "qsd", "floor", "qcowfs", "floor-ring", "qcowfs-ring")}
-    print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {fmt(m['floor'], job)} "
+    print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {cell(rounds, 'floor', job)} "
           f"| {fmt(m['qcowfs'], job)} | {ratio(rounds, 'qcowfs', 'raw-host')} | {ratio(rounds, 'qcowfs', 'floor')} "
-          f"| {ratio(rounds, 'qcowfs', 'qsd')} | {fmt(m['floor-ring'], job)} "
+          f"| {ratio(rounds, 'qcowfs', 'qsd')} | {cell(rounds, 'floor-ring', job)} "
           f"| {fmt(m['qcowfs-ring'], job)} | {ratio(rounds, 'qcowfs-ring', 'raw-host')} "
           f"| {ratio(rounds, 'qcowfs-ring', 'floor-ring')} | {ratio(rounds, 'qcowfs-ring', 'qsd')} |")
 # Each format beside qcow2 (qcow2-full-ro), ratios taken within a round.
