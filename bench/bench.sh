@@ -6,6 +6,13 @@
 #   qcowfs       `BINARY -f -o rw,cache=none,fuse_uring=off IMAGE MOUNTFILE`: requests through
 #                /dev/fuse, what a stock kernel (fuse.enable_uring=N) gives
 #   qcowfs-ring  the same with -o fuse_uring=on (the script turns enable_uring on for those runs)
+#   floor, floor-ring  bench/fuse-floor.c (build/bench/fuse-floor, or FLOOR=PATH; FLOOR=none: left
+#                out) over the raw image: the simplest FUSE daemon doing the same host I/O (O_DIRECT,
+#                one io_uring, reply on completion), over /dev/fuse and over FUSE io_uring. Every
+#                row then also shows qcowfs / floor: what qcowfs costs above what any FUSE daemon
+#                pays here. Not run in the FMT sets nor with BEFORE.
+# SMOKE=1: no benchmark; mounts the floor daemon (both transports, the ring where the kernel has
+# it) over a 16 MiB random raw file, reads 4 MiB through it and writes 4 MiB, and compares bytes.
 # A job named JOB-ro runs JOB on read-only mounts (`ro` instead of `rw`, qsd writable=off), the
 # default for qcowfs: there a raw image's reads pass through to the image file in the kernel.
 # Image sets:
@@ -48,13 +55,20 @@ bin=$(readlink -f "$bin")
 [ -x "$bin" ] || { echo "no qcowfs binary at $bin (build first)" >&2; exit 1; }
 before=${BEFORE:+$(readlink -f "$BEFORE")}
 [ -z "$before" ] || [ -x "$before" ] || { echo "no qcowfs binary at $BEFORE" >&2; exit 1; }
-systems="raw-host qsd qcowfs qcowfs-ring"
-[ -n "$before" ] && systems="raw-host qsd before after"
-work=$(mktemp -d /var/tmp/qcowfs-bench.XXXXXX)
-results=${RAW_OUT:-$work/results.txt}
+floor=${FLOOR:-$(dirname "$bin")/bench/fuse-floor}
+[ "$floor" != none ] && [ ! -x "$floor" ] && { echo "no floor daemon at $floor (FLOOR=none leaves it out)" >&2; exit 1; }
 uring_param=/sys/module/fuse/parameters/enable_uring
 uring_old=$(cat "$uring_param" 2>/dev/null || true)
 set_uring() { [ -w "$uring_param" ] && echo "$1" > "$uring_param"; }
+floor_systems=
+if [ "$floor" != none ]; then
+  floor_systems=floor
+  [ -w "$uring_param" ] && floor_systems="floor floor-ring"
+fi
+systems="raw-host qsd $floor_systems qcowfs qcowfs-ring"
+[ -n "$before" ] && systems="raw-host qsd before after"
+work=$(mktemp -d /var/tmp/qcowfs-bench.XXXXXX)
+results=${RAW_OUT:-$work/results.txt}
 cleanup() {
   for m in "$work"/*.mnt; do [ -e "$m" ] && fusermount3 -u "$m" 2>/dev/null; done
   [ -n "${qsdpid:-}" ] && kill "$qsdpid" 2>/dev/null
@@ -62,6 +76,34 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+mounted() { for _ in $(seq 100); do grep -q " $1 [^ ]* [^-]*- fuse" /proc/self/mountinfo && return 0; sleep 0.1; done; return 1; }
+
+if [ -n "${SMOKE:-}" ]; then  # the floor daemon serves the file's bytes, on each transport
+  [ "$floor" != none ] || { echo "SMOKE needs the floor daemon" >&2; exit 1; }
+  head -c 16M /dev/urandom > "$work/smoke.img"; head -c 4M /dev/urandom > "$work/smoke.new"
+  fail=0
+  for sys in $floor_systems; do
+    flag=; [ "$sys" = floor-ring ] && { set_uring Y; flag=--ring; } || set_uring N
+    : > "$work/smoke.mnt"
+    "$floor" $flag "$work/smoke.img" "$work/smoke.mnt" 2>"$work/floor.log" & fpid=$!
+    ok=yes
+    if mounted "$work/smoke.mnt"; then
+      dd if="$work/smoke.mnt" of="$work/smoke.out" bs=64k skip=16 count=64 iflag=direct status=none &&
+        cmp -s "$work/smoke.out" <(dd if="$work/smoke.img" bs=64k skip=16 count=64 status=none) || ok="no (read)"
+      dd if="$work/smoke.new" of="$work/smoke.mnt" bs=1M seek=8 conv=notrunc oflag=direct status=none &&
+        dd if="$work/smoke.mnt" of="$work/smoke.out" bs=1M skip=8 count=4 iflag=direct status=none &&
+        cmp -s "$work/smoke.out" "$work/smoke.new" &&
+        cmp -s "$work/smoke.new" <(dd if="$work/smoke.img" bs=1M skip=8 count=4 status=none) || ok="no (write)"
+    else
+      ok="no (not mounted)"
+    fi
+    fusermount3 -u "$work/smoke.mnt" 2>/dev/null; wait "$fpid"
+    echo "smoke $sys: bytes match: $ok"; cat "$work/floor.log" >&2
+    [ "$ok" = yes ] || fail=1
+  done
+  exit $fail
+fi
 export RUNTIME=${RUNTIME:-5} SIZE=1G
 suite="$here/fio-suite.sh"
 rounds=${ROUNDS:-3}
@@ -102,8 +144,6 @@ fi
 sync "$work"/*.img "$work"/*.qcow2 "$work"/full.*
 : > "$results"
 
-mounted() { for _ in $(seq 100); do grep -q " $1 [^ ]* [^-]*- fuse" /proc/self/mountinfo && return 0; sleep 0.1; done; return 1; }
-
 # measure ROUND SET SYSTEM TEMPLATE FORMAT JOB: one job on a fresh copy of TEMPLATE
 measure() {
   local round=$1 set=$2 sys=$3 tmpl=$4 fmt=$5 job=$6
@@ -119,6 +159,20 @@ measure() {
   fi
   if [ "$sys" = raw-host ]; then
     "$suite" "$work/raw.img" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
+    return
+  fi
+  if [ "$sys" = floor ] || [ "$sys" = floor-ring ]; then  # over the raw image itself, as raw-host
+    local flag=
+    [ "$sys" = floor-ring ] && { set_uring Y; flag=--ring; } || set_uring N
+    : > "$mnt"
+    "$floor" $flag "$work/raw.img" "$mnt" 2>"$work/floor.log" & qpid=$!
+    if mounted "$mnt"; then
+      "$suite" "$mnt" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
+    else
+      echo "$sys did not mount" >&2; cat "$work/floor.log" >&2
+      echo "$round $set $sys $job FAILED" >> "$results"
+    fi
+    fusermount3 -u "$mnt" 2>/dev/null; wait "$qpid" 2>/dev/null; rm -f "$mnt"
     return
   fi
   cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
@@ -145,8 +199,8 @@ for round in $(seq "$rounds"); do
   echo "round $round of $rounds" >&2
   for set in "${sets[@]}"; do
     case $set in
-      raw) tmpl=$work/raw.img fmt=raw jobs="randread4k-ro randread4k randwrite4k seqread1m-ro seqread1m seqwrite1m" ;;
-      qcow2-full) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k randwrite4k seqread1m" ;;
+      raw) tmpl=$work/raw.img fmt=raw jobs="randread4k-ro randread4k randread4k-aio randwrite4k seqread1m-ro seqread1m seqwrite1m" ;;
+      qcow2-full) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k randread4k-aio randwrite4k seqread1m" ;;
       qcow2-empty) tmpl=$work/empty.qcow2 fmt=qcow2 jobs="seqwrite1m seqwrite1m-fill randwrite4k" ;;
       qcow2-full-ro) tmpl=$work/full.qcow2 fmt=qcow2 jobs="randread4k-ro seqread1m-ro" ;;
       qcow2-enc-full) tmpl=$work/full.qcow2-enc fmt=qcow2-enc jobs="randread4k randwrite4k seqread1m" ;;
@@ -164,8 +218,9 @@ for round in $(seq "$rounds"); do
     esac
     set_systems=$systems
     case $set in
-      qcow2-*) ;;
+      qcow2-*|raw|raw-lat) ;;
       *-rw|*-empty) [ -z "$before" ] && set_systems="raw-host qsd qcow2-ref qcowfs qcowfs-ring" ;;
+      *) [ -n "$floor_systems" ] && set_systems=${systems/$floor_systems /} ;;  # the format sets: no floor
     esac
     for job in $jobs; do
       [ -n "${JOBS:-}" ] && [[ " $JOBS " != *" $job "* ]] && continue
@@ -196,6 +251,9 @@ def med(xs):
 def fmt(v, job):
     if v is None: return "failed"
     return f"{v:,.0f} MiB/s" if is_mb(job) else f"{v:,.0f} IOPS"
+def cell(rounds, k, job):  # "-" for a system this run left out (FLOOR=none, no FUSE io_uring)
+    if not any(k in v for v in rounds.values()): return "-"
+    return fmt(med([v.get(k) for v in rounds.values()]), job)
 def ratio(rounds, a, b):
     r = med([v[a] / v[b] for v in rounds.values() if v.get(a) and v.get(b)])
     return "-" if r is None else f"{r:.2f}x"
@@ -203,6 +261,8 @@ print(f"Medians of {sys.argv[2]} rounds; ratios are medians of the per-round rat
 def lat_table(systems):
     # Latency: mean and p99 in microseconds; ratios of means to the raw host file's, IOPS to qsd's.
     if not lats: return
+    systems = systems[:2] + [k for k in systems[2:]  # those this run measured
+                             if any(k in r for rounds in lats.values() for r in rounds.values())]
     heads = " | ".join(f"{k} mean / p99 us" for k in systems)
     print(f"| image | job | {heads} | " + " | ".join(f"{k} mean / raw's | {k} IOPS / qsd's" for k in systems[2:]) + " |")
     print("|---|---|" + "---|" * (len(systems) + 2 * len(systems[2:])))
@@ -234,17 +294,33 @@ if sys.argv[3:] == ["compare"]:
               f"| {fmt(m['after'], job)} | {ratio(rounds, 'after', 'before')} | {per_round(rounds)} "
               f"| {spread([v.get('raw-host') for v in rounds.values()])} |")
     sys.exit(0)
-lat_table(["raw-host", "qsd", "qcowfs", "qcowfs-ring"])
+lat_table(["raw-host", "qsd", "floor", "qcowfs", "floor-ring", "qcowfs-ring"])
+# The floor daemon's means beside qcowfs's on the same transport (a ratio of means, within a round).
+floor_lat = [(s, job, rounds) for (s, job), rounds in lats.items()
+             if any(v.get("floor") or v.get("floor-ring") for v in rounds.values())]
+if floor_lat:
+    print("| image | job | qcowfs mean / floor's (/dev/fuse) | qcowfs mean / floor's (FUSE io_uring) |")
+    print("|---|---|---|---|")
+    for s, job, rounds in floor_lat:
+        cells = []
+        for q, f in (("qcowfs", "floor"), ("qcowfs-ring", "floor-ring")):
+            r = med([v[q][1] / v[f][1] for v in rounds.values() if v.get(q) and v.get(f)])
+            cells.append("-" if r is None else f"{r:.2f}x")
+        print(f"| {s.removesuffix('-lat')} | {job} | " + " | ".join(cells) + " |")
+    print()
 if not runs: sys.exit(0)
-print("| image | job | raw host file | qemu-storage-daemon | qcowfs | qcowfs / raw | qcowfs / qsd "
-      "| qcowfs, FUSE over io_uring | its / raw | its / qsd |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| image | job | raw host file | qemu-storage-daemon | floor | qcowfs | qcowfs / raw | qcowfs / floor "
+      "| qcowfs / qsd | floor, FUSE io_uring | qcowfs, FUSE over io_uring | its / raw | its / floor-ring "
+      "| its / qsd |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for (s, job), rounds in runs.items():
-    m = {k: med([v.get(k) for v in rounds.values()]) for k in ("raw-host", "qsd", "qcowfs", "qcowfs-ring")}
-    print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {fmt(m['qcowfs'], job)} "
-          f"| {ratio(rounds, 'qcowfs', 'raw-host')} | {ratio(rounds, 'qcowfs', 'qsd')} "
+    m = {k: med([v.get(k) for v in rounds.values()])
+         for k in ("raw-host", "qsd", "floor", "qcowfs", "floor-ring", "qcowfs-ring")}
+    print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {cell(rounds, 'floor', job)} "
+          f"| {fmt(m['qcowfs'], job)} | {ratio(rounds, 'qcowfs', 'raw-host')} | {ratio(rounds, 'qcowfs', 'floor')} "
+          f"| {ratio(rounds, 'qcowfs', 'qsd')} | {cell(rounds, 'floor-ring', job)} "
           f"| {fmt(m['qcowfs-ring'], job)} | {ratio(rounds, 'qcowfs-ring', 'raw-host')} "
-          f"| {ratio(rounds, 'qcowfs-ring', 'qsd')} |")
+          f"| {ratio(rounds, 'qcowfs-ring', 'floor-ring')} | {ratio(rounds, 'qcowfs-ring', 'qsd')} |")
 # Each format beside qcow2 (qcow2-full-ro), ratios taken within a round.
 ref = {job: rounds for (s, job), rounds in runs.items() if s == "qcow2-full-ro"}
 others = [(s, job, rounds) for (s, job), rounds in runs.items()

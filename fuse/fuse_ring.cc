@@ -1,6 +1,7 @@
 #include "fuse/fuse_ring.h"
 
 #include <linux/fuse.h>
+#include <sys/mman.h>
 
 #include <cerrno>
 #include <cstring>
@@ -13,11 +14,14 @@ namespace {
 // The header buffer and the message prefix share the page before the payload.
 constexpr size_t kPrefixBytes = 4096;
 static_assert(sizeof(uring_abi::ReqHeader) + sizeof(fuse_in_header) + uring_abi::kOpInBytes <= kPrefixBytes);
+static_assert(kHugePayloadMin <= io::kHugePageSize);
 
 // Completions that mean the connection is going away, not that something broke.
 bool connection_ended(int64_t res) { return res == -ENOTCONN || res == -ECANCELED || res == -ECONNABORTED; }
 }  // namespace
 
+// An entry's memory: the payload starts on a huge-page boundary (2 MiB of its
+// own), the prefix page sits just below it. Nothing is touched until used.
 struct FuseRing::Entry : io::IoRequest {
   FuseRing* ring = nullptr;
   uint16_t qid = 0;
@@ -25,9 +29,12 @@ struct FuseRing::Entry : io::IoRequest {
   iovec iovs[2] = {};
   uring_abi::CmdReq cmd = {};
   bool registered = false;  // the kernel accepted this entry at least once
+  bool huge = false;        // use_huge_payload() has decided this entry's pages
+  bool huge_on_reply = false;  // decide once the WRITE it holds has replied
 
-  uring_abi::ReqHeader* header() { return reinterpret_cast<uring_abi::ReqHeader*>(mem.data()); }
-  std::byte* payload() { return mem.data() + kPrefixBytes; }
+  std::byte* prefix() { return mem.data() + io::kHugePageSize - kPrefixBytes; }
+  uring_abi::ReqHeader* header() { return reinterpret_cast<uring_abi::ReqHeader*>(prefix()); }
+  std::byte* payload() { return mem.data() + io::kHugePageSize; }
 };
 
 FuseRing::FuseRing(Config cfg) : cfg_(std::move(cfg)) {}
@@ -37,6 +44,7 @@ FuseRing::FuseRing(Config cfg) : cfg_(std::move(cfg)) {}
 FuseRing::~FuseRing() = default;
 
 Status FuseRing::start() {
+  if (cfg_.payload_bytes > io::kHugePageSize) return Status::error(EINVAL, "FUSE io_uring payload over 2 MiB");
   if (!io::Engine::current() || !io::Engine::current()->supports_uring_cmd())
     return Status::error(EOPNOTSUPP, "the loop's engine cannot submit io_uring commands");
   for (uint16_t qid : cfg_.qids) {
@@ -45,8 +53,8 @@ Status FuseRing::start() {
       e->ring = this;
       e->qid = qid;
       // Not zeroed: pages are touched only as requests use them.
-      e->mem = io::AlignedBuffer(kPrefixBytes + cfg_.payload_bytes, kPrefixBytes, false);
-      e->iovs[0] = {e->mem.data(), sizeof(uring_abi::ReqHeader)};
+      e->mem = io::AlignedBuffer(2 * io::kHugePageSize, io::kHugePageSize, false);
+      e->iovs[0] = {e->header(), sizeof(uring_abi::ReqHeader)};
       e->iovs[1] = {e->payload(), cfg_.payload_bytes};
       entries_.push_back(std::move(e));
     }
@@ -119,6 +127,16 @@ void FuseRing::deliver(Entry& e) {
     return;
   }
   const size_t op_bytes = in.len - sizeof in - payload;
+  e.huge_on_reply = false;
+  if (!e.huge) {
+    if (in.opcode == FUSE_READ && op_bytes >= sizeof(fuse_read_in)) {
+      fuse_read_in arg;
+      std::memcpy(&arg, h->op_in, sizeof arg);
+      if (arg.size >= kHugePayloadMin) use_huge_payload(e);  // before the host read fills it
+    } else if (in.opcode == FUSE_WRITE && payload >= kHugePayloadMin) {
+      e.huge_on_reply = true;  // the payload holds the data until the host write is done
+    }
+  }
   std::byte* msg = e.payload() - op_bytes - sizeof in;
   std::memcpy(msg, &in, sizeof in);
   std::memcpy(msg + sizeof in, h->op_in, op_bytes);
@@ -127,6 +145,25 @@ void FuseRing::deliver(Entry& e) {
   dispatching_ = &e;
   cfg_.dispatch(std::span<std::byte>(msg, in.len));
   dispatching_ = nullptr;
+}
+
+// Large payloads on 4 KiB pages cost the kernel one page pin per 4 KiB when it
+// copies them, and an O_DIRECT transfer one DMA segment each (a 1 MiB read is
+// split in two on a virtio disk of 254 segments). So an entry that carries a
+// request of kHugePayloadMin or more gets its payload on a huge page from then
+// on: its old pages are dropped (their bytes are not needed: before a READ's
+// host read, after a WRITE's reply) and the range advised MADV_HUGEPAGE, so the
+// next touch faults in one 2 MiB page. Entries that only ever carry small
+// requests keep the few 4 KiB pages they touched; past kMaxHugeEntries per
+// ring, entries keep 4 KiB pages whatever they carry.
+void FuseRing::use_huge_payload(Entry& e) {
+  e.huge = true;  // decided, huge or not: not asked again
+  e.huge_on_reply = false;
+  if (huge_entries_ >= kMaxHugeEntries) return;
+  ++huge_entries_;
+  if (::madvise(e.payload(), io::kHugePageSize, MADV_DONTNEED) != 0 ||
+      ::madvise(e.payload(), io::kHugePageSize, MADV_HUGEPAGE) != 0)
+    log::debug("FUSE io_uring entry stays on 4 KiB pages: {}", Status::from_errno(errno, "madvise").to_string());
 }
 
 void FuseRing::reply_protocol_error(Entry& e, uint64_t unique) {
@@ -147,6 +184,7 @@ std::optional<ssize_t> FuseRing::reply(const iovec* iov, int count) {
   if (it == in_userspace_.end()) return std::nullopt;
   Entry& e = *it->second;
   in_userspace_.erase(it);
+  if (e.huge_on_reply) use_huge_payload(e);  // a WRITE's payload is no longer needed
 
   // Gather the reply's arguments into the payload buffer; a READ reply built
   // in place (see dispatching_payload()) is already there.

@@ -19,7 +19,9 @@
 //   | uring header (288 B) | unused | fuse_in_header | op arg | payload (max_write) |
 //
 // A WRITE's data therefore starts 4096-aligned (O_DIRECT without a copy), and a
-// READ reply can be produced directly in the payload buffer.
+// READ reply can be produced directly in the payload buffer. The payload starts
+// on a 2 MiB boundary: an entry that carries a request of kHugePayloadMin bytes
+// or more moves its payload to a huge page (see use_huge_payload()).
 //
 // Thread-safety: a FuseRing belongs to one event-loop thread and is used only
 // there (entries are registered on, and complete on, that thread's engine).
@@ -76,6 +78,13 @@ static_assert(sizeof(ReqHeader) == 288);
 static_assert(sizeof(CmdReq) == 24);
 }  // namespace uring_abi
 
+// Entries that carry a READ or WRITE of this size or more get a huge-page
+// payload, at most kMaxHugeEntries per ring (64 MiB per queue thread): the
+// kernel reuses the entry returned last first, so that many serve QD32 of
+// large requests.
+constexpr size_t kHugePayloadMin = size_t{256} << 10;
+constexpr unsigned kMaxHugeEntries = 32;
+
 class FuseRing {
  public:
   // A request the kernel delivered: one contiguous /dev/fuse-format message.
@@ -123,6 +132,7 @@ class FuseRing {
   void submit(Entry& e, uint32_t cmd_op, uint64_t commit_id);
   void deliver(Entry& e);
   void reply_protocol_error(Entry& e, uint64_t unique);
+  void use_huge_payload(Entry& e);
   void fail(Status st);
 
   Config cfg_;
@@ -130,6 +140,7 @@ class FuseRing {
   std::unordered_map<uint64_t, Entry*> in_userspace_;  // unique -> entry holding that request
   Entry* dispatching_ = nullptr;
   uint64_t served_ = 0;
+  unsigned huge_entries_ = 0;  // entries whose payload was moved to a huge page
   bool stopping_ = false;
   bool failed_ = false;
 };
