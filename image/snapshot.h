@@ -49,7 +49,9 @@ struct SnapshotOps {
   // Takes a snapshot of the active disk; returns it with its new id.
   Task<Result<SnapshotEntry>> (*create)(io::HostFile& file, NewSnapshot snapshot);
   // Makes snapshot `id_or_name` (looked up by id first, then by name) the
-  // active disk, its size included.
+  // active disk, its size included. EBUSY: refused as QEMU's generic layer
+  // refuses it (the message is the whole reason, e.g. "Device has active
+  // dirty bitmaps"); other errors are the driver's ("Failed to load snapshot").
   Task<Status> (*apply)(io::HostFile& file, std::string id_or_name);
   // Deletes the snapshot with this id and this name (QEMU's
   // find_snapshot_by_id_and_name()) and frees what only it used.

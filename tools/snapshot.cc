@@ -120,6 +120,7 @@ Task<Status> run_action(const SnapshotArgs& a, io::HostFile& file, const image::
       if (!ops) co_return Status::errorf(ENOTSUP, "Could not apply snapshot '{}': Block driver does not support snapshots", name);
       Status st = co_await ops->apply(file, name);
       if (st) co_return st;
+      if (st.code() == EBUSY) co_return Status::errorf(EBUSY, "Could not apply snapshot '{}': {}", name, st.to_string());
       co_return Status::errorf(st.code(), "Could not apply snapshot '{}': Failed to load snapshot: {}", name, errno_detail(st));
     }
     case SnapshotAction::remove: {

@@ -81,6 +81,11 @@ Task<Result<Snapshot>> create_snapshot(SnapshotImage& im, NewSnapshot request) {
 }
 
 Task<Status> apply_snapshot(SnapshotImage& im, std::string id_or_name) {
+  // QEMU's bdrv_snapshot_goto() refuses before asking the driver: persistent
+  // bitmaps (enabled or not) are loaded dirty bitmaps once the autoclear bit is set.
+  const Header& h = im.header;
+  if (h.bitmaps && h.bitmaps->nb_bitmaps != 0 && (h.autoclear_features & kAutoclearBitmaps))
+    co_return Status::error(EBUSY, "Device has active dirty bitmaps");
   if (im.header.has_external_data_file()) co_return no_data_file_snapshots();
   const int index = find_snapshot(im.snapshots, id_or_name);
   if (index < 0) co_return Status::error(ENOENT, "");
