@@ -143,7 +143,7 @@ TEST(TakeOption, LongShortAndAttachedForms) {
 }
 
 TEST(Subcommands, AreRecognised) {
-  for (const char* c : {"create", "info", "check", "map", "resize"}) EXPECT_TRUE(is_subcommand(c)) << c;
+  for (const char* c : {"create", "info", "check", "map", "resize", "snapshot"}) EXPECT_TRUE(is_subcommand(c)) << c;
   EXPECT_FALSE(is_subcommand("image.qcow2"));
   EXPECT_FALSE(is_subcommand("-o"));
 }
