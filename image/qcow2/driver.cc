@@ -95,21 +95,21 @@ Task<Result<BlockStatus>> Qcow2Driver::block_status(uint64_t guest, uint64_t len
     return true;
   }));
   BlockDriver* backing = image_->backing.get();
-  if (first.kind == RunKind::unallocated && backing != nullptr && guest < backing->size())
+  if (first.kind == ExtentKind::unallocated && backing != nullptr && guest < backing->size())
     co_return co_await backing_status(guest, length);
   BlockStatus b;
   b.length = length;
   // Unallocated with nothing below: zeros that no layer records.
-  b.present = first.kind != RunKind::unallocated;
-  b.data = first.kind == RunKind::data || first.kind == RunKind::compressed;
-  b.zero = first.kind == RunKind::zero || first.kind == RunKind::unallocated;
+  b.present = first.kind != ExtentKind::unallocated;
+  b.data = first.kind == ExtentKind::data || first.kind == ExtentKind::compressed;
+  b.zero = first.kind == ExtentKind::zero || first.kind == ExtentKind::unallocated;
   // Encrypted clusters have no host offset a reader could use (QEMU sets no
   // BDRV_BLOCK_OFFSET_VALID for them either).
   if (first.mapped && !image_->crypt_file && !image_->legacy_cipher) {
     b.file = image_->data_file;
     b.host_offset = first.host_offset;
   }
-  if (first.kind == RunKind::data && b.file && co_await metadata_preallocated(*image_))
+  if (first.kind == ExtentKind::data && b.file && co_await metadata_preallocated(*image_))
     QCOWFS_CO_TRY(co_await apply_host_holes(*image_->data_file, b));
   co_return b;
 }

@@ -15,7 +15,7 @@ namespace qcowfs::image::qcow2 {
 
 // One host, backing or compressed read of a request.
 struct ReadPath::SubRead {
-  RunKind kind = RunKind::data;
+  ExtentKind kind = ExtentKind::data;
   GuestOffset guest = 0;
   uint64_t host = 0;  // data: host offset; compressed: offset inside the cluster; else unused
   std::span<std::byte> dst;
@@ -52,7 +52,7 @@ Task<Status> ReadPath::walk(GuestOffset guest, uint64_t len, RunVisitor visit) {
     if (*l2 == 0) {  // the whole range of this L1 entry is unallocated
       const GuestOffset range_end = std::min(w.end, (l1_index + 1) * l2_entries * g.cluster_size());
       ClusterRun run;
-      run.kind = RunKind::unallocated;
+      run.kind = ExtentKind::unallocated;
       run.length = range_end - w.guest;
       if (!visit(w.guest, run)) co_return Status::ok();
       w.guest = range_end;
@@ -119,7 +119,7 @@ Task<Status> ReadPath::read_unlocked(GuestOffset guest, std::span<std::byte> buf
 Task<Status> ReadPath::plan_reads(GuestOffset start, std::span<std::byte> buf, std::vector<SubRead>& plan) {
   BlockDriver* backing = img_.backing.get();
   const uint64_t cs = img_.geometry.cluster_size();
-  auto extends_last = [&](RunKind kind, GuestOffset guest) {
+  auto extends_last = [&](ExtentKind kind, GuestOffset guest) {
     return !plan.empty() && plan.back().kind == kind && plan.back().guest + plan.back().dst.size() == guest;
   };
   auto grow_last = [&](uint64_t len) {
@@ -128,27 +128,27 @@ Task<Status> ReadPath::plan_reads(GuestOffset start, std::span<std::byte> buf, s
   co_return co_await walk(start, buf.size(), [&](GuestOffset guest, const ClusterRun& r) {
     std::span<std::byte> dst = buf.subspan(guest - start, r.length);
     switch (r.kind) {
-      case RunKind::zero:
+      case ExtentKind::zero:
         std::memset(dst.data(), 0, dst.size());
         break;
-      case RunKind::unallocated:
+      case ExtentKind::unallocated:
         if (backing == nullptr || guest >= backing->size()) {
           std::memset(dst.data(), 0, dst.size());
-        } else if (extends_last(RunKind::unallocated, guest)) {
+        } else if (extends_last(ExtentKind::unallocated, guest)) {
           grow_last(r.length);
         } else {
-          plan.push_back(SubRead{RunKind::unallocated, guest, 0, dst, {}});
+          plan.push_back(SubRead{ExtentKind::unallocated, guest, 0, dst, {}});
         }
         break;
-      case RunKind::data:
-        if (extends_last(RunKind::data, guest) && plan.back().host + plan.back().dst.size() == r.host_offset) {
+      case ExtentKind::data:
+        if (extends_last(ExtentKind::data, guest) && plan.back().host + plan.back().dst.size() == r.host_offset) {
           grow_last(r.length);
         } else {
-          plan.push_back(SubRead{RunKind::data, guest, r.host_offset, dst, {}});
+          plan.push_back(SubRead{ExtentKind::data, guest, r.host_offset, dst, {}});
         }
         break;
-      case RunKind::compressed:
-        plan.push_back(SubRead{RunKind::compressed, guest, guest & (cs - 1), dst, r.compressed});
+      case ExtentKind::compressed:
+        plan.push_back(SubRead{ExtentKind::compressed, guest, guest & (cs - 1), dst, r.compressed});
         break;
     }
     return true;
@@ -157,10 +157,10 @@ Task<Status> ReadPath::plan_reads(GuestOffset start, std::span<std::byte> buf, s
 
 Task<Status> ReadPath::run_sub_read(SubRead r) {
   switch (r.kind) {
-    case RunKind::data: co_return co_await read_data(r);
-    case RunKind::unallocated: co_return co_await read_backing(r.guest, r.dst);
-    case RunKind::compressed: co_return co_await read_compressed(r.compressed, r.host, r.dst);
-    case RunKind::zero: break;
+    case ExtentKind::data: co_return co_await read_data(r);
+    case ExtentKind::unallocated: co_return co_await read_backing(r.guest, r.dst);
+    case ExtentKind::compressed: co_return co_await read_compressed(r.compressed, r.host, r.dst);
+    case ExtentKind::zero: break;
   }
   std::memset(r.dst.data(), 0, r.dst.size());
   co_return Status::ok();
