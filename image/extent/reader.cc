@@ -46,24 +46,26 @@ struct ExtentReader::SubRead {
   std::span<std::byte> dst;
 };
 
-Result<Extent> ExtentReader::checked(const Extent& e, uint64_t guest, uint64_t len) const {
+Status ExtentReader::check(const Extent& e, uint64_t guest, uint64_t len) const {
   if (e.length == 0 || e.length > len)
     return Status::errorf(EIO, "{}: bad extent length {} at guest offset {:#x}", path_, e.length, guest);
-  return e;
+  return Status::ok();
 }
 
 Task<Result<Extent>> ExtentReader::extent_at(uint64_t guest, uint64_t len) {
   auto found = map_.try_map(guest, len);
   if (!found) co_return found.status();
-  if (*found) co_return checked(**found, guest, len);
-  co_return co_await load(guest, len);
+  if (!*found) co_return co_await load(guest, len);
+  QCOWFS_CO_TRY(check(**found, guest, len));
+  co_return **found;
 }
 
 // The extent at guest from ExtentMap::map(), which loads the metadata.
 Task<Result<Extent>> ExtentReader::load(uint64_t guest, uint64_t len) {
   auto loaded = co_await map_.map(guest, len);
   if (!loaded) co_return loaded.status();
-  co_return checked(*loaded, guest, len);
+  QCOWFS_CO_TRY(check(*loaded, guest, len));
+  co_return loaded;
 }
 
 // Plans the sub-reads extent by extent (try_map() inline: no coroutine frame
@@ -74,10 +76,17 @@ Task<Status> ExtentReader::read(uint64_t off, std::span<std::byte> buf) {
   for (uint64_t guest = off; guest < end;) {
     auto found = map_.try_map(guest, end - guest);
     if (!found) co_return found.status();
-    Result<Extent> e = *found ? checked(**found, guest, end - guest) : co_await load(guest, end - guest);
-    if (!e) co_return e.status();
-    add(*e, guest, buf.subspan(guest - off, e->length), reads);
-    guest += e->length;
+    Extent e;
+    if (*found) {
+      e = **found;
+    } else {  // not a ternary: GCC mishandles co_await inside one
+      auto loaded = co_await map_.map(guest, end - guest);
+      if (!loaded) co_return loaded.status();
+      e = *loaded;
+    }
+    QCOWFS_CO_TRY(check(e, guest, end - guest));
+    add(e, guest, buf.subspan(guest - off, e.length), reads);
+    guest += e.length;
   }
   if (reads.empty()) co_return Status::ok();
   if (reads.size() == 1) co_return co_await run(reads.front());

@@ -70,7 +70,7 @@ class ExtentReader {
  private:
   struct SubRead;
 
-  Result<Extent> checked(const Extent& e, uint64_t guest, uint64_t len) const;
+  Status check(const Extent& e, uint64_t guest, uint64_t len) const;
   Task<Result<Extent>> load(uint64_t guest, uint64_t len);
   void add(const Extent& e, uint64_t guest, std::span<std::byte> dst, std::vector<SubRead>& out) const;
   Task<Status> run(SubRead r);
