@@ -1,21 +1,10 @@
-// ExtentDriver: the read side shared by the formats that map guest ranges onto
+// ExtentDriver: the BlockDriver of the formats that map guest ranges onto
 // host extents through tables (QED, VDI, Parallels, VHD, VHDX, VMDK). A format
-// parses its headers and tables and offers an ExtentMap; the driver turns
-// requests into host I/O with the same rules as qcow2's read path:
+// parses its headers and tables and offers an ExtentMap (image/extent/map.h);
+// reads and block_status() go through the shared read engine, ExtentReader
+// (image/extent/reader.h), which qcow2 reads through too.
 //
-//   - guest-contiguous extents that are contiguous in one host file become
-//     one host read, straight into the caller's buffer; every host read of a
-//     request is issued together (io::when_all);
-//   - unallocated extents are read from the backing image (zeros past its
-//     end, or with no backing image), in one read per guest-contiguous run;
-//   - zero extents are filled in place;
-//   - compressed extents are decompressed once per unit (ExtentMap::decompress,
-//     which runs on a worker thread) and kept in a ClusterCache;
-//   - block_status() merges extents of one kind into ranges as `qemu-img map`
-//     prints them, asking the backing image for unallocated ranges.
-//
-// A host read past the end of its file reads as zeros (as QEMU's file driver
-// does). Formats that give an ExtentWriter (image/extent/writer.h) are
+// Formats that give an ExtentWriter (image/extent/writer.h) are
 // writable: writes into data extents go to the host in place, one host write
 // per host-contiguous run; runs of unallocated or zero units get contiguous
 // host space from the writer and are written with their copy-on-write head and
@@ -59,57 +48,13 @@
 
 #include "image/block_driver.h"
 #include "image/extent/cluster_cache.h"
+#include "image/extent/map.h"
+#include "image/extent/reader.h"
 #include "image/extent/writer.h"
 #include "image/extent/in_flight.h"
 #include "io/sync.h"
 
 namespace qcowfs::image {
-
-enum class ExtentKind {
-  data,         // stored uncompressed at host_offset in file
-  zero,         // this image records the range as zeros (qemu's present zero)
-  unallocated,  // this image records nothing: the backing image's bytes, else zeros
-  compressed,   // inside a compressed unit (ExtentMap::decompress)
-};
-
-struct Extent {
-  ExtentKind kind = ExtentKind::unallocated;
-  uint64_t length = 0;           // bytes from the queried guest offset with this mapping (> 0)
-  io::HostFile* file = nullptr;  // data, compressed: the host file holding the bytes
-  uint64_t host_offset = 0;      // data: where the queried byte is; compressed: the unit's key
-  uint64_t unit_offset = 0;      // compressed: the queried byte's offset in the decompressed unit
-  uint64_t unit_size = 0;        // compressed: the unit's decompressed size
-  uint64_t stored_size = 0;      // compressed: bytes of the compressed stream at host_offset
-  // data: qemu-img map shows the host offset ("offset") for these bytes.
-  bool show_offset = true;
-  // data (with show_offset): block_status() asks the host file too
-  // (image/extent/host_holes.h), as QEMU does where a driver returns
-  // BDRV_BLOCK_RECURSE (VMDK flat extents, static VDI): its holes, and bytes
-  // past its end, are reported as data that reads as zeros.
-  bool host_holes_are_zero = false;
-};
-
-class ExtentMap {
- public:
-  virtual ~ExtentMap() = default;
-  ExtentMap() = default;
-  ExtentMap(const ExtentMap&) = delete;
-  ExtentMap& operator=(const ExtentMap&) = delete;
-
-  // The extent that starts at guest byte `guest`, at most len bytes long
-  // (guest < size, len > 0), from metadata already in memory; std::nullopt
-  // when that metadata is not in memory (the driver then calls map()).
-  // Corrupt metadata: EIO, with the guest offset in the message.
-  virtual Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) = 0;
-  // The same, loading the metadata it needs. Default: try_map(), where
-  // std::nullopt is an internal error (EIO).
-  virtual Task<Result<Extent>> map(uint64_t guest, uint64_t len);
-  // The decompressed unit of a compressed extent (unit_size bytes), given the
-  // compressed stream read from e.file at e.host_offset (e.stored_size bytes,
-  // zero-padded past the end of the file). Called on a worker thread; pure.
-  // Default: EIO (the format has no compressed extents).
-  virtual Status decompress(const Extent& e, std::span<const std::byte> stream, std::span<std::byte> out) const;
-};
 
 // What a format driver hands to ExtentDriver.
 struct ExtentImage {
@@ -155,19 +100,14 @@ class ExtentDriver final : public BlockDriver {
   ImageDetails details() const override { return img_.details; }
 
  private:
-  struct SubRead;
   struct SubWrite;
   struct Allocation;
   struct Batch;
   using Event = std::shared_ptr<io::AsyncEvent>;
 
-  Task<Result<Extent>> extent_at(uint64_t guest, uint64_t len);
-  Task<Status> plan(uint64_t start, std::span<std::byte> buf, std::vector<SubRead>& out);
-  Task<Status> run(SubRead r);
-  Task<Status> read_backing(uint64_t guest, std::span<std::byte> dst);
-  Task<Status> read_compressed(const Extent& e, std::span<std::byte> dst);
-  Task<Result<ClusterCache::Cluster>> load_unit(const Extent& e);
-  Task<Result<BlockStatus>> backing_status(uint64_t guest, uint64_t len);
+  // The map's extent at guest, checked: between 1 and len bytes long.
+  Task<Result<Extent>> extent_at(uint64_t guest, uint64_t len) { return reader_.extent_at(guest, len); }
+  Task<Status> read_tracked(uint64_t off, std::span<std::byte> buf);
   Status refuse_write() const;
 
   // Write side (driver_write.cc).
@@ -222,6 +162,7 @@ class ExtentDriver final : public BlockDriver {
 
   ExtentImage img_;
   ClusterCache units_;
+  ExtentReader reader_;  // over img_.map, img_.backing and units_
   io::AsyncMutex alloc_;              // allocation, publishing, metadata writeback
   io::AsyncMutex flushing_;           // one flush at a time
   bool changed_ = false;              // ExtentWriter::begin_change() done (alloc_ held)

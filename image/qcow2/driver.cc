@@ -17,17 +17,6 @@ namespace {
 
 constexpr std::string_view kReadOnly = "the qcow2 image is open read-only";
 
-// Upper bound on runs one block_status() call walks, so a query over a huge
-// fragmented range stays short; callers continue from the returned length.
-constexpr size_t kMaxStatusRuns = 65536;
-
-// Runs that qemu-img map would report as one range: same kind, and host
-// offsets that continue each other where the clusters name host clusters.
-bool continues_status(const ClusterRun& first, uint64_t length, const ClusterRun& r) {
-  if (r.kind != first.kind || r.mapped != first.mapped) return false;
-  return !first.mapped || first.host_offset + length == r.host_offset;
-}
-
 // QEMU's guess whether the image was made with preallocation=metadata, made
 // once per image. Only for images open read-only: a writable image's on-disk
 // refcounts lag behind its writer, and its header changes under the writer's
@@ -81,45 +70,17 @@ Task<Status> Qcow2Driver::read_whole_sectors(uint64_t guest, std::span<std::byte
   co_return Status::ok();
 }
 
+// Through the read path (ExtentReader::block_status), as qemu-img map shows
+// it; where QEMU takes the image for one made with preallocation=metadata,
+// holes of the data file inside data ranges are data that reads as zeros.
 Task<Result<BlockStatus>> Qcow2Driver::block_status(uint64_t guest, uint64_t len) {
   len = std::min(len, size() - std::min(guest, size()));
   if (len == 0) co_return Status::errorf(EINVAL, "block status query at {:#x} is beyond the end of the image", guest);
-  ClusterRun first;
-  uint64_t length = 0;
-  size_t runs = 0;
-  QCOWFS_CO_TRY(co_await read_path_.walk(guest, len, [&](GuestOffset, const ClusterRun& r) {
-    if (runs > 0 && (!continues_status(first, length, r) || runs >= kMaxStatusRuns)) return false;
-    if (runs == 0) first = r;
-    length += r.length;
-    ++runs;
-    return true;
-  }));
-  BlockDriver* backing = image_->backing.get();
-  if (first.kind == RunKind::unallocated && backing != nullptr && guest < backing->size())
-    co_return co_await backing_status(guest, length);
-  BlockStatus b;
-  b.length = length;
-  // Unallocated with nothing below: zeros that no layer records.
-  b.present = first.kind != RunKind::unallocated;
-  b.data = first.kind == RunKind::data || first.kind == RunKind::compressed;
-  b.zero = first.kind == RunKind::zero || first.kind == RunKind::unallocated;
-  // Encrypted clusters have no host offset a reader could use (QEMU sets no
-  // BDRV_BLOCK_OFFSET_VALID for them either).
-  if (first.mapped && !image_->crypt_file && !image_->legacy_cipher) {
-    b.file = image_->data_file;
-    b.host_offset = first.host_offset;
-  }
-  if (first.kind == RunKind::data && b.file && co_await metadata_preallocated(*image_))
-    QCOWFS_CO_TRY(co_await apply_host_holes(*image_->data_file, b));
+  auto b = co_await read_path_.block_status(guest, len);
+  if (!b) co_return b.status();
+  if (b->depth == 0 && b->data && b->file != nullptr && co_await metadata_preallocated(*image_))
+    QCOWFS_CO_TRY(co_await apply_host_holes(*image_->data_file, *b));
   co_return b;
-}
-
-Task<Result<BlockStatus>> Qcow2Driver::backing_status(GuestOffset guest, uint64_t len) {
-  BlockDriver& backing = *image_->backing;
-  auto r = co_await backing.block_status(guest, std::min(len, backing.size() - guest));
-  if (!r) co_return r.status();
-  r->depth += 1;
-  co_return r;
 }
 
 Status Qcow2Driver::refuse_write() const {

@@ -64,7 +64,6 @@ class Qcow2Driver final : public BlockDriver {
 
  private:
   Status refuse_write() const;  // EROFS or EIO: why this view takes no writes, or ok
-  Task<Result<BlockStatus>> backing_status(GuestOffset guest, uint64_t len);
   Task<Status> read_whole_sectors(uint64_t guest, std::span<std::byte> buf);
 
   std::shared_ptr<Qcow2Image> image_;

@@ -70,13 +70,13 @@ Status check_entry(const Geometry& g, const L2EntryClass& c) {
   return Status::ok();
 }
 
-RunKind run_kind(SubclusterState s) {
+ExtentKind run_kind(SubclusterState s) {
   switch (s) {
-    case SubclusterState::data: return RunKind::data;
-    case SubclusterState::zero: return RunKind::zero;
-    case SubclusterState::unallocated: return RunKind::unallocated;
+    case SubclusterState::data: return ExtentKind::data;
+    case SubclusterState::zero: return ExtentKind::zero;
+    case SubclusterState::unallocated: return ExtentKind::unallocated;
   }
-  return RunKind::unallocated;
+  return ExtentKind::unallocated;
 }
 
 // Where the run starting at in_cluster ends: the end of the last following
@@ -157,7 +157,7 @@ Result<L2EntryClass> classify_l2_entry(const Geometry& g, uint64_t entry, uint64
 ClusterRun cluster_run(const Geometry& g, const L2EntryClass& c, uint64_t in_cluster, uint64_t max_len) {
   ClusterRun r;
   if (c.kind == L2Kind::compressed) {
-    r.kind = RunKind::compressed;
+    r.kind = ExtentKind::compressed;
     r.length = max_len;
     r.host_offset = c.compressed.host_offset;
     r.compressed = c.compressed;

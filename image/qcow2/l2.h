@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 
+#include "image/extent/map.h"
 #include "image/qcow2/format.h"
 #include "io/status.h"
 
@@ -45,13 +46,6 @@ Geometry make_geometry(const Header& h, uint64_t image_file_size);
 
 // Validates an L1 entry and returns its L2 table offset (0: unallocated).
 Result<uint64_t> decode_l1_entry(const Geometry& g, uint64_t l1_entry);
-
-enum class RunKind : uint8_t {
-  data,         // host bytes at host_offset (image file or external data file)
-  zero,         // reads as zeros, no I/O
-  unallocated,  // reads from the backing file (zeros without one)
-  compressed,   // part of a compressed cluster
-};
 
 struct CompressedCluster {
   uint64_t host_offset = 0;  // first byte of the compressed stream (unaligned)
@@ -112,8 +106,11 @@ L2EntryClass decode_l2_entry(const Geometry& g, uint64_t entry, uint64_t bitmap)
 // whose message names the problem.
 Result<L2EntryClass> classify_l2_entry(const Geometry& g, uint64_t entry, uint64_t bitmap);
 
+// How a run reads (image/extent/map.h): data (host bytes at host_offset in
+// the image file or external data file), zero, unallocated (the backing
+// file's bytes, zeros without one) or compressed (part of a compressed cluster).
 struct ClusterRun {
-  RunKind kind = RunKind::unallocated;
+  ExtentKind kind = ExtentKind::unallocated;
   uint64_t length = 0;       // bytes from the queried position, within the cluster
   uint64_t host_offset = 0;  // data: host offset of the queried position
   // host_offset is set: data, and zero or unallocated (sub)clusters of a cluster

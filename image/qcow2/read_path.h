@@ -1,15 +1,18 @@
 // ReadPath: the read mapping of one qcow2 view (the active image or one
-// snapshot): walks a guest range's L1/L2 entries into runs (image/qcow2/l2.h)
-// and reads them. Qcow2Driver reads and answers block_status through it;
-// Qcow2Writer reads the old contents of partly written clusters (copy-on-write)
-// through read_unlocked(). Neither calls the other: the writer depends on the
-// read path, never the reverse.
-//
-// Reads: guest-contiguous runs with contiguous host offsets become one host
-// read, unallocated runs one backing read (zeros past the backing file's end),
-// zero runs are filled in place, compressed clusters are decompressed once
-// (ClusterCache); all reads of one request are issued together (io::when_all)
-// straight into the caller's buffer.
+// snapshot). Its L2Map is qcow2's ExtentMap (image/extent/map.h): it walks a
+// guest range's L1/L2 entries into extents, from an L2 slice in the cache
+// without suspending (try_map) or loading the slice (map); reads and
+// block_status then go through the shared read engine, ExtentReader
+// (image/extent/reader.h): host-contiguous runs in one host read, backing
+// reads, zero fill, compressed clusters decompressed once (ClusterCache), all
+// sub-reads of a request issued together. What stays qcow2's: legacy AES
+// decryption by guest offset (a ReadFilter), corrupt metadata reported with
+// the guest offset, the extents' shown host offsets (encrypted images show
+// none; ZERO_ALLOC and UNALLOCATED_ALLOC show theirs, as qemu-img map does).
+// Qcow2Driver reads and answers block_status through it; Qcow2Writer reads the
+// old contents of partly written clusters (copy-on-write) through
+// read_unlocked(). Neither calls the other: the writer depends on the read
+// path, never the reverse.
 //
 // The guest range lock lives here because it is what reads and writes share:
 // on a writable image (lock_reads()) read() holds the request's clusters
@@ -19,71 +22,84 @@
 // Thread-safety: all methods may be called concurrently from any event-loop
 // thread. lock_reads() is called once at open, before any request. The L1
 // table is read through L1Table::load (the writer may store an entry
-// meanwhile); the image and the L1 table must outlive the ReadPath.
+// meanwhile); the image (with its caches, backing driver and cipher set up)
+// and the L1 table must outlive the ReadPath.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
-#include <type_traits>
 
+#include "image/extent/map.h"
+#include "image/extent/reader.h"
 #include "image/qcow2/image_state.h"
 #include "io/range_lock.h"
 
 namespace qcowfs::image::qcow2 {
 
+// qcow2's ExtentMap over one view's L1 table. An extent runs over the
+// entries of one L2 slice while they map the same way (host-contiguous data,
+// zeros, unallocated; one compressed cluster at a time), or over a whole
+// unallocated L1 entry.
+class L2Map final : public ExtentMap {
+ public:
+  L2Map(Qcow2Image& image, const L1Table& l1, bool snapshot_view)
+      : img_(image), l1_(l1), snapshot_view_(snapshot_view) {}
+
+  Result<std::optional<Extent>> try_map(uint64_t guest, uint64_t len) override;
+  Task<Result<Extent>> map(uint64_t guest, uint64_t len) override;
+  Status decompress(const Extent& e, std::span<const std::byte> stream, std::span<std::byte> out) const override;
+
+ private:
+  // Where guest's mapping is: an extent already (no L2 table), or the host
+  // offset of the L2 slice holding its entry.
+  struct Place {
+    std::optional<Extent> extent;
+    HostOffset slice = 0;
+  };
+  Result<Place> place(GuestOffset guest, uint64_t len) const;
+  Result<Extent> in_slice(const TableCache::Ref& slice, GuestOffset guest, uint64_t len) const;
+  Extent extent_of(const ClusterRun& r, GuestOffset guest) const;
+  Status corrupt(GuestOffset guest, const Status& why) const;
+
+  Qcow2Image& img_;
+  const L1Table& l1_;
+  const bool snapshot_view_;
+};
+
+// Legacy AES (crypt_method 1): data decrypted by guest offset once read.
+class LegacyDecrypt final : public ReadFilter {
+ public:
+  explicit LegacyDecrypt(const Qcow2Image& image) : img_(image) {}
+  Task<Status> after_read(uint64_t guest, std::span<std::byte> dst) const override;
+
+ private:
+  const Qcow2Image& img_;
+};
+
 class ReadPath {
  public:
-  // Non-owning reference to a run visitor (no allocation per request). The
-  // callable must outlive the walk: pass a lambda in the co_await expression.
-  class RunVisitor {
-   public:
-    template <typename F>
-    RunVisitor(F&& f)  // NOLINT: implicit by design
-        : obj_(static_cast<void*>(&f)),
-          call_([](void* o, GuestOffset guest, const ClusterRun& run) {
-            return (*static_cast<std::remove_reference_t<F>*>(o))(guest, run);
-          }) {}
-    bool operator()(GuestOffset guest, const ClusterRun& run) const { return call_(obj_, guest, run); }
-
-   private:
-    void* obj_;
-    bool (*call_)(void*, GuestOffset, const ClusterRun&);
-  };
-
-  ReadPath(Qcow2Image& image, const L1Table& l1, bool snapshot_view)
-      : img_(image), l1_(l1), snapshot_view_(snapshot_view) {}
+  ReadPath(Qcow2Image& image, const L1Table& l1, bool snapshot_view);
 
   // From now on read() takes the guest range lock (a writable image).
   void lock_reads() { lock_reads_ = true; }
   // Guest byte ranges, cluster aligned.
   io::RangeLock& ranges() { return ranges_; }
 
+  // Legacy AES: whole sectors only (Qcow2Driver::read aligns the request).
   Task<Status> read(GuestOffset guest, std::span<std::byte> buf);
   // read() without the range lock: the caller holds it (copy-on-write source).
-  Task<Status> read_unlocked(GuestOffset guest, std::span<std::byte> buf);
-  // Walks the mapping of [guest, guest + len) in order, calling visit for each
-  // run until it returns false. Corrupt metadata: EIO, logged with the offset.
-  Task<Status> walk(GuestOffset guest, uint64_t len, RunVisitor visit);
+  Task<Status> read_unlocked(GuestOffset guest, std::span<std::byte> buf) { return reader_.read(guest, buf); }
+  // [guest, guest + len) inside the view, len > 0 (ExtentReader::block_status).
+  Task<Result<BlockStatus>> block_status(GuestOffset guest, uint64_t len) { return reader_.block_status(guest, len); }
 
  private:
-  struct SubRead;
-  struct Walk;
-
-  Task<Status> walk_slice(Walk& w, HostOffset l2_table, RunVisitor& visit, bool* stop);
-  Result<HostOffset> l2_table_for(uint64_t l1_index, GuestOffset guest) const;
-  Status corrupt(GuestOffset guest, const Status& why) const;
-  Task<Status> plan_reads(GuestOffset guest, std::span<std::byte> buf, std::vector<SubRead>& plan);
-  Task<Status> run_sub_read(SubRead r);
-  Task<Status> read_data(const SubRead& r);
-  Task<Status> read_host(io::HostFile& f, HostOffset host, std::span<std::byte> dst);
-  Task<Status> read_backing(GuestOffset guest, std::span<std::byte> dst);
-  Task<Status> read_compressed(CompressedCluster c, uint64_t in_cluster, std::span<std::byte> dst);
-  Task<Result<ClusterCache::Cluster>> load_compressed(CompressedCluster c);
-  Task<Result<ClusterCache::Cluster>> decompress(CompressedCluster c, const io::AlignedBuffer& in);
+  Task<Status> read_locked(GuestOffset guest, std::span<std::byte> buf);
 
   Qcow2Image& img_;
-  const L1Table& l1_;
-  const bool snapshot_view_;
+  L2Map map_;
+  LegacyDecrypt decrypt_;
+  ExtentReader reader_;
   bool lock_reads_ = false;
   io::RangeLock ranges_;
 };

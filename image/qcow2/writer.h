@@ -125,7 +125,7 @@ class Qcow2Writer {
   struct Slot;
   struct Plan;
   struct ZeroTarget;
-  struct HostRun;
+  struct HostWrite;
 
   // ---- open, header feature state, corruption (writer_open.cc) ----
   Task<Status> load_refcounts();
@@ -177,7 +177,7 @@ class Qcow2Writer {
   Task<Status> write_allocating(GuestOffset guest, std::span<const std::byte> buf);
   Task<Status> fill_cow(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
   Task<Status> write_data(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
-  std::vector<HostRun> host_runs(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) const;
+  std::vector<HostWrite> host_writes(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) const;
   const MetadataRange* data_overlap(HostOffset host, uint64_t len) const;
   Task<Status> data_overlap_error(GuestOffset guest, HostOffset host, const MetadataRange& m);
 

@@ -111,13 +111,13 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, GuestOffset guest, std::span<co
     if (const MetadataRange* m = data_overlap(host, s.rq_end - s.rq_start)) co_return co_await data_overlap_error(guest, host, *m);
     co_return co_await img_.data_io->write(host, buf);
   }
-  std::vector<HostRun> runs = host_runs(plan, guest, buf);
+  std::vector<HostWrite> runs = host_writes(plan, guest, buf);
   io::HostFile& f = *img_.data_io;
-  for (const HostRun& r : runs)
+  for (const HostWrite& r : runs)
     if (const MetadataRange* m = data_overlap(r.host, r.len)) co_return co_await data_overlap_error(guest, r.host, *m);
   std::vector<Task<Status>> writes;
   writes.reserve(runs.size());
-  for (HostRun& r : runs) {
+  for (HostWrite& r : runs) {
     if (r.iov.size() == 1)
       writes.push_back(f.write(r.host, std::span<const std::byte>(static_cast<const std::byte*>(r.iov[0].iov_base), r.len)));
     else
@@ -128,10 +128,10 @@ Task<Status> Qcow2Writer::write_data(Plan& plan, GuestOffset guest, std::span<co
 
 // The plan's slots as host-contiguous runs, each slot's bytes the request
 // (buf, starting at guest offset start) or its COW buffer.
-std::vector<Qcow2Writer::HostRun> Qcow2Writer::host_runs(Plan& plan, GuestOffset start,
+std::vector<Qcow2Writer::HostWrite> Qcow2Writer::host_writes(Plan& plan, GuestOffset start,
                                                          std::span<const std::byte> buf) const {
   const uint64_t cs = img_.geometry.cluster_size();
-  std::vector<HostRun> runs;
+  std::vector<HostWrite> runs;
   for (Slot& s : plan.slots) {
     iovec v;
     if (s.cow.empty()) {
@@ -143,10 +143,10 @@ std::vector<Qcow2Writer::HostRun> Qcow2Writer::host_runs(Plan& plan, GuestOffset
     }
     const HostOffset host = s.host + s.wr_start;
     if (runs.empty() || runs.back().host + runs.back().len != host) {
-      runs.push_back(HostRun{host, v.iov_len, {v}});
+      runs.push_back(HostWrite{host, v.iov_len, {v}});
       continue;
     }
-    HostRun& r = runs.back();
+    HostWrite& r = runs.back();
     iovec& prev = r.iov.back();
     if (static_cast<std::byte*>(prev.iov_base) + prev.iov_len == static_cast<std::byte*>(v.iov_base))
       prev.iov_len += v.iov_len;

@@ -52,8 +52,9 @@ struct Qcow2Writer::Plan {
 };
 
 // One host-contiguous write of a request: head COW + guest data + tail COW
-// of consecutive slots whose host clusters follow each other.
-struct Qcow2Writer::HostRun {
+// of consecutive slots whose host clusters follow each other. (Not
+// image::HostRun, which is host space reserved for units: image/extent/writer.h.)
+struct Qcow2Writer::HostWrite {
   HostOffset host = 0;
   uint64_t len = 0;
   std::vector<iovec> iov;

@@ -41,11 +41,11 @@ struct Reader {
 void check_run(const q::Geometry& g, const q::ClusterRun& r, uint64_t in_cluster, uint64_t max_len) {
   check(r.length > 0 && r.length <= max_len, "run length outside (0, max_len]");
   check(in_cluster + r.length <= g.cluster_size(), "run leaves its cluster");
-  if (r.kind == q::RunKind::data && !g.external_data) {
+  if (r.kind == qcowfs::image::ExtentKind::data && !g.external_data) {
     check(r.host_offset >= g.cluster_size(), "data run inside the header cluster");
     check(r.host_offset + r.length <= g.image_file_size + g.cluster_size(), "data run far past EOF");
   }
-  if (r.kind == q::RunKind::compressed) {
+  if (r.kind == qcowfs::image::ExtentKind::compressed) {
     check(r.compressed.host_offset >= g.cluster_size(), "compressed stream in the header");
     check(r.compressed.host_offset < g.image_file_size, "compressed stream past EOF");
     check(r.compressed.size <= 2 * g.cluster_size() + 512, "compressed stream larger than possible");

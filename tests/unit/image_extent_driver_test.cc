@@ -64,7 +64,9 @@ class ScriptedMap final : public ExtentMap {
     Extent e;
     e.kind = b.kind;
     e.length = std::min(len, kBlock - guest % kBlock);
-    e.file = file;
+    // Zero and unallocated extents name no host space (as in every format
+    // but qcow2's ZERO_ALLOC, image/extent/map.h).
+    if (b.kind == ExtentKind::data || b.kind == ExtentKind::compressed) e.file = file;
     e.host_offset = b.host_block * kBlock + guest % kBlock;
     if (b.kind == ExtentKind::compressed) {
       e.host_offset = b.host_block * kBlock;

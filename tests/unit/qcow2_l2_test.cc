@@ -23,7 +23,7 @@ void expect_corrupt(const Result<ClusterRun>& r, std::string_view needle) {
 TEST(Qcow2L2, NormalClusterMapsToHostOffset) {
   auto r = decode_cluster_run(standard(), kOflagCopied | 5 * kCs, 0, 100, 400);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  EXPECT_EQ(r->kind, RunKind::data);
+  EXPECT_EQ(r->kind, ExtentKind::data);
   EXPECT_EQ(r->host_offset, 5 * kCs + 100);
   EXPECT_EQ(r->length, 400u);
 }
@@ -31,7 +31,7 @@ TEST(Qcow2L2, NormalClusterMapsToHostOffset) {
 TEST(Qcow2L2, UnallocatedClusterReadsFromBacking) {
   auto r = decode_cluster_run(standard(), 0, 0, 0, kCs);
   ASSERT_TRUE(r.is_ok());
-  EXPECT_EQ(r->kind, RunKind::unallocated);
+  EXPECT_EQ(r->kind, ExtentKind::unallocated);
   EXPECT_EQ(r->length, kCs);
 }
 
@@ -40,8 +40,8 @@ TEST(Qcow2L2, ZeroPlainAndZeroAllocReadAsZeros) {
   auto alloc = decode_cluster_run(standard(), kOflagZero | kOflagCopied | 7 * kCs, 0, 0, kCs);
   ASSERT_TRUE(plain.is_ok());
   ASSERT_TRUE(alloc.is_ok());
-  EXPECT_EQ(plain->kind, RunKind::zero);
-  EXPECT_EQ(alloc->kind, RunKind::zero);
+  EXPECT_EQ(plain->kind, ExtentKind::zero);
+  EXPECT_EQ(alloc->kind, ExtentKind::zero);
 }
 
 TEST(Qcow2L2, ExternalDataFileOffsetZeroWithCopiedIsData) {
@@ -49,11 +49,11 @@ TEST(Qcow2L2, ExternalDataFileOffsetZeroWithCopiedIsData) {
   g.external_data = true;
   auto r = decode_cluster_run(g, kOflagCopied, 0, 0, kCs);
   ASSERT_TRUE(r.is_ok());
-  EXPECT_EQ(r->kind, RunKind::data);
+  EXPECT_EQ(r->kind, ExtentKind::data);
   EXPECT_EQ(r->host_offset, 0u);
   auto unalloc = decode_cluster_run(g, 0, 0, 0, kCs);
   ASSERT_TRUE(unalloc.is_ok());
-  EXPECT_EQ(unalloc->kind, RunKind::unallocated);
+  EXPECT_EQ(unalloc->kind, ExtentKind::unallocated);
 }
 
 TEST(Qcow2L2, CompressedDescriptorDecodesOffsetAndSize) {
@@ -64,7 +64,7 @@ TEST(Qcow2L2, CompressedDescriptorDecodesOffsetAndSize) {
   EXPECT_EQ(c.size, 4 * 512u - 0x123u);
   auto r = decode_cluster_run(standard(), entry, 0, 10, 20);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  EXPECT_EQ(r->kind, RunKind::compressed);
+  EXPECT_EQ(r->kind, ExtentKind::compressed);
   EXPECT_EQ(r->length, 20u);
   EXPECT_EQ(r->compressed.host_offset, 0x50123u);
 }
@@ -164,23 +164,23 @@ TEST(Qcow2L2, SubclustersSplitClusterIntoRuns) {
   uint64_t entry = kOflagCopied | 5 * kCs;
   auto a = decode_cluster_run(extended(), entry, bitmap, 0, kCs);
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
-  EXPECT_EQ(a->kind, RunKind::data);
+  EXPECT_EQ(a->kind, ExtentKind::data);
   EXPECT_EQ(a->length, 2 * sc);
   EXPECT_EQ(a->host_offset, 5 * kCs);
   auto z = decode_cluster_run(extended(), entry, bitmap, 2 * sc + 10, kCs - 2 * sc - 10);
   ASSERT_TRUE(z.is_ok());
-  EXPECT_EQ(z->kind, RunKind::zero);
+  EXPECT_EQ(z->kind, ExtentKind::zero);
   EXPECT_EQ(z->length, sc - 10);
   auto u = decode_cluster_run(extended(), entry, bitmap, 3 * sc, kCs - 3 * sc);
   ASSERT_TRUE(u.is_ok());
-  EXPECT_EQ(u->kind, RunKind::unallocated);
+  EXPECT_EQ(u->kind, ExtentKind::unallocated);
   EXPECT_EQ(u->length, kCs - 3 * sc);
 }
 
 TEST(Qcow2L2, SubclusterRunStopsAtMaxLength) {
   auto r = decode_cluster_run(extended(), kOflagCopied | 5 * kCs, 0xffffffffu, 100, 1000);
   ASSERT_TRUE(r.is_ok());
-  EXPECT_EQ(r->kind, RunKind::data);
+  EXPECT_EQ(r->kind, ExtentKind::data);
   EXPECT_EQ(r->length, 1000u);
   EXPECT_EQ(r->host_offset, 5 * kCs + 100);
 }
@@ -188,7 +188,7 @@ TEST(Qcow2L2, SubclusterRunStopsAtMaxLength) {
 TEST(Qcow2L2, ZeroSubclustersOfUnallocatedCluster) {
   auto r = decode_cluster_run(extended(), 0, uint64_t{0xffffffff} << 32, 0, kCs);
   ASSERT_TRUE(r.is_ok());
-  EXPECT_EQ(r->kind, RunKind::zero);
+  EXPECT_EQ(r->kind, ExtentKind::zero);
   EXPECT_EQ(r->length, kCs);
 }
 
@@ -347,7 +347,7 @@ TEST(Qcow2L2Classify, DecodeWithoutValidationStillDecodes) {
 TEST(Qcow2L2Classify, ClusterRunFollowsTheClass) {
   L2EntryClass c = classify_ok(standard(), kOflagZero | kOflagCopied | 7 * kCs);
   ClusterRun r = cluster_run(standard(), c, 100, 50);
-  EXPECT_EQ(r.kind, RunKind::zero);
+  EXPECT_EQ(r.kind, ExtentKind::zero);
   EXPECT_TRUE(r.mapped);
   EXPECT_EQ(r.host_offset, 7 * kCs + 100);
   EXPECT_EQ(r.length, 50u);
