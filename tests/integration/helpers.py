@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -65,17 +66,33 @@ def qcowfs_bin() -> str:
 
 
 def run(args: Sequence[str], *, check: bool = True, timeout: float = TOOL_TIMEOUT_S,
-        input: bytes | None = None) -> subprocess.CompletedProcess:
+        input: bytes | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Runs a command, capturing output; raises with its stderr when check fails."""
     args = [str(a) for a in args]
     proc = subprocess.run(args, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"command failed with exit code {proc.returncode}: {' '.join(args)}\n"
             f"stdout: {proc.stdout.decode(errors='replace')}\n"
             f"stderr: {proc.stderr.decode(errors='replace')}")
     return proc
+
+
+@functools.cache
+def fast_kdf_calibration_env() -> dict[str, str]:
+    """The environment for a qemu-img that creates a LUKS header (raw LUKS or
+    qcow2's encrypt.format=luks) where the test does not test the key
+    derivation: tests/support/fast_cpu_clock.c preloaded, so qemu-img's PBKDF2
+    calibration takes one short round instead of 2-3 s of CPU per image
+    (iter-time=10 does not shorten the calibration, only the iterations it then
+    picks). The library is built with the tests: $QCOWFS_FAST_CPU_CLOCK (set by
+    ctest), else tests/libqcowfs_fast_cpu_clock.so in $QCOWFS_BUILD_DIR or build/."""
+    env = os.environ.get("QCOWFS_FAST_CPU_CLOCK")
+    build = Path(os.environ.get("QCOWFS_BUILD_DIR") or REPO_ROOT / "build")
+    lib = Path(env) if env else build / "tests" / "libqcowfs_fast_cpu_clock.so"
+    assert lib.is_file(), f"{lib} not found (build the tests, or set QCOWFS_FAST_CPU_CLOCK)"
+    return {**os.environ, "LD_PRELOAD": str(lib)}
 
 
 def probe_format(image: str | os.PathLike) -> str:
