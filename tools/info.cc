@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <ctime>
 
-#include "image/crypto/crypto_unlock.h"
+#include "image/crypto/unlock.h"
 #include "image/endian.h"
 #include "image/format.h"
 #include "image/path.h"

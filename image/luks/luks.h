@@ -17,9 +17,9 @@
 #include <string_view>
 
 #include "image/block_driver.h"
-#include "image/crypto/crypto_file.h"
-#include "image/crypto/crypto_luks.h"
-#include "image/crypto/crypto_unlock.h"
+#include "image/crypto/file.h"
+#include "image/crypto/luks.h"
+#include "image/crypto/unlock.h"
 #include "image/crypto/luks_create.h"
 
 namespace qcowfs::image {

@@ -3,7 +3,7 @@
 // luksDump --dump-master-key`, and the payload decrypted here must be qemu-io's
 // pattern (and encrypting the pattern again must give the file's bytes). Plus
 // the IV and spec rules.
-#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/cipher.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

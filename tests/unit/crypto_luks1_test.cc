@@ -6,7 +6,7 @@
 // second slot added by cryptsetup checks slot order and that key material IVs
 // count from the slot's first sector. Damaged headers must be refused with
 // EINVAL before any key derivation.
-#include "image/crypto/crypto_luks1.h"
+#include "image/crypto/luks1.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "crypto_test_util.h"
-#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/cipher.h"
 #include "io_test_util.h"
 
 namespace qcowfs::image::crypto {

@@ -1,8 +1,8 @@
-// LUKS headers (crypto_luks.h) against the real tools: images made by qemu-img
+// LUKS headers (crypto/luks.h) against the real tools: images made by qemu-img
 // (LUKS1) and cryptsetup (LUKS2), volume keys checked against
 // `cryptsetup luksDump --dump-master-key`, headers made by format_luks1 opened
 // by cryptsetup and qemu-img, and damaged headers refused with a clear Status.
-#include "image/crypto/crypto_luks.h"
+#include "image/crypto/luks.h"
 
 #include "crypto_test_util.h"
 #include "io_test_util.h"
@@ -232,7 +232,7 @@ INSTANTIATE_TEST_SUITE_P(
 // OpenSSL (AES only), the kernel's AF_ALG or a dm-crypt mapping, and this
 // kernel has neither of the last two, so libcryptsetup (and cryptsetup itself)
 // cannot unlock them here. crypto_luks1_test.cc unlocks them through the
-// libgcrypt path (crypto_unlock.h falls back to it) and checks the key
+// libgcrypt path (crypto/unlock.h falls back to it) and checks the key
 // against qemu-io's data.
 
 TEST(CryptoLuks, WrongPassphraseIsEacces) {
@@ -388,7 +388,7 @@ TEST(CryptoLuks, FormatLuks1RefusesBadParameters) {
 
 // ---- Hostile headers -------------------------------------------------------------------------------------
 
-// LUKS1 phdr offsets (big-endian): see crypto_luks.cc.
+// LUKS1 phdr offsets (big-endian): see crypto/luks.cc.
 constexpr size_t kCipherName = 8, kPayloadOffset = 104, kKeyBytes = 108, kMkIterations = 164, kSlots = 208,
                  kSlotSize = 48;
 constexpr size_t kSlotIterations = 4, kSlotKeyOffset = 40, kSlotStripes = 44;

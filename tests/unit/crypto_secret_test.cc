@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 
 namespace qcowfs::image::crypto {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/cipher.h"
 #include "image/endian.h"
 #include "image/parallels/parallels.h"
 #include "io/mem_file.h"

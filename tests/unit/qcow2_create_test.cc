@@ -2,7 +2,7 @@
 // with the header parser and the checker; check/repair on damaged images.
 #include <gtest/gtest.h>
 
-#include "image/crypto/crypto_luks.h"
+#include "image/crypto/luks.h"
 #include "image/endian.h"
 #include "image/qcow2/qcow2_check.h"
 #include "image/luks/luks.h"

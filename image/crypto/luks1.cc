@@ -1,4 +1,4 @@
-#include "image/crypto/crypto_luks1.h"
+#include "image/crypto/luks1.h"
 
 #include <gcrypt.h>
 

@@ -1,6 +1,6 @@
-// LUKS headers and key slots (crypto_luks.h): the binary header parser, the
+// LUKS headers and key slots (crypto/luks.h): the binary header parser, the
 // libcryptsetup handle (LuksVolume) and LUKS1 creation.
-#include "image/crypto/crypto_luks.h"
+#include "image/crypto/luks.h"
 
 #include <json-c/json.h>
 #include <libcryptsetup.h>
@@ -13,8 +13,8 @@
 #include <optional>
 #include <utility>
 
-#include "image/crypto/crypto_cipher.h"
-#include "image/crypto/crypto_luks1.h"
+#include "image/crypto/cipher.h"
+#include "image/crypto/luks1.h"
 #include "image/endian.h"
 #include "image/extent/host_read.h"
 #include "io/fd.h"
@@ -54,7 +54,7 @@ uint64_t qemu_split_sectors(uint64_t key_bytes, uint32_t stripes) {
   return div_round_up(div_round_up(key_bytes * stripes, kLuks1SectorBytes), kAlignSectors) * kAlignSectors;
 }
 
-// LUKS1 headers are parsed by crypto_luks1.h (parse_luks1, the same checks
+// LUKS1 headers are parsed by crypto/luks1.h (parse_luks1, the same checks
 // the key-slot fallback relies on); this is its view as LuksInfo.
 LuksInfo luks1_info(const Luks1Header& h) {
   LuksInfo info;

@@ -19,7 +19,7 @@
 
 #include <memory>
 
-#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/cipher.h"
 #include "io/host_file.h"
 #include "io/range_lock.h"
 

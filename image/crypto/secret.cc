@@ -1,4 +1,4 @@
-// SecretBuffer and KeyProvider (crypto_secret.h).
+// SecretBuffer and KeyProvider (crypto/secret.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <termios.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <utility>
 
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 #include "io/fd.h"
 #include "io/log.h"
 #include "io/small_file.h"

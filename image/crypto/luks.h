@@ -31,8 +31,8 @@
 #include <string_view>
 #include <vector>
 
-#include "image/crypto/crypto_luks1.h"
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/luks1.h"
+#include "image/crypto/secret.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/task.h"
@@ -50,7 +50,7 @@ inline constexpr std::array<std::byte, 6> kLuksMagic = {std::byte{'L'}, std::byt
 inline constexpr int kLuksVersion1 = 1;
 inline constexpr int kLuksVersion2 = 2;
 
-// LUKS1's on-disk layout and limits are in crypto_luks1.h (one parser for both
+// LUKS1's on-disk layout and limits are in crypto/luks1.h (one parser for both
 // this header's view and the key-slot fallback).
 inline constexpr uint32_t kLuks1Stripes = 4000;  // what cryptsetup and QEMU write (format_luks1 too)
 // LUKS2 binary header (the first 4096 bytes of each of the two header copies).
@@ -145,7 +145,7 @@ class LuksVolume {
   Result<SecretBuffer> unlock(std::span<const std::byte> passphrase) const;
 
   // len bytes at off of the header copy libcryptsetup reads (zeros past what was copied): key
-  // material for the libgcrypt key-slot path (crypto_luks1.h). EINVAL for a volume of format_luks1.
+  // material for the libgcrypt key-slot path (crypto/luks1.h). EINVAL for a volume of format_luks1.
   Result<std::vector<std::byte>> header_bytes(uint64_t off, size_t len) const;
 
  private:

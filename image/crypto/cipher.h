@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 #include "io/status.h"
 #include "io/task.h"
 

@@ -1,4 +1,4 @@
-#include "image/crypto/crypto_unlock.h"
+#include "image/crypto/unlock.h"
 
 #include <sys/prctl.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "image/crypto/crypto_luks1.h"
+#include "image/crypto/luks1.h"
 #include "io/log.h"
 
 namespace qcowfs::image::crypto {

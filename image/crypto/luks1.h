@@ -23,8 +23,8 @@
 #include <string_view>
 #include <vector>
 
-#include "image/crypto/crypto_cipher.h"
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/cipher.h"
+#include "image/crypto/secret.h"
 #include "io/status.h"
 
 namespace qcowfs::image::crypto {
@@ -51,7 +51,7 @@ inline constexpr uint32_t kLuks1SectorBytes = 512;
 static_assert(kLuks1KeySlotsAt + kLuks1KeySlots * kLuks1KeySlotBytes == kLuks1HeaderBytes);
 
 // Limits checked before any key derivation or read (EINVAL beyond). The
-// PBKDF2 limit holds for LUKS1 and LUKS2 alike (crypto_luks.h has argon2's):
+// PBKDF2 limit holds for LUKS1 and LUKS2 alike (crypto/luks.h has argon2's):
 // 2^26 is 16-30 times what a 2 s benchmark gives on a fast CPU today.
 inline constexpr uint32_t kMaxPbkdf2Iterations = 1u << 26;
 inline constexpr uint32_t kLuks1MaxStripes = 65536;  // cryptsetup writes 4000

@@ -1,9 +1,9 @@
 // Unlocking a LUKS header into a data cipher: the one entry point the formats
 // use (raw LUKS images, LUKS inside qcow2). It asks the KeyProvider for the
-// passphrase, unlocks a key slot with libcryptsetup (crypto_luks.h) and, for
+// passphrase, unlocks a key slot with libcryptsetup (crypto/luks.h) and, for
 // LUKS1 slots whose cipher libcryptsetup's backend cannot run on this host
 // (no AF_ALG or device-mapper: Serpent, Twofish, CAST5, 192-bit XTS), with
-// the libgcrypt key-slot path (crypto_luks1.h); then makes the SectorCipher.
+// the libgcrypt key-slot path (crypto/luks1.h); then makes the SectorCipher.
 // Also renders a header as `qemu-img info` shows it.
 //
 // Thread-safety: plain functions; call them at open, not per request.
@@ -15,9 +15,9 @@
 #include <string>
 #include <string_view>
 
-#include "image/crypto/crypto_cipher.h"
-#include "image/crypto/crypto_luks.h"
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/cipher.h"
+#include "image/crypto/luks.h"
+#include "image/crypto/secret.h"
 #include "image/json.h"
 #include "io/host_file.h"
 #include "io/task.h"

@@ -1,4 +1,4 @@
-#include "image/crypto/crypto_file.h"
+#include "image/crypto/file.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/cipher.h"
 
 #include <gcrypt.h>
 #include <nettle/cbc.h>
