@@ -24,7 +24,7 @@
 #include "fuse/daemon.h"
 #include "fuse/options.h"
 #include "fuse/server.h"
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 #include "io/fd.h"
 #include "io/log.h"
 #include "tools/cmd.h"

@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 #include "image/format.h"
 
 namespace qcowfs::fuse {

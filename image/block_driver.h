@@ -29,7 +29,7 @@
 namespace qcowfs::image {
 
 namespace crypto {
-class KeyProvider;  // image/crypto/crypto_secret.h
+class KeyProvider;  // image/crypto/secret.h
 }
 
 // Allocation status of a range, as `qemu-img map` reports it. Every byte of

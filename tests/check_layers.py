@@ -134,7 +134,7 @@ SELF_TEST = [
     ("tools/a.cc", "image/qcow2/qcow2_check.h", True),
     ("tools/a.cc", "image/luks/luks.h", True),
     ("tools/a.cc", "image/format.h", False),
-    ("tools/a.cc", "image/crypto/crypto_secret.h", False),
+    ("tools/a.cc", "image/crypto/secret.h", False),
     ("fuse/a.cc", "image/raw/raw.h", False),
     ("image/vmdk/a.cc", "image/qcow2/writer.h", True),
     ("image/vmdk/a.cc", "image/qcow2/qcow2.h", True),

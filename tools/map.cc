@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "image/block_driver.h"
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 #include "tools/cmd.h"
 #include "image/json.h"
 

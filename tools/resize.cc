@@ -10,7 +10,7 @@
 
 #include "image/block_driver.h"
 #include "image/create.h"
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 #include "tools/cmd.h"
 
 namespace qcowfs::tools {

@@ -1,6 +1,6 @@
 // The LUKS options of qemu-img create (-f luks, and qcow2's -o encrypt.*),
 // shared by the formats that make LUKS headers: parsed by QEMU's names with
-// its defaults, and turned into the parameters crypto_luks1.h formats with.
+// its defaults, and turned into the parameters crypto/luks1.h formats with.
 // Thread-safety: plain values and pure functions.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "image/crypto/crypto_luks.h"
+#include "image/crypto/luks.h"
 #include "io/status.h"
 
 namespace qcowfs::image {

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "image/crypto/crypto_secret.h"
+#include "image/crypto/secret.h"
 
 namespace qcowfs::image {
 

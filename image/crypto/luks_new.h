@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "image/crypto/crypto_luks.h"
+#include "image/crypto/luks.h"
 #include "image/crypto/luks_create.h"
 #include "io/status.h"
 

@@ -19,9 +19,9 @@
 #include "image/block_driver.h"
 #include "image/create.h"
 #include "image/describe.h"
-#include "image/crypto/crypto_file.h"
-#include "image/crypto/crypto_luks.h"
-#include "image/crypto/crypto_unlock.h"
+#include "image/crypto/file.h"
+#include "image/crypto/luks.h"
+#include "image/crypto/unlock.h"
 #include "image/crypto/luks_create.h"
 
 namespace qcowfs::image {

@@ -1,7 +1,7 @@
 // `qcowfs info` on a raw LUKS image (image/luks/luks.h): its header alone, as
 // qemu-img info reads it without a key.
-#include "image/crypto/crypto_luks.h"
-#include "image/crypto/crypto_unlock.h"
+#include "image/crypto/luks.h"
+#include "image/crypto/unlock.h"
 #include "image/luks/luks.h"
 
 namespace qcowfs::image {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/cipher.h"
 #include "image/endian.h"
 #include "image/extent/driver.h"
 #include "image/extent/host_read.h"

@@ -18,8 +18,8 @@
 
 #include "image/block_driver.h"
 #include "image/extent/cluster_cache.h"
-#include "image/crypto/crypto_file.h"
-#include "image/crypto/crypto_unlock.h"
+#include "image/crypto/file.h"
+#include "image/crypto/unlock.h"
 #include "image/qcow2/compress.h"
 #include "image/qcow2/corruption.h"
 #include "image/qcow2/header.h"

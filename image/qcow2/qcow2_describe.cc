@@ -4,8 +4,8 @@
 // info reads them; "format-specific" in qemu-img's field order.
 #include <cstddef>
 
-#include "image/crypto/crypto_luks.h"
-#include "image/crypto/crypto_unlock.h"
+#include "image/crypto/luks.h"
+#include "image/crypto/unlock.h"
 #include "image/endian.h"
 #include "image/qcow2/format.h"
 #include "image/qcow2/qcow2.h"

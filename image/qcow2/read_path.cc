@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "image/crypto/crypto_cipher.h"
+#include "image/crypto/cipher.h"
 #include "io/align.h"
 #include "io/log.h"
 

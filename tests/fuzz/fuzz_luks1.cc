@@ -2,7 +2,7 @@
 // bytes. Input: the start of a LUKS1 image (the phdr, then key material); the
 // image is the input followed by kSlackBytes of zeros. A header that parses is
 // unlocked with the passphrase "x" when its iteration counts are small (the
-// limits of crypto_luks1.h bound everything else: key material lies inside the
+// limits of crypto/luks1.h bound everything else: key material lies inside the
 // image, stripes and key length are capped).
 #include <algorithm>
 #include <cstddef>
@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "image/crypto/crypto_luks1.h"
+#include "image/crypto/luks1.h"
 
 namespace c = qcowfs::image::crypto;
 

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "image/crypto/crypto_luks.h"
+#include "image/crypto/luks.h"
 
 namespace c = qcowfs::image::crypto;
 

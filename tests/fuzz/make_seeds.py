@@ -17,9 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 
-import qcow2_edit as ed  # noqa: E402
+from qcowfs_testlib import qcow2_meta as ed
 
 IMAGES = {
     # name: (create options, size, qemu-io commands)
@@ -103,7 +102,7 @@ def format_seeds(tmp: Path, out: Path) -> None:
 
 
 def vhdx_pending_log_seed(img: Path, out: Path) -> None:
-    import vhdx_edit  # tests/corpus
+    from qcowfs_testlib import vhdx_edit
 
     shutil.copy(img, out)
     block0 = vhdx_edit.get_bat(out, 0) & ~0xFFFFF
@@ -150,10 +149,10 @@ def probe_seeds(tmp: Path, out: Path) -> None:
 
 def snapshot_table(img: Path) -> bytes:
     """The snapshot table bytes (what fuzz_header parses after the first cluster)."""
-    if ed.hdr.get_field(img, "nb_snapshots") == 0:
+    if ed.get_field(img, "nb_snapshots") == 0:
         return b""
     data = img.read_bytes()
-    off = ed.hdr.get_field(img, "snapshots_offset")
+    off = ed.get_field(img, "snapshots_offset")
     return data[off: off + 4096]
 
 

@@ -6,26 +6,21 @@ Fixtures:
               any FUSE mount left below it is unmounted and the directory
               removed after the test, pass or fail.
   qcowfs      path of the binary under test (fails the test if it is missing).
-  images_dir  tests/images, where the image-building scripts live.
 
-The helpers module is importable from every test file (`import helpers`).
+The helpers are the qcowfs_testlib package (tests/qcowfs_testlib/; tests/pytest.ini
+puts tests/ on the module path): `from qcowfs_testlib import helpers`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "images"))
-
-import helpers  # noqa: E402
+from qcowfs_testlib import helpers
 
 WORK_ROOT = os.environ.get("QCOWFS_TEST_TMP", "/var/tmp")
 
@@ -44,11 +39,6 @@ def workdir(request) -> Path:
 @pytest.fixture(scope="session")
 def qcowfs() -> str:
     return helpers.qcowfs_bin()
-
-
-@pytest.fixture(scope="session")
-def images_dir() -> Path:
-    return HERE.parent / "images"
 
 
 def safe_name(name: str) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 ATTR_TIMEOUT_S = 1.2  # the kernel keeps attributes for 1 s (kAttrTimeout)

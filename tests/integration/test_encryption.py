@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-import format_helpers as fh
-import helpers
+from qcowfs_testlib import format_helpers as fh
+from qcowfs_testlib import helpers
 
 KiB, MiB = 1 << 10, 1 << 20
 PASS = "correct horse"
@@ -45,12 +45,14 @@ def qemu_img_create(fmt: str, image: Path, size: int, opts: str) -> None:
     iterations with the thread CPU clock and fails with "Unable to get accurate
     CPU usage" when they take less than a tick: with SHA-NI (sha256, sha1) most
     runs here. So the PBKDF2 hash is sha512 unless opts name one, and that one
-    error is retried."""
+    error is retried. The calibration is cut short (helpers.fast_kdf_calibration_env):
+    no test here tests qemu-img's key derivation."""
     key = "encrypt.hash-alg" if fmt == "qcow2" else "hash-alg"
     if f",{key}=" not in f",{opts}":
         opts += f",{key}=sha512"
     for attempt in range(8):
-        r = helpers.run(["qemu-img", "create", "-q", *SECRET, "-f", fmt, "-o", opts, image, str(size)], check=False)
+        r = helpers.run(["qemu-img", "create", "-q", *SECRET, "-f", fmt, "-o", opts, image, str(size)], check=False,
+                        env=helpers.fast_kdf_calibration_env())
         if r.returncode == 0:
             return
         if b"accurate CPU usage" not in r.stderr + r.stdout or attempt == 7:
@@ -208,7 +210,10 @@ def cryptsetup_luks2(workdir: Path, name: str, *args: str, size: int = 32 * MiB)
     image = workdir / name
     with open(image, "wb") as f:
         f.truncate(size)
-    helpers.run(["cryptsetup", "luksFormat", "--type", "luks2", "--batch-mode", "--iter-time", "10",
+    # Fixed KDF costs (cryptsetup's minimums: 1000 PBKDF2 iterations, 4 Argon2
+    # passes) instead of --iter-time, whose benchmark costs 2-3 s of CPU per image.
+    iterations = "1000" if "pbkdf2" in args else "4"
+    helpers.run(["cryptsetup", "luksFormat", "--type", "luks2", "--batch-mode", "--pbkdf-force-iterations", iterations,
                  "--key-file", key_file(workdir), *args, image])
     return image
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import helpers
-from format_helpers import KiB, MiB, check_image, check_image_direct, make_image, scattered_writes
+from qcowfs_testlib import helpers
+from qcowfs_testlib.format_helpers import KiB, MiB, check_image, check_image_direct, make_image, scattered_writes
 
 VARIANTS = {
     # name: (create options, size, cluster size)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import format_helpers as fh
-import helpers
+from qcowfs_testlib import format_helpers as fh
+from qcowfs_testlib import helpers
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZE = 32 * MiB

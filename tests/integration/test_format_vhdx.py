@@ -11,24 +11,22 @@ refusals: a read-only mount of a log that needs replaying, 4096-byte logical
 sectors (QEMU 7.2 refuses them too).
 
 Read-write (the writes themselves: test_rw_formats.py, test_model_check.py,
-tests/unit/vhdx_write_test.cc): a read-write mount replays a pending log as
+tests/unit/vhdx/vhdx_write_test.cc): a read-write mount replays a pending log as
 QEMU would, and refuses, untouched, an image whose BAT names one block twice.
 """
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-import helpers
-from format_helpers import MiB, check_image, check_image_direct, make_image, scattered_writes
+from qcowfs_testlib import helpers
+from qcowfs_testlib.format_helpers import MiB, check_image, check_image_direct, make_image, scattered_writes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 
-import vhdx_edit as ed  # noqa: E402
+from qcowfs_testlib import vhdx_edit as ed
 
 # name: (virtual size, create options, block size used for the writes)
 VARIANTS = {

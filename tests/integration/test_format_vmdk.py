@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-import create_helpers as ch
-import format_helpers as fh
-import helpers
+from qcowfs_testlib import create_helpers as ch
+from qcowfs_testlib import format_helpers as fh
+from qcowfs_testlib import helpers
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SIZE = 32 * MiB

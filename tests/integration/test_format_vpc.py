@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import create_helpers as ch
-import helpers
-from format_helpers import KiB, MiB, check_image, check_image_direct, make_image, scattered_writes
+from qcowfs_testlib import create_helpers as ch
+from qcowfs_testlib import helpers
+from qcowfs_testlib.format_helpers import KiB, MiB, check_image, check_image_direct, make_image, scattered_writes
 
 BLOCK = 2 * MiB  # qemu-img's VHD block size
 

@@ -1,4 +1,4 @@
-"""Hostile and corrupt qcow2 images through a real mount (the corpus of tests/corpus/hostile.py).
+"""Hostile and corrupt qcow2 images through a real mount (the corpus of tests/qcowfs_testlib/hostile.py).
 
 For every case of the corpus, per its expected outcome:
   Refused   qcowfs exits non-zero before mounting, with a message naming the
@@ -26,11 +26,10 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 
-import hostile  # noqa: E402
+from qcowfs_testlib import hostile
 
 MiB = 1 << 20
 # Peak resident memory allowed to the daemon: code, libraries, per-thread
@@ -191,7 +190,7 @@ def test_hostile_image_under_concurrent_reads(name, workdir):
 def test_corrupt_image_refused_read_write(workdir):
     """An image with the corrupt bit set mounts read-only but never read-write."""
     img = hostile.plain(workdir)
-    hostile.hdr.set_field(img, "incompatible_features", 2)
+    hostile.ed.set_field(img, "incompatible_features", 2)
     before = fingerprints([img])
     code, text = helpers.mount_fails(img, workdir / "view.raw", ["rw"])
     assert re.search(r"corrupt", text, re.IGNORECASE), text
@@ -214,7 +213,7 @@ def file_without_incompat_field(path: Path) -> bytes:
 
 
 def corrupt_bit(path: Path) -> bool:
-    return bool(hostile.hdr.get_field(path, "incompatible_features") & 2)
+    return bool(hostile.ed.get_field(path, "incompatible_features") & 2)
 
 
 def test_write_onto_metadata_sets_corrupt_bit_and_stops_writes(workdir):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -42,9 +42,8 @@ def host_offset(img: Path, guest: int) -> int:
 
 
 def l2_table_offset(img: Path, guest: int) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
-    import qcow2_edit
-    return qcow2_edit.l2_table_offset(img, guest)
+    from qcowfs_testlib import qcow2_meta
+    return qcow2_meta.l2_table_offset(img, guest)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 KiB = 1 << 10
 MiB = 1 << 20

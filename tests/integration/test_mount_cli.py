@@ -21,8 +21,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import helpers
-import qcow2_poke
+from qcowfs_testlib import helpers
+from qcowfs_testlib import qcow2_meta
 
 MiB = 1 << 20
 URING_PARAM = Path("/sys/module/fuse/parameters/enable_uring")
@@ -102,9 +102,9 @@ def test_background_mount_failures_exit_nonzero_with_the_reason(workdir: Path, q
 
 def test_log_file_records_a_later_eio_and_the_default_warns_without_syslog(workdir: Path) -> None:
     img = make_qcow2(workdir)
-    q = qcow2_poke.Qcow2(img)
+    q = qcow2_meta.Qcow2(img)
     l1, l2 = q.first_data_entry()
-    q.put_u64(q.l2_entry_offset(l1, l2), qcow2_poke.COPIED | (1 << 40))  # data cluster past EOF
+    q.put_u64(q.l2_entry_offset(l1, l2), qcow2_meta.COPIED | (1 << 40))  # data cluster past EOF
     log = workdir / "qcowfs.log"
     log.write_text("earlier line\n")
     with helpers.mounted(img, workdir / "view", [f"log={log}"], foreground=False) as m:

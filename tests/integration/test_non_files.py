@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 BOUND_S = 3.0  # acceptance: one second; generous for loaded machines

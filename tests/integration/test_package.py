@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

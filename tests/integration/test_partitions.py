@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 MBR_SCRIPT = "label: dos\n,16M,L\n,,E\n,20M,L\n,,L\n"  # p1, extended p2 holding p5 and p6

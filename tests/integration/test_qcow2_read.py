@@ -1,6 +1,6 @@
 """qcow2 read path through a real mount (issue 3's acceptance matrix).
 
-For every image of tests/images/qcow2_matrix.py:
+For every image of tests/qcowfs_testlib/qcow2_matrix.py:
   * the mounted raw view is byte-identical to `qemu-img convert -O raw`;
   * SEEK_DATA/SEEK_HOLE through the mount agree with `qemu-img map` (the rule
     is written down in helpers.py above data_extents());
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-import helpers
-import qcow2_header
-import qcow2_matrix
+from qcowfs_testlib import helpers
+from qcowfs_testlib import qcow2_meta
+from qcowfs_testlib import qcow2_matrix
 
 MiB = 1 << 20
 
@@ -224,7 +224,7 @@ def test_read_only_mount_refuses_writes(workdir):
 
 def snapshot_refs(image: qcow2_matrix.Image, workdir: Path) -> dict[str, tuple[Path, int]]:
     """name -> (qemu-img's rendering, the snapshot's disk size from the table)."""
-    sizes = {s["name"]: s["disk_size"] for s in qcow2_header.read_snapshots(image.path)}
+    sizes = {s["name"]: s["disk_size"] for s in qcow2_meta.read_snapshots(image.path)}
     refs = {}
     for name in image.snapshots:
         ref = helpers.convert_to_raw(image.path, workdir / f"{name}.ref", snapshot=name)
@@ -297,7 +297,7 @@ def patched(**fields):
     def make(workdir: Path) -> Path:
         img = small_image(workdir)
         for name, value in fields.items():
-            qcow2_header.set_field(img, name, value)
+            qcow2_meta.set_field(img, name, value)
         return img
     return make
 
@@ -305,7 +305,7 @@ def patched(**fields):
 def incompatible_bit(bit: int, name: str | None = None):
     def make(workdir: Path) -> Path:
         img = small_image(workdir)
-        qcow2_header.set_incompatible_bit(img, bit, name)
+        qcow2_meta.set_incompatible_bit(img, bit, name)
         return img
     return make
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-import format_helpers as fh
-import helpers
-import qcow2_header
-from qcow2_poke import Qcow2
+from qcowfs_testlib import format_helpers as fh
+from qcowfs_testlib import helpers
+from qcowfs_testlib import qcow2_meta
+from qcowfs_testlib.qcow2_meta import Qcow2
 
 MiB = 1 << 20
 SIZE = 64 * MiB
@@ -242,12 +242,12 @@ def test_shrink_keeps_the_l1_table_as_qemu_does(workdir: Path):
     for img in (ours, theirs):
         helpers.qemu_img("create", "-q", "-f", "qcow2", img, str(2048 * MiB))
         helpers.qemu_io(img, "write -P 3 0 1M")
-    assert qcow2_header.get_field(ours, "l1_size") == 4
+    assert qcow2_meta.get_field(ours, "l1_size") == 4
     with helpers.mounted(ours, workdir / "view.raw", ["rw"]) as m:
         os.truncate(m.path, 300 * MiB)
     helpers.qemu_img("resize", "-q", "--shrink", theirs, str(300 * MiB))
     for field in ("size", "l1_size", "l1_table_offset"):
-        assert qcow2_header.get_field(ours, field) == qcow2_header.get_field(theirs, field), field
+        assert qcow2_meta.get_field(ours, field) == qcow2_meta.get_field(theirs, field), field
     helpers.qemu_img_check(ours)
     helpers.run(["qemu-img", "compare", "-f", "qcow2", "-F", "qcow2", ours, theirs])
 
@@ -347,7 +347,7 @@ BITMAPS_EXT = 0x23852875
 def bitmap_clusters(img: Path) -> list[int]:
     """Host clusters of the bitmap directory, each bitmap table and its data."""
     q = Qcow2(img)
-    ext = dict(qcow2_header.read_extensions(img))[BITMAPS_EXT]
+    ext = dict(qcow2_meta.read_extensions(img))[BITMAPS_EXT]
     nb, _, dir_size, dir_offset = struct.unpack(">IIQQ", ext[:24])
     clusters = {dir_offset // q.cs}
     pos = dir_offset
@@ -376,8 +376,8 @@ def test_persistent_bitmaps(workdir: Path, dirty: bool, write: bool):
         q = Qcow2(img)
         for c in held:  # refcounts a rebuild that skips the bitmaps would leave wrong
             q.set_refcount(c, 0)
-        flags = qcow2_header.get_field(img, "incompatible_features")
-        qcow2_header.set_field(img, "incompatible_features", flags | qcow2_header.INCOMPAT_DIRTY)
+        flags = qcow2_meta.get_field(img, "incompatible_features")
+        qcow2_meta.set_field(img, "incompatible_features", flags | qcow2_meta.INCOMPAT_DIRTY)
     ref = helpers.convert_to_raw(img, workdir / "ref.raw")
     with helpers.mounted(img, workdir / "view.raw", ["rw"]) as m:
         if write:
@@ -389,13 +389,13 @@ def test_persistent_bitmaps(workdir: Path, dirty: bool, write: bool):
                 f.write(b"\x5a" * MiB)
     helpers.qemu_img_check(img)
     compare(img, ref)
-    assert not qcow2_header.get_field(img, "incompatible_features") & qcow2_header.INCOMPAT_DIRTY
+    assert not qcow2_meta.get_field(img, "incompatible_features") & qcow2_meta.INCOMPAT_DIRTY
     info = helpers.qemu_img_info(img)
     names = [b["name"] for b in info.get("format-specific", {}).get("data", {}).get("bitmaps", [])]
     if write:
         assert names == [], "the bitmaps must be gone once the image was written"
-        assert BITMAPS_EXT not in dict(qcow2_header.read_extensions(img))
-        assert not qcow2_header.get_field(img, "autoclear_features") & 1
+        assert BITMAPS_EXT not in dict(qcow2_meta.read_extensions(img))
+        assert not qcow2_meta.get_field(img, "autoclear_features") & 1
     else:
         assert names == ["b0", "b1"], "an unwritten image keeps its bitmaps"
         q = Qcow2(img)

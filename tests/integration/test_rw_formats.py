@@ -18,18 +18,16 @@ import errno
 import os
 import random
 import shutil
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-import format_helpers as fh
-import helpers
+from qcowfs_testlib import format_helpers as fh
+from qcowfs_testlib import helpers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 
-import vhdx_edit  # noqa: E402
+from qcowfs_testlib import vhdx_edit
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -20,7 +20,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 SECONDS = int(os.environ.get("QCOWFS_STRESS_SECONDS", "60"))

@@ -1,7 +1,7 @@
 """`qcowfs check` cross-checked against `qemu-img check`.
 
 Each case builds an image with qemu-img/qemu-io, damages bytes where the case
-says (qcow2_poke), then asserts that qcowfs check reports the same numbers of
+says (qcow2_meta), then asserts that qcowfs check reports the same numbers of
 corruptions, leaks and check errors, the same exit code and the same
 image-end-offset and cluster statistics as qemu-img check. Repairs are judged
 by qemu-img: after `qcowfs check -r leaks|all`, qemu-img check must give the
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-import helpers
-import qcow2_header
-from qcow2_poke import COPIED, OFFSET_MASK, Qcow2
+from qcowfs_testlib import helpers
+from qcowfs_testlib import qcow2_meta
+from qcowfs_testlib.qcow2_meta import COPIED, OFFSET_MASK, Qcow2
 
 MiB = 1 << 20
 COUNTERS = ("corruptions", "leaks", "check-errors")
@@ -252,7 +252,7 @@ def test_dirty_lazy_refcounts_image(workdir: Path, qcowfs: str) -> None:
     helpers.qemu_img("create", "-q", "-f", "qcow2", "-o", "lazy_refcounts=on", img, "16M")
     helpers.run(["qemu-io", "-f", "qcow2", "-c", "write -P 1 0 1M", "-c", "write -P 2 4M 64k", "-c", "abort",
                  img], check=False)
-    assert qcow2_header.get_field(img, "incompatible_features") & qcow2_header.INCOMPAT_DIRTY
+    assert qcow2_meta.get_field(img, "incompatible_features") & qcow2_meta.INCOMPAT_DIRTY
     q_rc, q_rep = qemu_check(img)
     o_rc, o_rep = our_check(qcowfs, img)
     assert (o_rc, counters(o_rep)) == (q_rc, counters(q_rep))
@@ -260,7 +260,7 @@ def test_dirty_lazy_refcounts_image(workdir: Path, qcowfs: str) -> None:
     rc, _ = our_check(qcowfs, img, "-r", "all")
     assert rc == 0
     helpers.qemu_img_check(img)
-    assert not qcow2_header.get_field(img, "incompatible_features") & qcow2_header.INCOMPAT_DIRTY
+    assert not qcow2_meta.get_field(img, "incompatible_features") & qcow2_meta.INCOMPAT_DIRTY
 
 
 def test_bitmaps_are_counted(workdir: Path, qcowfs: str) -> None:
@@ -276,7 +276,7 @@ def test_bitmaps_are_counted(workdir: Path, qcowfs: str) -> None:
     assert counters(o_rep, STATS) == counters(q_rep, STATS)
     # A bitmap table cluster with refcount 0 must be found, like qemu finds it.
     q = Qcow2(copy)
-    ext = dict(qcow2_header.read_extensions(copy))[0x23852875]
+    ext = dict(qcow2_meta.read_extensions(copy))[0x23852875]
     dir_offset = struct.unpack(">Q", ext[16:24])[0]
     table_offset = struct.unpack(">Q", q.read(dir_offset, 8))[0]
     q.set_refcount(table_offset // q.cs, 0)

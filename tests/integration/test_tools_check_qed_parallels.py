@@ -18,17 +18,15 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 
-import hostile  # noqa: E402
+from qcowfs_testlib import hostile
 
 MiB = 1 << 20
 MODES = ((), ("-r", "leaks"), ("-r", "all"))

@@ -6,7 +6,7 @@ file name) and the "ERROR ..." / "Leaked ..." / "Repairing ..." lines on stderr
 must be the same. Where qemu-img refuses to open an image, qcowfs must fail
 with exit 1 and a message, no report and no crash. Images: clean ones made by
 qemu-img with several options, the hostile corpus of each format
-(tests/corpus/hostile_<fmt>.py), and images left by a kill -9 of a read-write
+(tests/qcowfs_testlib/hostile_<fmt>.py), and images left by a kill -9 of a read-write
 mount in the middle of writes, or by a simulated unclean stop; after a repair
 by qcowfs, qemu-img check must agree with the result (clean where QEMU repairs).
 """
@@ -18,18 +18,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-import format_helpers as fh
-import helpers
+from qcowfs_testlib import format_helpers as fh
+from qcowfs_testlib import helpers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 
-import hostile  # noqa: E402
+from qcowfs_testlib import hostile
 
 MiB = 1 << 20
 # stderr lines both tools print for what they find and repair.

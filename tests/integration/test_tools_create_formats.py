@@ -20,7 +20,7 @@ from typing import Callable
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import pytest
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 

@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import helpers
+from qcowfs_testlib import helpers
 
 MiB = 1 << 20
 PASS = "snapshot-pass"
