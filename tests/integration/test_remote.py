@@ -61,6 +61,8 @@ http {{
     ssl_certificate {root}/server.crt;
     ssl_certificate_key {root}/server.key;
     root {root}/www;
+    location /forbidden/ {{ return 403; }}
+    location /slow/ {{ alias {root}/www/; limit_rate 16k; }}
   }}
 }}
 """)
@@ -193,11 +195,24 @@ def test_https_verifies_the_server(site, workdir):
         assert helpers.files_equal(view, site.root / "disk.qcow2.ref")
 
 
-def test_missing_object_is_a_clear_error(site):
-    url = site.url("nope.qcow2")
+@pytest.mark.parametrize("name,answer", [("nope.qcow2", "HTTP 404"), ("forbidden/disk.qcow2", "HTTP 403")])
+def test_refused_object_is_a_clear_error(site, name, answer):
+    url = site.url(name)
     proc = qcowfs_tool("info", url, check=False)
     err = proc.stderr.decode()
-    assert proc.returncode != 0 and "HTTP 404" in err and url in err, err
+    assert proc.returncode != 0 and answer in err and url in err, err
+
+
+def test_slow_server_times_out(site, workdir):
+    # nginx sends 16 KiB/s here: a 256 KiB block takes 16 s, past remote-timeout=2.
+    opts = ["format=raw", "remote-timeout=2", "remote-readahead=0", "remote-block-size=256K"]
+    with mount_url(site.url("slow/disk.raw"), workdir / "view", opts) as view:
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            read_at(view, 2 * MiB, 4096)
+        elapsed = time.monotonic() - t0
+        assert e.value.errno == errno.EIO
+        assert elapsed < 10, f"EIO after {elapsed:.1f} s"  # generous bound for a loaded machine
 
 
 def test_local_overlay_on_http_base(site, workdir):
