@@ -184,6 +184,7 @@ def test_formats_over_http_read_as_qemu_does(site, workdir, name):
     # The same map as of the local file (the URL only changes where bytes come from).
     local = qcowfs_tool("map", "--output=json", site.root / "www" / name).stdout
     assert qcowfs_tool("map", "--output=json", url).stdout == local
+    assert "No errors were found" in qcowfs_tool("check", url).stdout.decode()
 
 
 def test_https_verifies_the_server(site, workdir):
