@@ -62,6 +62,11 @@ http {{
     ssl_certificate_key {root}/server.key;
     root {root}/www;
     location /forbidden/ {{ return 403; }}
+    location /private/ {{
+      if ($http_authorization != "Bearer s3cr3t-t0ken") {{ return 401; }}
+      if ($http_x_tenant != "qcowfs") {{ return 401; }}
+      alias {root}/www/;
+    }}
     location /slow/ {{ alias {root}/www/; limit_rate 16k; }}
   }}
 }}
@@ -202,6 +207,17 @@ def test_refused_object_is_a_clear_error(site, name, answer):
     proc = qcowfs_tool("info", url, check=False)
     err = proc.stderr.decode()
     assert proc.returncode != 0 and answer in err and url in err, err
+
+
+def test_token_and_headers_from_files(site, workdir):
+    (workdir / "token").write_text("s3cr3t-t0ken\n")
+    (workdir / "headers").write_text("# sent with every request\nX-Tenant: qcowfs\n")
+    url = site.url("private/disk.qcow2")
+    opts = f"token-file={workdir / 'token'},header-file={workdir / 'headers'}"
+    info = json.loads(qcowfs_tool("info", "--output=json", url, env_opts=opts).stdout)
+    assert info["virtual-size"] == 4 * MiB
+    refused = qcowfs_tool("info", url, env_opts=f"token-file={workdir / 'token'}", check=False)
+    assert refused.returncode != 0 and "HTTP 401" in refused.stderr.decode(), refused.stderr
 
 
 def test_slow_server_times_out(site, workdir):
