@@ -3,6 +3,7 @@
 #include <libnbd.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
@@ -40,8 +41,8 @@ constexpr uint64_t kNbdMaxStatusSpan = 1u << 30;   // block status asked per com
 
 }  // namespace
 
-NbdFile::NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable)
-    : uri_(std::move(uri)), h_(h), wake_(std::move(wake)), size_(size), writable_(writable) {
+NbdFile::NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms)
+    : uri_(std::move(uri)), h_(h), wake_(std::move(wake)), size_(size), writable_(writable), timeout_(timeout_ms) {
   can_flush_ = nbd_can_flush(h_) == 1;
   can_trim_ = nbd_can_trim(h_) == 1;
   can_zero_ = nbd_can_zero(h_) == 1;
@@ -57,6 +58,8 @@ NbdFile::~NbdFile() {
 }
 
 Result<std::unique_ptr<NbdFile>> NbdFile::open(const std::string& uri, const OpenOptions& opts) {
+  auto ro = effective_remote_options(opts.remote);
+  if (!ro) return ro.status();
   nbd_handle* h = nbd_create();
   if (!h) return Status::errorf(ENOMEM, "{}: {}", uri, nbd_get_error());
   auto fail = [&](int err, std::string_view what) {
@@ -72,7 +75,8 @@ Result<std::unique_ptr<NbdFile>> NbdFile::open(const std::string& uri, const Ope
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return fail(errno, "eventfd");
   log::info("{}: {} bytes over NBD, {}", uri, size, opts.writable ? "read-write" : "read-only");
-  return std::unique_ptr<NbdFile>(new NbdFile(uri, h, std::move(wake), static_cast<uint64_t>(size), opts.writable));
+  return std::unique_ptr<NbdFile>(
+      new NbdFile(uri, h, std::move(wake), static_cast<uint64_t>(size), opts.writable, ro->timeout_ms));
 }
 
 void NbdFile::wake() {
@@ -97,7 +101,25 @@ void NbdFile::run() {
       uint64_t v;
       [[maybe_unused]] auto n = ::read(wake_.get(), &v, sizeof v);
     }
+    check_deadlines();
   }
+}
+
+void NbdFile::check_deadlines() {
+  std::chrono::steady_clock::time_point oldest;
+  {
+    std::lock_guard lk(mu_);
+    if (in_flight_.empty() || timed_out_.load()) return;
+    oldest = std::min_element(in_flight_.begin(), in_flight_.end(),
+                              [](const auto& a, const auto& b) { return a.second < b.second; })->second;
+  }
+  if (std::chrono::steady_clock::now() - oldest < timeout_) return;
+  log::error("{}: the server did not answer within {} s; dropping the connection (its reads and writes fail "
+             "with EIO from now on)", uri_, timeout_.count() / 1000);
+  timed_out_.store(true);
+  // libnbd sees the end of the connection and fails every command in flight.
+  const int fd = nbd_aio_get_fd(h_);
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
 }
 
 Status NbdFile::error(std::string_view what, uint64_t off, int err) const {
@@ -113,13 +135,28 @@ Task<Status> NbdFile::command(std::string_view what, uint64_t off, Submit submit
 template <typename Submit>
 Task<Status> NbdFile::command_with(std::string_view what, uint64_t off, Op& op, Submit submit) {
   nbd_completion_callback cb{&Op::on_done, &op, nullptr};
+  uint64_t id;
+  {
+    std::lock_guard lk(mu_);
+    id = next_id_++;
+    in_flight_.emplace(id, std::chrono::steady_clock::now());
+  }
   if (submit(cb, op) < 0) {
-    const int err = nbd_get_errno();
-    co_return Status::errorf(err ? err : EIO, "{}: {} at {}: {}", uri_, what, off, nbd_get_error());
+    const int err = timed_out_.load() ? EIO : nbd_get_errno();
+    std::string why = nbd_get_error() ? nbd_get_error() : "";
+    {
+      std::lock_guard lk(mu_);
+      in_flight_.erase(id);
+    }
+    co_return Status::errorf(err ? err : EIO, "{}: {} at {}: {}", uri_, what, off, why);
   }
   wake();
   co_await op.done.wait();
-  if (op.err) co_return error(what, off, op.err);
+  {
+    std::lock_guard lk(mu_);
+    in_flight_.erase(id);
+  }
+  if (op.err) co_return error(what, off, timed_out_.load() ? EIO : op.err);
   co_return Status::ok();
 }
 

@@ -9,11 +9,16 @@
 // write-zeroes map onto the NBD commands; the size is fixed (truncate fails
 // with EINVAL, as on a block device). SEEK_DATA/SEEK_HOLE come from the
 // server's base:allocation block status when it offers it, else all is data.
+// A command unanswered after remote-timeout drops the connection: every
+// command fails with EIO from then on (a log line says why), never a hang.
 // Thread-safety: as HostFile: all methods from any event-loop thread.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -51,8 +56,10 @@ class NbdFile final : public HostFile {
 
  private:
   struct Op;
-  NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable);
+  NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms);
   void run();
+  // Drops the connection when a command has waited past the timeout.
+  void check_deadlines();
   void wake();
   // Awaits a command started by submit(cb) (which returns its cookie or -1).
   template <typename Submit>
@@ -68,7 +75,12 @@ class NbdFile final : public HostFile {
   const uint64_t size_;
   const bool writable_;
   bool can_flush_ = false, can_trim_ = false, can_zero_ = false, can_status_ = false;
+  const std::chrono::milliseconds timeout_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> timed_out_{false};
+  std::mutex mu_;  // guards in_flight_ and next_id_
+  std::map<uint64_t, std::chrono::steady_clock::time_point> in_flight_;  // id -> when issued
+  uint64_t next_id_ = 0;
   std::thread thread_;
 };
 

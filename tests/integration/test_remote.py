@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -297,10 +298,12 @@ def test_object_replaced_under_the_mount(site, workdir):
 
 
 @contextlib.contextmanager
-def qemu_nbd(image: Path, sock: Path, *args):
-    """qemu-nbd exporting image's bytes (-f raw) as 'exp' on a unix socket."""
+def qemu_nbd(image: Path, sock: Path, *args, procs: list | None = None):
+    """qemu-nbd exporting image's bytes (-f raw) as 'exp' on a unix socket (its Popen added to procs)."""
     proc = subprocess.Popen(["qemu-nbd", "-f", "raw", "-t", "-e", "4", "-x", "exp", "-k", str(sock), *args,
                              str(image)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if procs is not None:
+        procs.append(proc)
     try:
         deadline = time.monotonic() + 10
         while not sock.exists():
@@ -311,6 +314,25 @@ def qemu_nbd(image: Path, sock: Path, *args):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_nbd_server_not_answering_times_out(site, workdir):
+    ref = (site.root / "www" / "disk.raw").read_bytes()
+    procs = []
+    with qemu_nbd(site.root / "www" / "disk.raw", workdir / "nbd.sock", "-r", procs=procs) as uri:
+        with mount_url(uri, workdir / "view", ["format=raw", "remote-timeout=2"]) as view:
+            assert read_at(view, 0, 65536) == ref[:65536]
+            os.kill(procs[0].pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(OSError) as e:
+                    read_at(view, 3 * MiB, 65536)
+                elapsed = time.monotonic() - t0
+            finally:
+                os.kill(procs[0].pid, signal.SIGCONT)
+            assert e.value.errno == errno.EIO
+            assert elapsed < 10, f"EIO after {elapsed:.1f} s"  # remote-timeout=2; generous when loaded
+    assert "did not answer within 2 s" in (workdir / "view.log").read_text()
 
 
 def lseek(path: Path, off: int, whence: int) -> int:
