@@ -20,11 +20,11 @@ build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev
 # and lints it (no fakeroot: debian/control says Rules-Requires-Root: no); man-db: it
 # reads the installed man page. nginx-light, openssl: test_remote.py serves images over
 # http(s) on loopback; qemu-block-extra: QEMU's curl driver, so QEMU reads an overlay whose
-# backing file is a URL.
+# backing file is a URL; npm: s3rver, the S3 server test_remote.py starts on loopback.
 test_pkgs=(cryptsetup-bin python3-cryptography qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
            e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync
            dpkg-dev build-essential debhelper bash-completion lintian man-db
-           nginx-light openssl qemu-block-extra)
+           nginx-light openssl qemu-block-extra curl npm)
 
 case "${1:-}" in
   --build) pkgs=("${build_pkgs[@]}" qemu-utils fdisk e2fsprogs) ;;  # run.sh builds a demo disk
@@ -57,4 +57,9 @@ if [ ! -e /dev/fuse ]; then
 fi
 if [ -z "${1:-}" ] && [ ! -e /dev/loop-control ]; then
   as_root modprobe loop || echo "setup-deps: warning: loop devices unavailable" >&2
+fi
+# The S3-compatible server test_remote.py runs on loopback (from the npm registry).
+if [ -z "${1:-}" ] && ! command -v s3rver >/dev/null; then
+  echo "setup-deps: installing s3rver (npm)"
+  as_root npm install -g --no-audit --no-fund s3rver@3.7.1
 fi

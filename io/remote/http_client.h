@@ -3,7 +3,7 @@
 // network. Connections are kept alive and reused (at most `connections` of
 // them); requests past that wait in libcurl's queue.
 //
-// Identity: open() fetches the first byte and pins the object's size, ETag
+// Identity: open() fetches the first bytes and pins the object's size, ETag
 // and Last-Modified. Every later response must carry the same (a 206 whose
 // Content-Range names the same total and range): a changed object fails the
 // request with EIO and one log line naming the URL, never mixed bytes.

@@ -1,5 +1,7 @@
 #include "io/remote/http_file.h"
 
+#include <cstdlib>
+
 #include "io/log.h"
 #include "io/remote/nbd_file.h"
 
@@ -22,9 +24,9 @@ HttpFile::~HttpFile() {
   cache_.reset();
 }
 
-Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& url, const OpenOptions& opts) {
-  auto ro = effective_remote_options(opts.remote);
-  if (!ro) return ro.status();
+Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const std::string& url,
+                                                 const RemoteOptions& opts) {
+  const RemoteOptions* ro = &opts;
   auto client = HttpClient::open(url, *ro);
   if (!client) return client.status().with_context("opening the remote image");
   const HttpIdentity& id = (*client)->identity();
@@ -34,7 +36,7 @@ Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& url, const O
             id.last_modified.empty() ? "-" : id.last_modified, ro->block_size / 1024, ro->cache_size >> 20,
             ro->readahead / 1024, ro->timeout_ms / 1000, ro->connections);
   BlockCacheConfig cfg{ro->block_size, ro->cache_size, ro->readahead};
-  return std::unique_ptr<HttpFile>(new HttpFile(url, std::move(*client), cfg));
+  return std::unique_ptr<HttpFile>(new HttpFile(name, std::move(*client), cfg));
 }
 
 Status HttpFile::read_only() const {
@@ -67,12 +69,48 @@ Task<Status> HttpFile::truncate(uint64_t) { co_return read_only(); }
 Task<Result<uint64_t>> HttpFile::seek_data(uint64_t off) { co_return std::min(off, size()); }
 Task<Result<uint64_t>> HttpFile::seek_hole(uint64_t) { co_return size(); }
 
+namespace {
+
+// s3://bucket/key as the endpoint's https URL, with SigV4 signing set in ro.
+Result<std::string> s3_request_url(const std::string& name, RemoteOptions& ro) {
+  const std::string_view rest = std::string_view(name).substr(5);
+  const size_t slash = rest.find('/');
+  if (slash == 0 || slash == std::string_view::npos || slash + 1 == rest.size())
+    return Status::errorf(EINVAL, "{}: an S3 location is s3://BUCKET/KEY", name);
+  const std::string bucket(rest.substr(0, slash)), key(rest.substr(slash + 1));
+  const char* id = std::getenv("AWS_ACCESS_KEY_ID");
+  const char* secret = std::getenv("AWS_SECRET_ACCESS_KEY");
+  if (!id || !*id || !secret || !*secret)
+    return Status::errorf(EACCES, "{}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)", name);
+  ro.aws_sigv4 = fmt::format("aws:amz:{}:s3", ro.s3_region);
+  ro.aws_userpwd = fmt::format("{}:{}", id, secret);
+  ro.headers.push_back("x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  if (const char* token = std::getenv("AWS_SESSION_TOKEN"); token && *token)
+    ro.headers.push_back(fmt::format("x-amz-security-token: {}", token));
+  const std::string endpoint =
+      ro.s3_endpoint.empty() ? fmt::format("https://s3.{}.amazonaws.com", ro.s3_region) : ro.s3_endpoint;
+  const bool virtual_hosted = ro.s3_addressing.empty() ? ro.s3_endpoint.empty() : ro.s3_addressing == "virtual";
+  if (!virtual_hosted) return fmt::format("{}/{}/{}", endpoint, bucket, key);
+  const size_t host = endpoint.find("://") + 3;
+  return fmt::format("{}{}.{}/{}", endpoint.substr(0, host), bucket, endpoint.substr(host), key);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<HostFile>> open_remote_file(const std::string& url, const OpenOptions& opts) {
-  if (url.starts_with("http://") || url.starts_with("https://")) {
+  if (url.starts_with("http://") || url.starts_with("https://") || url.starts_with("s3://")) {
     if (opts.writable)
-      return Status::errorf(EROFS, "{}: images over HTTP are read-only (put a local overlay on it: "
+      return Status::errorf(EROFS, "{}: images over HTTP and S3 are read-only (put a local overlay on it: "
                                    "qcowfs create -f qcow2 -b URL -F FORMAT overlay.qcow2)", url.substr(0, url.find('?')));
-    auto f = HttpFile::open(url, opts);
+    auto ro = effective_remote_options(opts.remote);
+    if (!ro) return ro.status();
+    std::string fetched = url;
+    if (url.starts_with("s3://")) {
+      auto u = s3_request_url(url, *ro);
+      if (!u) return u.status();
+      fetched = *u;
+    }
+    auto f = HttpFile::open(url, fetched, *ro);
     if (!f) return f.status();
     return std::unique_ptr<HostFile>(std::move(*f));
   }

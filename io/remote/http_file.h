@@ -19,7 +19,10 @@ namespace qcowfs::io {
 
 class HttpFile final : public HostFile {
  public:
-  static Result<std::unique_ptr<HttpFile>> open(const std::string& url, const OpenOptions& opts);
+  // name: what the user named (path()); url: the http(s) URL fetched (the
+  // same, or an s3:// name's endpoint URL); opts: effective remote options.
+  static Result<std::unique_ptr<HttpFile>> open(const std::string& name, const std::string& url,
+                                                const RemoteOptions& opts);
   ~HttpFile() override;
 
   Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override;
@@ -53,8 +56,8 @@ class HttpFile final : public HostFile {
   std::unique_ptr<BlockCache> cache_;
 };
 
-// Opens a URL (io::is_remote_location) as a HostFile: http(s) through HttpFile,
-// nbd through NbdFile.
+// Opens a URL (io::is_remote_location) as a HostFile: http(s) and s3 (SigV4
+// signed GETs of the endpoint's URL) through HttpFile, nbd through NbdFile.
 Result<std::unique_ptr<HostFile>> open_remote_file(const std::string& url, const OpenOptions& opts);
 
 }  // namespace qcowfs::io

@@ -101,6 +101,17 @@ Result<bool> apply_known(RemoteOptions& o, std::string_view key, std::string_vie
   } else if (key == "cafile") {
     if (value.empty()) return bad_remote_value(key, value, "a file of CA certificates");
     o.ca_file = std::string(value);
+  } else if (key == "s3-endpoint") {
+    if (!value.starts_with("http://") && !value.starts_with("https://"))
+      return bad_remote_value(key, value, "an http:// or https:// URL");
+    o.s3_endpoint = std::string(value);
+    while (o.s3_endpoint.ends_with('/')) o.s3_endpoint.pop_back();
+  } else if (key == "s3-region") {
+    if (value.empty()) return bad_remote_value(key, value, "a region such as us-east-1");
+    o.s3_region = std::string(value);
+  } else if (key == "s3-addressing") {
+    if (value != "path" && value != "virtual") return bad_remote_value(key, value, "path or virtual");
+    o.s3_addressing = std::string(value);
   } else if (key == "header-file") {
     QCOWFS_TRY(add_header_lines(o, key, value));
   } else if (key == "token-file") {
@@ -152,7 +163,8 @@ bool has_url_scheme(std::string_view name) {
 }
 
 bool is_remote_location(std::string_view name) {
-  return name.starts_with("http://") || name.starts_with("https://") || name.starts_with("nbd://") ||
+  return name.starts_with("http://") || name.starts_with("https://") || name.starts_with("s3://") ||
+         name.starts_with("nbd://") ||
          name.starts_with("nbd+unix://");
 }
 

@@ -1,4 +1,4 @@
-// RemoteOptions: how images named by URL (http://, https://, nbd://,
+// RemoteOptions: how images named by URL (http://, https://, s3://, nbd://,
 // nbd+unix://) are reached: the block size and cache of remote reads, the
 // readahead, the timeout and retries, TLS verification and extra headers.
 // Mount options (-o remote-timeout=10,sslverify=off, ...) fill one; the tools
@@ -25,7 +25,18 @@ struct RemoteOptions {
   bool ssl_verify = true;                  // sslverify=on|off
   std::string ca_file;                     // cafile=: CA certificates to verify the server with
   std::vector<std::string> headers;        // header-file= (one "Name: value" a line), token-file= (a bearer token)
+  // s3://bucket/key: s3-endpoint= (default AWS: https://s3.REGION.amazonaws.com),
+  // s3-region= (default us-east-1), s3-addressing=path|virtual (default: path with
+  // an endpoint, virtual-hosted without). Credentials come from AWS_ACCESS_KEY_ID,
+  // AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN; requests are signed with SigV4.
+  std::string s3_endpoint;
+  std::string s3_region = "us-east-1";
+  std::string s3_addressing;  // "", "path" or "virtual"
   bool set_by_user = false;                // any of the above given explicitly
+  // Set when an s3:// name is opened (not options): curl's SigV4 provider
+  // string and "KEY:SECRET".
+  std::string aws_sigv4;
+  std::string aws_userpwd;
 };
 
 // Applies one KEY=VALUE option; false when key is not a remote option. Files
@@ -37,7 +48,7 @@ Status apply_remote_option_list(RemoteOptions& o, std::string_view list);
 // o as given, or (when nothing was set explicitly) with QCOWFS_REMOTE_OPTIONS applied.
 Result<RemoteOptions> effective_remote_options(const RemoteOptions& o);
 
-// Whether name is a URL qcowfs opens remotely (http, https, nbd, nbd+unix),
+// Whether name is a URL qcowfs opens remotely (http, https, s3, nbd, nbd+unix),
 // rather than a local path.
 bool is_remote_location(std::string_view name);
 // Whether name begins with a URL scheme ("proto://"): such a name is never

@@ -167,8 +167,8 @@ def mount_url(url: str, target: Path, opts=(), env=None):
     assert proc.returncode == 0, f"qcowfs exited {proc.returncode}: {log.read_text()}"
 
 
-def qcowfs_tool(*args, env_opts: str | None = None, check=True) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def qcowfs_tool(*args, env_opts: str | None = None, check=True, extra_env=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(extra_env or {}))
     env.pop("QCOWFS_REMOTE_OPTIONS", None)
     if env_opts is not None:
         env["QCOWFS_REMOTE_OPTIONS"] = env_opts
@@ -371,3 +371,45 @@ def test_nbd_read_write_and_holes(site, workdir):
     with qemu_nbd(site.root / "www" / "disk.qcow2", workdir / "q.sock", "-r") as uri:
         with mount_url(uri, workdir / "qview") as view:
             assert helpers.files_equal(view, site.root / "disk.qcow2.ref")
+
+
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}  # s3rver's own
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(site):
+    """s3rver (npm) on loopback with bucket 'b' holding disk.qcow2, put there signed by curl."""
+    port = free_port()
+    (site.root / "s3").mkdir()
+    proc = subprocess.Popen(["s3rver", "-d", str(site.root / "s3"), "-a", "127.0.0.1", "-p", str(port), "-s",
+                             "--configure-bucket", "b"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, f"s3rver exited: {proc.stderr.read().decode()}"
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert time.monotonic() < deadline, "s3rver did not listen"
+            time.sleep(0.05)
+        helpers.run(["curl", "-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "S3RVER:S3RVER",
+                     "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-T", site.root / "www" / "disk.qcow2",
+                     f"{endpoint}/b/disk.qcow2"])
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_s3_signed_reads(site, s3_endpoint, workdir):
+    env = dict(os.environ, **S3_KEYS)
+    with mount_url("s3://b/disk.qcow2", workdir / "view", [f"s3-endpoint={s3_endpoint}"], env=env) as view:
+        assert helpers.files_equal(view, site.root / "disk.qcow2.ref")
+    wrong = qcowfs_tool("info", "s3://b/disk.qcow2", env_opts=f"s3-endpoint={s3_endpoint}", check=False,
+                        extra_env={**S3_KEYS, "AWS_ACCESS_KEY_ID": "WRONG"})
+    err = wrong.stderr.decode()
+    assert wrong.returncode != 0 and "refused the credentials" in err, err
+    unsigned = qcowfs_tool("info", "s3://b/disk.qcow2", env_opts=f"s3-endpoint={s3_endpoint}", check=False,
+                           extra_env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
+    assert unsigned.returncode != 0 and "no S3 credentials" in unsigned.stderr.decode()
