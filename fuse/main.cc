@@ -27,6 +27,7 @@
 #include "image/crypto/secret.h"
 #include "io/fd.h"
 #include "io/log.h"
+#include "io/remote/remote_options.h"
 #include "tools/cmd.h"
 
 namespace {
@@ -50,7 +51,7 @@ Result<std::string> absolute_path(const std::string& path, const char* what) {
 
 // Daemon mode moves to / once mounted; libfuse keeps the mount point to unmount it.
 Status make_paths_absolute(fuse::Options& o) {
-  auto image = absolute_path(o.image, "image");
+  auto image = io::is_remote_location(o.image) ? Result<std::string>(o.image) : absolute_path(o.image, "image");
   if (!image) return image.status();
   auto mountpoint = absolute_path(o.mountpoint, "mount point");
   if (!mountpoint) return mountpoint.status();

@@ -118,6 +118,9 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   auto access = apply_access(o.access, key, value);
   if (!access) return access.status();
   if (*access) return Status::ok();
+  auto remote = io::apply_remote_option(o.image_options.file.remote, key, value);
+  if (!remote) return remote.status();
+  if (*remote) return Status::ok();
   if (key == "cache") {
     auto mode = io::parse_cache_mode(value);
     if (!mode) return bad_value(key, value, "none, writethrough, writeback or unsafe");
@@ -353,6 +356,18 @@ std::string usage_text(std::string_view program) {
       "                       with K/M/G suffixes; table_cache_size= is the same\n"
       "  locking=MODE         image locks as QEMU takes them: auto (default), on, off\n"
       "  force-share          read-only: share the image even with a writer (qemu-img -U)\n"
+      "  images named by URL (http://, https://, s3://, nbd://, nbd+unix://):\n"
+      "  remote-block-size=SIZE  bytes fetched per request (default 256K)\n"
+      "  remote-cache-size=SIZE  in-memory cache of fetched blocks (default 64M)\n"
+      "  remote-readahead=SIZE   most read ahead of sequential reads (default 4M, 0: off)\n"
+      "  remote-timeout=SECONDS  a request fails with EIO after this (default 30)\n"
+      "  remote-connections=N    connections kept alive to the server (default 4)\n"
+      "  sslverify=on|off     verify the server's TLS certificate (default on)\n"
+      "  cafile=FILE          CA certificates to verify it with\n"
+      "  header-file=FILE     extra request headers, one 'Name: value' a line\n"
+      "  token-file=FILE      a bearer token sent as 'Authorization: Bearer'\n"
+      "  s3-endpoint=URL      s3://BUCKET/KEY: the endpoint (default AWS); s3-region=,\n"
+      "                       s3-addressing=path|virtual; keys from AWS_ACCESS_KEY_ID etc.\n"
       "  log=FILE             once mounted, append messages (I/O errors, corruption) to\n"
       "                       FILE instead of syslog (without -f and without /dev/log\n"
       "                       they are otherwise lost)\n"

@@ -18,6 +18,7 @@
 
 #include "fuse/partitions_dir.h"
 #include "io/log.h"
+#include "io/remote/remote_options.h"
 #include "io/run_sync.h"
 
 namespace qcowfs::fuse {
@@ -218,8 +219,15 @@ Status Server::build_filesystem() {
 
 // The view's owner, group and mode from the image file and the access options.
 Result<AttrContext> Server::initial_attributes() const {
-  struct stat image;
-  if (::stat(opts_.image.c_str(), &image) != 0) return Status::from_errno(errno, opts_.image);
+  struct stat image {};
+  if (io::is_remote_location(opts_.image)) {
+    // A URL has no owner here: the mounting user's, mode 0644.
+    image.st_uid = ::getuid();
+    image.st_gid = ::getgid();
+    image.st_mode = S_IFREG | 0644;
+  } else if (::stat(opts_.image.c_str(), &image) != 0) {
+    return Status::from_errno(errno, opts_.image);
+  }
   AttrContext ctx;
   ctx.view = initial_view_attrs(image, opts_.access);
   ctx.dir_mask = opts_.access.dmask.value_or(0);

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "io/lock.h"
+#include "io/remote/remote_options.h"
 #include "io/status.h"
 #include "io/task.h"
 
@@ -48,6 +49,8 @@ struct OpenOptions {
   // force-share (read-only opens only) to coexist with a writer, like qemu-img -U.
   LockMode locking = LockMode::automatic;
   bool force_share = false;
+  // How a URL (io::is_remote_location) is reached; unused for local files.
+  RemoteOptions remote;
 };
 
 class HostFile {
@@ -104,7 +107,8 @@ class HostFile {
   ImageLock lock_;
 };
 
-// Opens a regular file or block device. Fails with a clear message naming path.
+// Opens a regular file or block device, or a URL (io/remote/http_file.h). Fails
+// with a clear message naming path.
 Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const OpenOptions& opts);
 // Creates the regular file path (mode 0644 less the umask) or empties the one
 // already there, then opens it writable as open_host_file() does.

@@ -17,6 +17,7 @@
 #include "io/engine.h"
 #include "io/iov.h"
 #include "io/log.h"
+#include "io/remote/http_file.h"
 
 namespace qcowfs::io {
 namespace {
@@ -172,6 +173,7 @@ DirectAlignment probe_direct_alignment(int fd, uint64_t size) {
 }
 
 Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const OpenOptions& opts) {
+  if (is_remote_location(path)) return open_remote_file(path, opts);
   auto f = PosixFile::open(path, opts);
   if (!f) return f.status();
   auto lock = ImageLock::acquire(path, LockPerms::for_image(opts.writable, opts.force_share), opts.locking);
@@ -181,6 +183,7 @@ Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const 
 }
 
 Result<std::unique_ptr<HostFile>> create_host_file(const std::string& path, OpenOptions opts) {
+  if (is_remote_location(path)) return Status::errorf(EINVAL, "{}: images are created on local files only", path);
   // An existing FIFO, socket, directory or character device is refused before
   // O_CREAT | O_TRUNC opens it (O_PATH neither blocks nor runs a device's open).
   if (UniqueFd probe(::open(path.c_str(), O_PATH | O_CLOEXEC)); probe.valid())

@@ -8,7 +8,8 @@
 set -euo pipefail
 
 build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev libzstd-dev
-            libfmt-dev libgtest-dev libgcrypt20-dev libcryptsetup-dev libjson-c-dev nettle-dev)
+            libfmt-dev libgtest-dev libgcrypt20-dev libcryptsetup-dev libjson-c-dev nettle-dev
+            libcurl4-openssl-dev libnbd-dev)
 # cryptsetup-bin: cryptsetup (LUKS2 images, key dumps for the cipher tests); qemu-utils: qemu-img/qemu-io (the referee); qemu-system-common: qemu-storage-daemon (bench); python3-cryptography: the independent AES-XTS decryption that checks LUKS2 images;
 # util-linux: losetup; fdisk: sfdisk for the demo disk; e2fsprogs/dosfstools: filesystems on
 # mounted images; kmod: modprobe fuse/loop; file: file -s on partitions; clang and
@@ -17,10 +18,13 @@ build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev
 # debhelper, bash-completion (its dh_bash-completion addon, Build-Depends:
 # dh-sequence-bash-completion) and lintian: test_package.py builds the package from debian/
 # and lints it (no fakeroot: debian/control says Rules-Requires-Root: no); man-db: it
-# reads the installed man page.
+# reads the installed man page. nginx-light, openssl: test_remote.py serves images over
+# http(s) on loopback; qemu-block-extra: QEMU's curl driver, so QEMU reads an overlay whose
+# backing file is a URL; npm: s3rver, the S3 server test_remote.py starts on loopback.
 test_pkgs=(cryptsetup-bin python3-cryptography qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
            e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync
-           dpkg-dev build-essential debhelper bash-completion lintian man-db)
+           dpkg-dev build-essential debhelper bash-completion lintian man-db
+           nginx-light openssl qemu-block-extra curl npm)
 
 case "${1:-}" in
   --build) pkgs=("${build_pkgs[@]}" qemu-utils fdisk e2fsprogs) ;;  # run.sh builds a demo disk
@@ -53,4 +57,9 @@ if [ ! -e /dev/fuse ]; then
 fi
 if [ -z "${1:-}" ] && [ ! -e /dev/loop-control ]; then
   as_root modprobe loop || echo "setup-deps: warning: loop devices unavailable" >&2
+fi
+# The S3-compatible server test_remote.py runs on loopback (from the npm registry).
+if [ -z "${1:-}" ] && ! command -v s3rver >/dev/null; then
+  echo "setup-deps: installing s3rver (npm)"
+  as_root npm install -g --no-audit --no-fund s3rver@3.7.1
 fi

@@ -1,0 +1,346 @@
+#include "io/remote/http_client.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <future>
+
+#include "io/log.h"
+
+namespace qcowfs::io {
+
+using Clock = std::chrono::steady_clock;
+
+struct HttpClient::Transfer {
+  uint64_t off = 0;
+  std::span<std::byte> dst;
+  size_t received = 0;
+  bool overflow = false;
+  bool probe = false;  // open(): records the identity instead of checking it
+  Done done;
+  Clock::time_point deadline;
+  Clock::time_point retry_at;
+  unsigned attempts = 0;
+  Status last_error;
+  CURL* easy = nullptr;
+  char errbuf[CURL_ERROR_SIZE] = {};
+  std::string range;
+};
+
+namespace {
+
+void init_curl_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+std::string without_query(const std::string& url) { return url.substr(0, url.find('?')); }
+
+// The body of a 206 goes into the transfer's buffer; other bodies (error pages) are dropped.
+size_t http_write_body(char* data, size_t size, size_t n, void* user) {
+  auto* t = static_cast<HttpClient::Transfer*>(user);
+  const size_t len = size * n;
+  long code = 0;
+  curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
+  if (code != 206) return len;
+  if (t->received + len > t->dst.size()) {
+    t->overflow = true;
+    return 0;  // aborts the transfer (CURLE_WRITE_ERROR)
+  }
+  std::memcpy(t->dst.data() + t->received, data, len);
+  t->received += len;
+  return len;
+}
+
+std::string response_header(CURL* easy, const char* name) {
+  struct curl_header* h = nullptr;
+  if (curl_easy_header(easy, name, 0, CURLH_HEADER, -1, &h) != CURLHE_OK || !h) return {};
+  return h->value;
+}
+
+// "bytes FIRST-LAST/TOTAL"
+bool parse_content_range(const std::string& v, uint64_t& first, uint64_t& last, uint64_t& total) {
+  unsigned long long a = 0, b = 0, c = 0;
+  if (std::sscanf(v.c_str(), "bytes %llu-%llu/%llu", &a, &b, &c) != 3) return false;
+  first = a;
+  last = b;
+  total = c;
+  return true;
+}
+
+bool transient_curl_error(CURLcode rc) {
+  switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_GOT_NOTHING:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int errno_of_http(long code) {
+  if (code == 404 || code == 410) return ENOENT;
+  if (code == 401 || code == 403) return EACCES;
+  return EIO;
+}
+
+bool transient_http(long code) { return code == 408 || code == 429 || code >= 500; }
+
+std::chrono::milliseconds backoff(unsigned attempts) {
+  return std::chrono::milliseconds(std::min<int64_t>(2000, int64_t{50} << std::min(attempts, 6u)));
+}
+
+}  // namespace
+
+HttpClient::HttpClient(std::string url, RemoteOptions opts)
+    : url_(std::move(url)), display_url_(without_query(url_)), opts_(std::move(opts)) {}
+
+HttpClient::~HttpClient() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  if (multi_) curl_multi_wakeup(static_cast<CURLM*>(multi_));
+  if (thread_.joinable()) thread_.join();
+  if (multi_) curl_multi_cleanup(static_cast<CURLM*>(multi_));
+  curl_slist_free_all(headers_);
+}
+
+Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, const RemoteOptions& opts) {
+  init_curl_once();
+  std::unique_ptr<HttpClient> c(new HttpClient(url, opts));
+  QCOWFS_TRY(c->start());
+  auto t = std::make_unique<Transfer>();
+  // Two bytes, not one: some servers (s3rver) answer "bytes=0-0" with the whole object.
+  std::byte first[2] = {};
+  t->dst = std::span<std::byte>(first, 2);
+  t->probe = true;
+  std::promise<Status> result;
+  t->done = [&result](Status st) { result.set_value(std::move(st)); };
+  auto fut = result.get_future();
+  c->submit(std::move(t));
+  Status st = fut.get();
+  if (!st) return st;
+  return c;
+}
+
+Status HttpClient::start() {
+  CURLM* m = curl_multi_init();
+  if (!m) return Status::errorf(ENOMEM, "{}: cannot make a curl multi handle", display_url_);
+  multi_ = m;
+  curl_multi_setopt(m, CURLMOPT_MAX_HOST_CONNECTIONS, static_cast<long>(opts_.connections));
+  curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(opts_.connections));
+  curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, static_cast<long>(opts_.connections));
+  for (const std::string& h : opts_.headers) headers_ = curl_slist_append(headers_, h.c_str());
+  thread_ = std::thread([this] { run(); });
+  return Status::ok();
+}
+
+void HttpClient::get_range(uint64_t off, std::span<std::byte> dst, Done done) {
+  auto t = std::make_unique<Transfer>();
+  t->off = off;
+  t->dst = dst;
+  t->done = std::move(done);
+  submit(std::move(t));
+}
+
+void HttpClient::submit(std::unique_ptr<Transfer> t) {
+  t->deadline = Clock::now() + std::chrono::milliseconds(opts_.timeout_ms);
+  {
+    std::lock_guard lk(mu_);
+    if (!stopping_) {
+      incoming_.push_back(std::move(t));
+      t = nullptr;
+    }
+  }
+  if (t) {
+    t->done(Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
+    return;
+  }
+  curl_multi_wakeup(static_cast<CURLM*>(multi_));
+}
+
+void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t->deadline - Clock::now());
+  CURL* e = curl_easy_init();
+  if (!e) {
+    t->done(Status::errorf(ENOMEM, "{}: cannot make a curl handle", display_url_));
+    return;
+  }
+  ++t->attempts;
+  t->received = 0;
+  t->overflow = false;
+  t->errbuf[0] = 0;
+  t->easy = e;
+  t->range = fmt::format("{}-{}", t->off, t->off + t->dst.size() - 1);
+  curl_easy_setopt(e, CURLOPT_URL, url_.c_str());
+  curl_easy_setopt(e, CURLOPT_RANGE, t->range.c_str());
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, http_write_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
+  curl_easy_setopt(e, CURLOPT_PRIVATE, t.get());
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(1, left.count())));
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "qcowfs");
+  curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, opts_.ssl_verify ? 1L : 0L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, opts_.ssl_verify ? 2L : 0L);
+  if (!opts_.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, opts_.ca_file.c_str());
+  if (headers_) curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers_);
+  if (!opts_.aws_sigv4.empty()) {
+    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, opts_.aws_sigv4.c_str());
+    curl_easy_setopt(e, CURLOPT_USERPWD, opts_.aws_userpwd.c_str());
+  }
+  active_.insert(t.get());
+  curl_multi_add_handle(static_cast<CURLM*>(multi_), e);
+  t.release();  // owned through active_ until complete()
+}
+
+Status HttpClient::check_response(Transfer& t, long code, bool* transient) {
+  *transient = false;
+  if (code != 206) {
+    *transient = transient_http(code);
+    if (code == 200) return Status::errorf(EIO, "{}: the server ignores range requests (HTTP 200)", display_url_);
+    if (code == 412) return Status::errorf(EIO, "{}: the object changed on the server (HTTP 412)", display_url_);
+    if (!opts_.aws_sigv4.empty() && (code == 401 || code == 403))
+      return Status::errorf(EACCES, "{}: HTTP {}: the S3 server refused the credentials or the request "
+                            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, s3-region=)", display_url_, code);
+    return Status::errorf(errno_of_http(code), "{}: HTTP {}", display_url_, code);
+  }
+  uint64_t first = 0, last = 0, total = 0;
+  if (!parse_content_range(response_header(t.easy, "Content-Range"), first, last, total))
+    return Status::errorf(EIO, "{}: a 206 answer without a Content-Range", display_url_);
+  if (t.probe) {
+    // The only request before open() returns, which reads identity_ after it.
+    identity_.size = total;
+    identity_.etag = response_header(t.easy, "ETag");
+    identity_.last_modified = response_header(t.easy, "Last-Modified");
+  } else {
+    const std::string etag = response_header(t.easy, "ETag");
+    const std::string modified = response_header(t.easy, "Last-Modified");
+    if (total != identity_.size || etag != identity_.etag || modified != identity_.last_modified) {
+      if (!change_logged_.exchange(true))
+        log::error("{}: the object changed on the server since it was opened (size {} -> {}, ETag {} -> {}, "
+                   "Last-Modified {} -> {}); its reads fail with EIO",
+                   display_url_, identity_.size, total, identity_.etag, etag, identity_.last_modified, modified);
+      return Status::errorf(EIO, "{}: the object changed on the server since it was opened", display_url_);
+    }
+  }
+  const uint64_t want_last = t.off + t.dst.size() - 1;
+  if (first != t.off || last != std::min(want_last, total ? total - 1 : 0))
+    return Status::errorf(EIO, "{}: asked for bytes {}, got {}-{}", display_url_, t.range, first, last);
+  if (t.received != last - first + 1) {
+    *transient = true;
+    return Status::errorf(EIO, "{}: truncated answer ({} of {} bytes)", display_url_, t.received, last - first + 1);
+  }
+  return Status::ok();
+}
+
+void HttpClient::complete(Transfer* raw, int curl_code) {
+  std::unique_ptr<Transfer> t(raw);
+  active_.erase(raw);
+  const auto rc = static_cast<CURLcode>(curl_code);
+  long code = 0;
+  curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
+  bool transient = false;
+  Status st;
+  if (rc == CURLE_OK) {
+    st = check_response(*t, code, &transient);
+  } else {
+    transient = transient_curl_error(rc) && !t->overflow;
+    st = Status::errorf(EIO, "{}: {}", display_url_, t->errbuf[0] ? t->errbuf : curl_easy_strerror(rc));
+  }
+  curl_multi_remove_handle(static_cast<CURLM*>(multi_), t->easy);
+  curl_easy_cleanup(t->easy);
+  t->easy = nullptr;
+  if (st) {
+    t->done(Status::ok());
+    return;
+  }
+  const auto now = Clock::now();
+  if (transient && now + backoff(t->attempts) < t->deadline) {
+    log::debug("{}: retrying bytes {} after: {}", display_url_, t->range, st.message());
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    t->retry_at = now + backoff(t->attempts);
+    t->last_error = std::move(st);
+    waiting_retry_.push_back(std::move(t));
+    return;
+  }
+  if (transient) {
+    st = Status::errorf(EIO, "{} (gave up after {} attempts in {} s)", st.message(), t->attempts,
+                        opts_.timeout_ms / 1000);
+  }
+  t->done(std::move(st));
+}
+
+void HttpClient::run() {
+  auto* m = static_cast<CURLM*>(multi_);
+  while (true) {
+    std::deque<std::unique_ptr<Transfer>> fresh;
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_) break;
+      fresh.swap(incoming_);
+    }
+    for (auto& t : fresh) start_attempt(std::move(t));
+    const auto now = Clock::now();
+    auto due = std::partition(waiting_retry_.begin(), waiting_retry_.end(),
+                              [&](const std::unique_ptr<Transfer>& t) { return t->retry_at > now; });
+    std::vector<std::unique_ptr<Transfer>> ready(std::make_move_iterator(due),
+                                                 std::make_move_iterator(waiting_retry_.end()));
+    waiting_retry_.erase(due, waiting_retry_.end());
+    for (auto& t : ready) start_attempt(std::move(t));
+
+    int running = 0;
+    curl_multi_perform(m, &running);
+    int left = 0;
+    while (CURLMsg* msg = curl_multi_info_read(m, &left)) {
+      if (msg->msg != CURLMSG_DONE) continue;
+      void* priv = nullptr;
+      curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
+      complete(static_cast<Transfer*>(priv), msg->data.result);
+    }
+    int wait_ms = 1000;
+    for (const auto& t : waiting_retry_) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t->retry_at - Clock::now()).count();
+      wait_ms = std::clamp<int>(static_cast<int>(ms) + 1, 0, wait_ms);
+    }
+    curl_multi_poll(m, nullptr, 0, wait_ms, nullptr);
+  }
+  fail_all(Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
+}
+
+void HttpClient::fail_all(const Status& st) {
+  auto* m = static_cast<CURLM*>(multi_);
+  for (Transfer* raw : active_) {
+    std::unique_ptr<Transfer> t(raw);
+    curl_multi_remove_handle(m, t->easy);
+    curl_easy_cleanup(t->easy);
+    t->done(st);
+  }
+  active_.clear();
+  for (auto& t : waiting_retry_) t->done(st);
+  waiting_retry_.clear();
+  std::deque<std::unique_ptr<Transfer>> rest;
+  {
+    std::lock_guard lk(mu_);
+    rest.swap(incoming_);
+  }
+  for (auto& t : rest) t->done(st);
+}
+
+}  // namespace qcowfs::io

@@ -1,0 +1,98 @@
+// HttpClient: ranged GETs of one HTTP(S) object on a dedicated network thread
+// running a libcurl multi handle, so no event-loop thread ever waits for the
+// network. Connections are kept alive and reused (at most `connections` of
+// them); requests past that wait in libcurl's queue.
+//
+// Identity: open() fetches the first bytes and pins the object's size, ETag
+// and Last-Modified. Every later response must carry the same (a 206 whose
+// Content-Range names the same total and range): a changed object fails the
+// request with EIO and one log line naming the URL, never mixed bytes.
+//
+// Failures: connection errors, timeouts, truncated bodies and 5xx/408/429
+// answers are retried with exponential backoff until the request's deadline
+// (timeout_ms after it was made); then it fails with EIO. Other answers fail
+// at once (404: ENOENT, 401/403: EACCES, TLS errors: EIO with curl's reason).
+//
+// Thread-safety: get_range() may be called from any thread; `done` runs on
+// the network thread. The destructor fails transfers still under way with
+// ECANCELED and joins the thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "io/remote/remote_options.h"
+#include "io/status.h"
+
+struct curl_slist;
+
+namespace qcowfs::io {
+
+struct HttpIdentity {
+  uint64_t size = 0;
+  std::string etag;
+  std::string last_modified;
+};
+
+class HttpClient {
+ public:
+  using Done = std::function<void(Status)>;
+  struct Transfer;
+
+  // Starts the network thread and pins the object's identity (blocks the
+  // calling thread for that first request only).
+  static Result<std::unique_ptr<HttpClient>> open(const std::string& url, const RemoteOptions& opts);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // Fetches [off, off + dst.size()) into dst; done(status) once, on the network thread.
+  void get_range(uint64_t off, std::span<std::byte> dst, Done done);
+
+  const HttpIdentity& identity() const { return identity_; }
+  // The URL without its query (a presigned URL's signature stays out of logs).
+  const std::string& display_url() const { return display_url_; }
+  uint64_t retries() const { return retries_.load(std::memory_order_relaxed); }
+
+ private:
+  HttpClient(std::string url, RemoteOptions opts);
+  Status start();
+  void submit(std::unique_ptr<Transfer> t);
+  void run();
+  void start_attempt(std::unique_ptr<Transfer> t);
+  void complete(Transfer* t, int curl_code);
+  Status check_response(Transfer& t, long http_code, bool* transient);
+  void fail_all(const Status& st);
+
+  const std::string url_;
+  const std::string display_url_;
+  const RemoteOptions opts_;
+  HttpIdentity identity_;  // set by open() before any other request
+  std::atomic<bool> change_logged_{false};
+  std::atomic<uint64_t> retries_{0};
+
+  void* multi_ = nullptr;          // CURLM*, used on the network thread (and wakeup)
+  ::curl_slist* headers_ = nullptr;
+
+  std::mutex mu_;  // guards incoming_ and stopping_
+  std::deque<std::unique_ptr<Transfer>> incoming_;
+  bool stopping_ = false;
+
+  // Network thread only.
+  std::unordered_set<Transfer*> active_;
+  std::vector<std::unique_ptr<Transfer>> waiting_retry_;
+  std::thread thread_;
+};
+
+}  // namespace qcowfs::io

@@ -1,0 +1,87 @@
+// NbdFile: the HostFile for an export of an NBD server, named by a URI
+// (nbd://host[:port]/export, nbd+unix:///export?socket=PATH), through
+// libnbd's asynchronous API. Requests are issued from the event-loop thread
+// that makes them (libnbd handles are thread-safe) and driven by one network
+// thread that polls the connection (nbd_aio_get_fd/get_direction/notify_*);
+// completions resume the waiting coroutine on its own engine (AsyncEvent).
+//
+// Read-write where the server allows it: writes, flush, trim (discard) and
+// write-zeroes map onto the NBD commands; the size is fixed (truncate fails
+// with EINVAL, as on a block device). SEEK_DATA/SEEK_HOLE come from the
+// server's base:allocation block status when it offers it, else all is data.
+// A command unanswered after remote-timeout drops the connection: every
+// command fails with EIO from then on (a log line says why), never a hang.
+// Thread-safety: as HostFile: all methods from any event-loop thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "io/fd.h"
+#include "io/host_file.h"
+
+struct nbd_handle;
+
+namespace qcowfs::io {
+
+class NbdFile final : public HostFile {
+ public:
+  static Result<std::unique_ptr<NbdFile>> open(const std::string& uri, const OpenOptions& opts);
+  ~NbdFile() override;
+
+  Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override;
+  Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override;
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
+  Task<Status> writev(uint64_t off, std::span<const iovec> iov) override;
+  Task<Status> flush() override;
+  Task<Status> discard(uint64_t off, uint64_t len) override;
+  Task<Status> write_zeroes(uint64_t off, uint64_t len) override;
+  Task<Status> truncate(uint64_t size) override;
+  Task<Result<uint64_t>> seek_data(uint64_t off) override;
+  Task<Result<uint64_t>> seek_hole(uint64_t off) override;
+
+  uint64_t size() const override { return size_; }
+  uint64_t allocated_bytes() const override { return size_; }
+  size_t mem_align() const override { return 4096; }
+  size_t offset_align() const override { return 1; }
+  bool is_block_device() const override { return true; }
+  bool writable() const override { return writable_; }
+  CacheMode cache_mode() const override { return CacheMode::writeback; }
+  const std::string& path() const override { return uri_; }
+
+ private:
+  struct Op;
+  NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms);
+  void run();
+  // Drops the connection when a command has waited past the timeout.
+  void check_deadlines();
+  void wake();
+  // Awaits a command started by submit(cb) (which returns its cookie or -1).
+  template <typename Submit>
+  Task<Status> command(std::string_view what, uint64_t off, Submit submit);
+  template <typename Submit>
+  Task<Status> command_with(std::string_view what, uint64_t off, Op& op, Submit submit);
+  Task<Result<uint64_t>> seek(uint64_t off, bool want_data);
+  Status error(std::string_view what, uint64_t off, int err) const;
+
+  const std::string uri_;
+  nbd_handle* h_;
+  UniqueFd wake_;  // eventfd: a command was queued, or stop
+  const uint64_t size_;
+  const bool writable_;
+  bool can_flush_ = false, can_trim_ = false, can_zero_ = false, can_status_ = false;
+  const std::chrono::milliseconds timeout_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> timed_out_{false};
+  std::mutex mu_;  // guards in_flight_ and next_id_
+  std::map<uint64_t, std::chrono::steady_clock::time_point> in_flight_;  // id -> when issued
+  uint64_t next_id_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace qcowfs::io

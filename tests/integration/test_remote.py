@@ -1,0 +1,415 @@
+"""Images served over HTTP(S) (issue 33): a URL as the mount's IMAGE, for
+`qcowfs info`/`map` and as an overlay's backing file.
+
+nginx (Debian's nginx-light) is started by the module fixture on 127.0.0.1, on
+free ports, with its config, TLS certificate (from a CA this test makes with
+openssl) and served files in a temporary directory, and stopped at the end.
+QEMU is the referee: bytes are compared with `qemu-img convert -O raw` of the
+local file, and QEMU reads the overlay through its own curl driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import helpers
+
+MiB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nginx:
+    """One nginx serving root/www over http and https on loopback."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = free_port()
+        self.tls_port = free_port()
+        self.proc: subprocess.Popen | None = None
+        (root / "tmp").mkdir()
+        conf = root / "nginx.conf"
+        temps = "".join(f"  {k}_temp_path {root}/tmp/{k};\n" for k in
+                        ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        conf.write_text(f"""daemon off;
+user root;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/error.log;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  default_type application/octet-stream;
+{temps}  server {{
+    listen 127.0.0.1:{self.port};
+    listen 127.0.0.1:{self.tls_port} ssl;
+    ssl_certificate {root}/server.crt;
+    ssl_certificate_key {root}/server.key;
+    root {root}/www;
+    location /forbidden/ {{ return 403; }}
+    location /private/ {{
+      if ($http_authorization != "Bearer s3cr3t-t0ken") {{ return 401; }}
+      if ($http_x_tenant != "qcowfs") {{ return 401; }}
+      alias {root}/www/;
+    }}
+    location /slow/ {{ alias {root}/www/; limit_rate 16k; }}
+  }}
+}}
+""")
+        self.conf = conf
+
+    def url(self, name: str, tls: bool = False) -> str:
+        return f"https://127.0.0.1:{self.tls_port}/{name}" if tls else f"http://127.0.0.1:{self.port}/{name}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["nginx", "-c", str(self.conf), "-p", str(self.root), "-e",
+                                      str(self.root / "error.log")], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"nginx exited: {self.proc.stderr.read().decode()}"
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                return
+            time.sleep(0.02)
+        raise AssertionError("nginx did not start listening")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def make_tls(root: Path) -> None:
+    """A CA and a server certificate for 127.0.0.1 signed by it (EC keys: fast)."""
+    def ssl(*args):
+        helpers.run(["openssl", *args])
+    ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+        "-subj", "/CN=qcowfs test CA", "-keyout", root / "ca.key", "-out", root / "ca.crt")
+    ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-subj", "/CN=127.0.0.1", "-keyout", root / "server.key", "-out", root / "server.csr")
+    (root / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    ssl("x509", "-req", "-in", root / "server.csr", "-CA", root / "ca.crt", "-CAkey", root / "ca.key",
+        "-CAcreateserial", "-days", "2", "-extfile", root / "san.ext", "-out", root / "server.crt")
+
+
+def make_images(www: Path, work: Path) -> None:
+    """A 4 MiB raw disk (data, zeros, a hole) and qcow2/VMDK/VHDX copies of it."""
+    raw = www / "disk.raw"
+    with open(raw, "wb") as f:
+        f.truncate(4 * MiB)
+        for i, off in enumerate(range(0, 4 * MiB, 192 * 1024)):
+            f.seek(off)
+            f.write(os.urandom(40 * 1024) if i % 3 else bytes([i]) * 60 * 1024)
+    helpers.qemu_img("convert", "-f", "raw", "-O", "qcow2", "-c", "-o", "extended_l2=on,cluster_size=64k",
+                     raw, www / "disk.qcow2")
+    helpers.qemu_img("convert", "-f", "raw", "-O", "vmdk", raw, www / "disk.vmdk")
+    helpers.qemu_img("convert", "-f", "raw", "-O", "vhdx", raw, www / "disk.vhdx")
+    for name in ("disk.qcow2", "disk.vmdk", "disk.vhdx"):
+        helpers.convert_to_raw(www / name, work / f"{name}.ref", fmt=name.split(".")[1])
+
+
+@pytest.fixture(scope="module")
+def site():
+    root = Path(tempfile.mkdtemp(prefix="qcowfs-remote-", dir=os.environ.get("QCOWFS_TEST_TMP", "/var/tmp")))
+    (root / "www").mkdir()
+    server = Nginx(root)
+    try:
+        make_tls(root)
+        make_images(root / "www", root)
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        helpers.cleanup_mounts_under(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def mount_url(url: str, target: Path, opts=(), env=None):
+    """qcowfs -f [-o opts] URL target; yields the raw view's path (target)."""
+    target.touch()
+    argv = [helpers.qcowfs_bin(), "-f", *(["-o", ",".join(opts)] if opts else []), url, str(target)]
+    log = target.with_suffix(".log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while not helpers.is_fuse_mounted(target):
+            assert proc.poll() is None, f"qcowfs exited {proc.returncode}: {log.read_text()}"
+            assert time.monotonic() < deadline, f"no mount after 20 s: {log.read_text()}"
+            time.sleep(0.02)
+        yield target
+    finally:
+        if helpers.is_fuse_mounted(target):
+            helpers.unmount(target)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, f"qcowfs exited {proc.returncode}: {log.read_text()}"
+
+
+def qcowfs_tool(*args, env_opts: str | None = None, check=True, extra_env=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(extra_env or {}))
+    env.pop("QCOWFS_REMOTE_OPTIONS", None)
+    if env_opts is not None:
+        env["QCOWFS_REMOTE_OPTIONS"] = env_opts
+    proc = subprocess.run([helpers.qcowfs_bin(), *map(str, args)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env, timeout=60)
+    if check:
+        assert proc.returncode == 0, f"qcowfs {args}: {proc.returncode}: {proc.stderr.decode()}"
+    return proc
+
+
+@pytest.mark.parametrize("name", ["disk.qcow2", "disk.vmdk", "disk.vhdx"])
+def test_formats_over_http_read_as_qemu_does(site, workdir, name):
+    url = site.url(name)
+    with mount_url(url, workdir / "view", ["remote-block-size=64K"]) as view:
+        assert helpers.files_equal(view, site.root / f"{name}.ref")
+    info = json.loads(qcowfs_tool("info", "--output=json", url).stdout)
+    ref = helpers.qemu_img_info(site.root / "www" / name, fmt=name.split(".")[1])
+    assert (info["format"], info["virtual-size"]) == (ref["format"], ref["virtual-size"])
+    # The same map as of the local file (the URL only changes where bytes come from).
+    local = qcowfs_tool("map", "--output=json", site.root / "www" / name).stdout
+    assert qcowfs_tool("map", "--output=json", url).stdout == local
+    assert "No errors were found" in qcowfs_tool("check", url).stdout.decode()
+
+
+def test_https_verifies_the_server(site, workdir):
+    url = site.url("disk.qcow2", tls=True)
+    refused = qcowfs_tool("info", url, env_opts="", check=False)
+    assert refused.returncode != 0 and "certificate" in refused.stderr.decode().lower(), refused.stderr
+    assert qcowfs_tool("info", url, env_opts="sslverify=off").returncode == 0
+    with mount_url(url, workdir / "view", [f"cafile={site.root / 'ca.crt'}"]) as view:
+        assert helpers.files_equal(view, site.root / "disk.qcow2.ref")
+
+
+@pytest.mark.parametrize("name,answer", [("nope.qcow2", "HTTP 404"), ("forbidden/disk.qcow2", "HTTP 403")])
+def test_refused_object_is_a_clear_error(site, name, answer):
+    url = site.url(name)
+    proc = qcowfs_tool("info", url, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and answer in err and url in err, err
+
+
+def test_token_and_headers_from_files(site, workdir):
+    (workdir / "token").write_text("s3cr3t-t0ken\n")
+    (workdir / "headers").write_text("# sent with every request\nX-Tenant: qcowfs\n")
+    url = site.url("private/disk.qcow2")
+    opts = f"token-file={workdir / 'token'},header-file={workdir / 'headers'}"
+    info = json.loads(qcowfs_tool("info", "--output=json", url, env_opts=opts).stdout)
+    assert info["virtual-size"] == 4 * MiB
+    refused = qcowfs_tool("info", url, env_opts=f"token-file={workdir / 'token'}", check=False)
+    assert refused.returncode != 0 and "HTTP 401" in refused.stderr.decode(), refused.stderr
+
+
+def test_slow_server_times_out(site, workdir):
+    # nginx sends 16 KiB/s here: a 256 KiB block takes 16 s, past remote-timeout=2.
+    opts = ["format=raw", "remote-timeout=2", "remote-readahead=0", "remote-block-size=256K"]
+    with mount_url(site.url("slow/disk.raw"), workdir / "view", opts) as view:
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            read_at(view, 2 * MiB, 4096)
+        elapsed = time.monotonic() - t0
+        assert e.value.errno == errno.EIO
+        assert elapsed < 10, f"EIO after {elapsed:.1f} s"  # generous bound for a loaded machine
+
+
+def test_local_overlay_on_http_base(site, workdir):
+    base = site.url("disk.qcow2")
+    overlay = workdir / "overlay.qcow2"
+    qcowfs_tool("create", "-f", "qcow2", "-b", base, "-F", "qcow2", overlay)
+    assert helpers.qemu_img_info(overlay)["backing-filename"] == base
+    with mount_url(str(overlay), workdir / "view", ["rw"]) as view:
+        helpers.files_equal(view, site.root / "disk.qcow2.ref")
+        helpers.run(["fio", "--name=v", f"--filename={view}", "--rw=randwrite", "--bs=4k", "--size=1M",
+                     "--offset=1M", "--verify=crc32c", "--do_verify=1", "--ioengine=psync", "--randseed=7"],
+                    timeout=120)
+        shown = helpers.sha256_file(view)
+    helpers.qemu_img_check(overlay)
+    # QEMU reads the overlay (and its base, through its curl driver) the same.
+    qemu_view = helpers.convert_to_raw(overlay, workdir / "qemu.raw", fmt="qcow2")
+    assert helpers.sha256_file(qemu_view) == shown
+
+
+def read_at(path: Path, off: int, n: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, n, off)
+    finally:
+        os.close(fd)
+
+
+def test_server_stopped_then_back(site, workdir):
+    ref = (site.root / "www" / "disk.raw").read_bytes()
+    opts = ["format=raw", "remote-timeout=2", "remote-readahead=0", "remote-block-size=64K"]
+    with mount_url(site.url("disk.raw"), workdir / "view", opts) as view:
+        assert read_at(view, 0, 65536) == ref[:65536]
+        site.stop()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(OSError) as e:
+                read_at(view, 3 * MiB, 65536)
+            elapsed = time.monotonic() - t0
+            assert e.value.errno == errno.EIO
+            # remote-timeout=2: the bound is generous for a loaded machine.
+            assert elapsed < 10, f"EIO after {elapsed:.1f} s"
+            assert read_at(view, 0, 65536) == ref[:65536]  # still serving
+        finally:
+            site.start()
+        assert read_at(view, 3 * MiB, 65536) == ref[3 * MiB:3 * MiB + 65536]
+
+
+def test_object_replaced_under_the_mount(site, workdir):
+    www = site.root / "www"
+    old = os.urandom(2 * MiB)
+    (www / "swap.raw").write_bytes(old)
+    opts = ["format=raw", "remote-readahead=0", "remote-block-size=64K", "remote-timeout=5"]
+    with mount_url(site.url("swap.raw"), workdir / "view", opts) as view:
+        assert read_at(view, 0, 65536) == old[:65536]
+        new = workdir / "new.raw"
+        new.write_bytes(os.urandom(2 * MiB))  # same size: only the ETag tells
+        st = os.stat(www / "swap.raw")
+        os.utime(new, (st.st_atime + 10, st.st_mtime + 10))
+        os.replace(new, www / "swap.raw")
+        with pytest.raises(OSError) as e:
+            read_at(view, MiB, 65536)
+        assert e.value.errno == errno.EIO
+    log = (workdir / "view.log").read_text()
+    assert site.url("swap.raw") in log and "changed on the server" in log, log
+
+
+@contextlib.contextmanager
+def qemu_nbd(image: Path, sock: Path, *args, procs: list | None = None):
+    """qemu-nbd exporting image's bytes (-f raw) as 'exp' on a unix socket (its Popen added to procs)."""
+    proc = subprocess.Popen(["qemu-nbd", "-f", "raw", "-t", "-e", "4", "-x", "exp", "-k", str(sock), *args,
+                             str(image)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if procs is not None:
+        procs.append(proc)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert proc.poll() is None, f"qemu-nbd exited: {proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "qemu-nbd did not listen"
+            time.sleep(0.02)
+        yield f"nbd+unix:///exp?socket={sock}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_nbd_server_not_answering_times_out(site, workdir):
+    ref = (site.root / "www" / "disk.raw").read_bytes()
+    procs = []
+    with qemu_nbd(site.root / "www" / "disk.raw", workdir / "nbd.sock", "-r", procs=procs) as uri:
+        with mount_url(uri, workdir / "view", ["format=raw", "remote-timeout=2"]) as view:
+            assert read_at(view, 0, 65536) == ref[:65536]
+            os.kill(procs[0].pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(OSError) as e:
+                    read_at(view, 3 * MiB, 65536)
+                elapsed = time.monotonic() - t0
+            finally:
+                os.kill(procs[0].pid, signal.SIGCONT)
+            assert e.value.errno == errno.EIO
+            assert elapsed < 10, f"EIO after {elapsed:.1f} s"  # remote-timeout=2; generous when loaded
+    assert "did not answer within 2 s" in (workdir / "view.log").read_text()
+
+
+def lseek(path: Path, off: int, whence: int) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, off, whence)
+    finally:
+        os.close(fd)
+
+
+def test_nbd_read_write_and_holes(site, workdir):
+    disk = workdir / "disk.raw"
+    with open(disk, "wb") as f:  # data at [0, 1M) and [2M, 3M), holes elsewhere up to 8M
+        f.truncate(8 * MiB)
+        f.write(os.urandom(MiB))
+        f.seek(2 * MiB)
+        f.write(os.urandom(MiB))
+    expected = bytearray(disk.read_bytes())
+    pattern = os.urandom(MiB)
+    with qemu_nbd(disk, workdir / "nbd.sock") as uri:
+        with mount_url(uri, workdir / "view", ["format=raw", "rw"]) as view:
+            assert helpers.files_equal(view, disk)
+            # base:allocation block status gives SEEK_DATA/SEEK_HOLE as the host file has them.
+            seeks = [(0, os.SEEK_HOLE), (MiB + 5, os.SEEK_DATA), (2 * MiB, os.SEEK_HOLE), (3 * MiB, os.SEEK_HOLE)]
+            assert [lseek(view, o, w) for o, w in seeks] == [lseek(disk, o, w) for o, w in seeks]
+            assert lseek(view, 0, os.SEEK_HOLE) == MiB  # the file system kept the holes
+            fd = os.open(view, os.O_WRONLY)
+            try:
+                assert os.pwrite(fd, pattern, MiB + 4096) == MiB
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        expected[MiB + 4096:2 * MiB + 4096] = pattern
+        assert disk.read_bytes() == bytes(expected)
+    # Any format over NBD: the qcow2's bytes exported raw, opened as qcow2 by qcowfs.
+    with qemu_nbd(site.root / "www" / "disk.qcow2", workdir / "q.sock", "-r") as uri:
+        with mount_url(uri, workdir / "qview") as view:
+            assert helpers.files_equal(view, site.root / "disk.qcow2.ref")
+
+
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}  # s3rver's own
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(site):
+    """s3rver (npm) on loopback with bucket 'b' holding disk.qcow2, put there signed by curl."""
+    port = free_port()
+    (site.root / "s3").mkdir()
+    proc = subprocess.Popen(["s3rver", "-d", str(site.root / "s3"), "-a", "127.0.0.1", "-p", str(port), "-s",
+                             "--configure-bucket", "b"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, f"s3rver exited: {proc.stderr.read().decode()}"
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert time.monotonic() < deadline, "s3rver did not listen"
+            time.sleep(0.05)
+        helpers.run(["curl", "-sSf", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "S3RVER:S3RVER",
+                     "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-T", site.root / "www" / "disk.qcow2",
+                     f"{endpoint}/b/disk.qcow2"])
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_s3_signed_reads(site, s3_endpoint, workdir):
+    env = dict(os.environ, **S3_KEYS)
+    with mount_url("s3://b/disk.qcow2", workdir / "view", [f"s3-endpoint={s3_endpoint}"], env=env) as view:
+        assert helpers.files_equal(view, site.root / "disk.qcow2.ref")
+    wrong = qcowfs_tool("info", "s3://b/disk.qcow2", env_opts=f"s3-endpoint={s3_endpoint}", check=False,
+                        extra_env={**S3_KEYS, "AWS_ACCESS_KEY_ID": "WRONG"})
+    err = wrong.stderr.decode()
+    assert wrong.returncode != 0 and "refused the credentials" in err, err
+    unsigned = qcowfs_tool("info", "s3://b/disk.qcow2", env_opts=f"s3-endpoint={s3_endpoint}", check=False,
+                           extra_env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
+    assert unsigned.returncode != 0 and "no S3 credentials" in unsigned.stderr.decode()
