@@ -20,15 +20,17 @@ build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev
 # and lints it (no fakeroot: debian/control says Rules-Requires-Root: no); man-db: it
 # reads the installed man page. nginx-light, openssl: test_remote.py serves images over
 # http(s) on loopback; qemu-block-extra: QEMU's curl driver, so QEMU reads an overlay whose
-# backing file is a URL; npm: s3rver, the S3 server test_remote.py starts on loopback.
+# backing file is a URL; npm (only where no npm is on PATH: a machine's own Node.js, such as
+# NodeSource's nodejs, conflicts with Debian's npm): s3rver, the S3 server test_remote.py starts.
 test_pkgs=(cryptsetup-bin python3-cryptography qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
            e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync
            dpkg-dev build-essential debhelper bash-completion lintian man-db
-           nginx-light openssl qemu-block-extra curl npm)
+           nginx-light openssl qemu-block-extra curl)
 
 case "${1:-}" in
   --build) pkgs=("${build_pkgs[@]}" qemu-utils fdisk e2fsprogs) ;;  # run.sh builds a demo disk
-  "") pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  "") pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
+      command -v npm >/dev/null || pkgs+=(npm) ;;
   *) echo "usage: $0 [--build]" >&2; exit 2 ;;
 esac
 
