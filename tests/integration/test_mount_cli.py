@@ -162,13 +162,13 @@ def test_help_names_every_registry_format(workdir: Path, qcowfs: str) -> None:
 
 def test_foreign_command_names_are_unknown_commands(workdir: Path, qcowfs: str) -> None:
     img = make_qcow2(workdir)
-    for argv in (["snapshot", "-l", str(img)], ["rebase", "-b", "x", str(img)], ["convert", str(img), "out.raw"],
+    for argv in (["amend", "-o", "compat=1.1", str(img)], ["rebase", "-b", "x", str(img)], ["convert", str(img), "out.raw"],
                  ["frobnicate"], ["help", "rebase"]):
         proc = subprocess.run([qcowfs, *argv], capture_output=True, text=True, cwd=workdir, timeout=30)
         name = argv[1] if argv[0] == "help" else argv[0]
         assert proc.returncode == 1, (argv, proc.stderr)
         assert f"qcowfs: unknown command '{name}'" in proc.stderr, proc.stderr
-        assert "create, info, check, map, resize" in proc.stderr, proc.stderr
+        assert "create, info, check, map, resize, snapshot" in proc.stderr, proc.stderr
     assert not (workdir / "out.raw").exists()
     info = subprocess.run([qcowfs, "help", "info"], capture_output=True, text=True)
     assert info.returncode == 0 and info.stdout.startswith("usage: qcowfs info"), info.stdout
