@@ -59,7 +59,7 @@ TEST(BlockCache, ReadsSpanBlocksAndHitsDoNotRefetch) {
 TEST(BlockCache, KeepsAtMostItsCapacity) {
   FakeRemote remote{pattern(16 * kBlock, 2), {}, {}};
   BlockCache c(remote.data.size(), {kBlock, 2 * kBlock, 0}, remote.fetch());
-  for (uint64_t b : {0, 5, 9}) read(c, b * kBlock, 1);
+  for (uint64_t b : {uint64_t{0}, uint64_t{5}, uint64_t{9}}) read(c, b * kBlock, 1);
   read(c, 9 * kBlock, 1);  // still cached
   EXPECT_EQ(remote.fetched.size(), 3u);
   read(c, 0, 1);  // evicted (least recently used): fetched again
