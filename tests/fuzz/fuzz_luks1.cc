@@ -43,7 +43,9 @@ void check_parsed(const c::Luks1Header &h, uint64_t available) {
   for (const auto &s : h.slots) {
     check(s.stripes >= 1 && s.stripes <= c::kLuks1MaxStripes, "stripes");
     if (!s.enabled()) continue;
-    check(s.iterations >= 1 && s.iterations <= c::kMaxPbkdf2Iterations, "iterations");
+    // Over kMaxPbkdf2Iterations the slot is kept and skipped by unlock_luks1
+    // (the header stays usable through its other slots); 0 is refused.
+    check(s.iterations >= 1, "iterations");
     check(uint64_t{s.key_material_offset} * c::kLuks1SectorBytes + h.material_bytes(s) <= available,
           "key material past the image");
   }
