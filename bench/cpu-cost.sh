@@ -4,7 +4,8 @@
 # at QD32 with fio and reports the daemon's task-clock and context switches per request
 # (perf stat), and /dev/fuse read() calls per request and their EAGAIN share (strace -c).
 # Env: IOS (requests, default 100000), QUEUES (-o queues=N, default: the binary's default),
-#      FMT (raw, qcow2 or qcow2-enc: LUKS aes-256-xts, default raw).
+#      FMT (raw, qcow2, qcow2-enc: LUKS aes-256-xts, or vmdk vhdx vdi qed vpc parallels: the
+#      fully written qcow2 converted by qemu-img; default raw).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(readlink -f "${1:-$here/../build/qcowfs}")
@@ -26,8 +27,13 @@ elif [ "$fmt" = qcow2-enc ]; then
   qemu-io --object secret,id=s0,data=benchpw --image-opts -c 'write -P 0x5a 0 256M' \
     "driver=qcow2,encrypt.key-secret=s0,file.filename=$work/img" >/dev/null
   fmt=qcow2 keyopt=",key-file=$work/key"
-else
+elif [ "$fmt" = raw ]; then
   dd if=/dev/zero of="$work/img" bs=1M count=256 status=none
+else
+  qemu-img create -q -f qcow2 "$work/full" 256M
+  qemu-io -c 'write -P 0x5a 0 256M' "$work/full" >/dev/null
+  copts=; [ "$fmt" = vpc ] && copts="-o force_size=on"
+  qemu-img convert -O "$fmt" $copts "$work/full" "$work/img" && rm -f "$work/full"
 fi
 : > "$work/mnt"
 opts="ro,cache=none,passthrough=off,format=$fmt$keyopt${QUEUES:+,queues=$QUEUES}"
