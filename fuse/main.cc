@@ -131,8 +131,8 @@ int serve(fuse::Options opts) {
 
 // qemu-img's commands that qcowfs does not have: a first argument naming one
 // is a mistaken command, not an image (unless such a file exists).
-constexpr std::array<std::string_view, 10> kForeignCommands = {
-    "amend", "bench", "bitmap", "commit", "compare", "convert", "dd", "measure", "rebase", "snapshot",
+constexpr std::array<std::string_view, 9> kForeignCommands = {
+    "amend", "bench", "commit", "compare", "convert", "dd", "measure", "rebase", "snapshot",
 };
 
 bool is_bare_word(std::string_view s) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "image/bitmap.h"
 #include "image/block_driver.h"
 #include "image/check.h"
 #include "image/create.h"
@@ -42,6 +43,8 @@ struct FormatInfo {
   DescribeFormatFn describe = nullptr;
   // `qcowfs snapshot` (image/snapshot.h); nullptr: no internal snapshots.
   const SnapshotOps* snapshot = nullptr;
+  // `qcowfs bitmap` (image/bitmap.h); nullptr: no persistent dirty bitmaps.
+  const BitmapOps* bitmap = nullptr;
   bool supported() const { return open != nullptr; }
 };
 

@@ -9,6 +9,7 @@
 #include "image/parallels/parallels_create.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qcow2/qcow2_create.h"
+#include "image/qcow2/qcow2_bitmap.h"
 #include "image/qcow2/qcow2_snapshot.h"
 #include "image/qed/qed.h"
 #include "image/qed/qed_check.h"
@@ -37,7 +38,8 @@ const std::array kFormats = {
                .prepare_create = qcow2::prepare_qcow2_create,
                .check = check_qcow2,
                .describe = describe_qcow2,
-               .snapshot = &kQcow2SnapshotOps},
+               .snapshot = &kQcow2SnapshotOps,
+               .bitmap = &kQcow2BitmapOps},
     FormatInfo{.name = "qcow", .display = "qcow (version 1)", .open = nullptr},
     FormatInfo{.name = "vmdk", .display = "VMDK", .open = open_vmdk, .prepare_create = prepare_vmdk_create, .check = check_vmdk},
     FormatInfo{.name = "vhdx", .display = "VHDX", .open = open_vhdx, .prepare_create = prepare_vhdx_create, .check = check_vhdx},

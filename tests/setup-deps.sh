@@ -22,10 +22,11 @@ build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev
 # http(s) on loopback; qemu-block-extra: QEMU's curl driver, so QEMU reads an overlay whose
 # backing file is a URL; npm (only where no npm is on PATH: a machine's own Node.js, such as
 # NodeSource's nodejs, conflicts with Debian's npm): s3rver, the S3 server test_remote.py starts.
+# libnbd-bin: nbdinfo, which reads QEMU's view of a dirty bitmap from qemu-nbd (test_bitmaps.py).
 test_pkgs=(cryptsetup-bin python3-cryptography qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
            e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync
            dpkg-dev build-essential debhelper bash-completion lintian man-db
-           nginx-light openssl qemu-block-extra curl)
+           nginx-light openssl qemu-block-extra curl libnbd-bin)
 
 case "${1:-}" in
   --build) pkgs=("${build_pkgs[@]}" qemu-utils fdisk e2fsprogs) ;;  # run.sh builds a demo disk

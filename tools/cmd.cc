@@ -9,11 +9,11 @@
 
 namespace qcowfs::tools {
 
-std::string_view subcommand_names() { return "create, info, check, map, resize, snapshot"; }
+std::string_view subcommand_names() { return "create, info, check, map, resize, snapshot, bitmap"; }
 
 bool is_subcommand(std::string_view name) {
   return name == "create" || name == "info" || name == "check" || name == "map" || name == "resize" ||
-         name == "snapshot";
+         name == "snapshot" || name == "bitmap";
 }
 
 int run_subcommand(std::string_view name, std::span<const std::string> args) {
@@ -22,6 +22,7 @@ int run_subcommand(std::string_view name, std::span<const std::string> args) {
   if (name == "check") return cmd_check(args);
   if (name == "resize") return cmd_resize(args);
   if (name == "snapshot") return cmd_snapshot(args);
+  if (name == "bitmap") return cmd_bitmap(args);
   return cmd_map(args);
 }
 

@@ -23,7 +23,7 @@ namespace qcowfs::tools {
 using image::Json;
 using image::json_quote;
 
-// The subcommands, for messages: "create, info, check, map, resize, snapshot".
+// The subcommands, for messages: "create, info, check, map, resize, snapshot, bitmap".
 std::string_view subcommand_names();
 // True when `name` (argv[1]) is a subcommand.
 bool is_subcommand(std::string_view name);
@@ -36,6 +36,7 @@ int cmd_check(std::span<const std::string> args);
 int cmd_map(std::span<const std::string> args);
 int cmd_resize(std::span<const std::string> args);
 int cmd_snapshot(std::span<const std::string> args);
+int cmd_bitmap(std::span<const std::string> args);
 
 // Every subcommand's --help text (the man page documents the same options).
 std::string_view create_usage();
@@ -44,6 +45,7 @@ std::string_view check_usage();
 std::string_view map_usage();
 std::string_view resize_usage();
 std::string_view snapshot_usage();
+std::string_view bitmap_usage();
 
 // ---- helpers shared by the subcommands ----
 

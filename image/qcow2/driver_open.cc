@@ -5,6 +5,7 @@
 #include "image/backing.h"
 #include "image/endian.h"
 #include "image/path.h"
+#include "image/qcow2/bitmaps.h"
 #include "image/qcow2/driver.h"
 #include "image/qcow2/qcow2.h"
 #include "io/buffer.h"
@@ -152,6 +153,12 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFil
   auto sn = co_await read_snapshots(*(*img)->file, (*img)->header);
   if (!sn) co_return sn.status();
   (*img)->snapshots = std::move(*sn);
+  // A bitmap directory or table QEMU refuses makes the open fail, read-only
+  // too; the writer loads the bitmaps' data itself (image/qcow2/bitmaps.h).
+  if (!writable) {
+    auto bitmaps = co_await PersistentBitmaps::load(*(*img)->file, (*img)->header, false);
+    if (!bitmaps) co_return bitmaps.status();
+  }
   QCOWFS_CO_TRY(co_await open_data_file(**img, opts));
   QCOWFS_CO_TRY(co_await open_encryption(**img, opts));
   QCOWFS_CO_TRY(co_await open_backing(**img, opts));

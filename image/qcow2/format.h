@@ -166,6 +166,19 @@ inline constexpr uint32_t kBitmapFlagAuto = 1u << 1;
 inline constexpr uint64_t kBitmapTableOffsetMask = 0x00fffffffffffe00ull;  // bits 9-55
 inline constexpr size_t kBitmapDirEntryAlign = 8;
 inline constexpr size_t kBitmapTableEntrySize = 8;
+inline constexpr uint8_t kBitmapTypeDirtyTracking = 1;
+inline constexpr uint32_t kBitmapReservedFlags = 0xfffffffcu;
+// Bitmap table entries: bits 9-55 the data cluster's offset; bit 0 "all ones"
+// (only without an offset); bits 1-8 and 56-63 reserved.
+inline constexpr uint64_t kBitmapTableReservedMask = 0xff000000000001feull;
+inline constexpr uint64_t kBitmapTableAllOnes = 1ull << 0;
+// QEMU's limits (block/qcow2-bitmap.c, BME_*): a directory entry outside them
+// makes QEMU refuse the image.
+inline constexpr uint32_t kBitmapMaxTableSize = 0x8000000;          // entries
+inline constexpr uint64_t kBitmapMaxPhysBytes = 0x20000000;         // table_size * cluster_size
+inline constexpr uint32_t kBitmapMinGranularityBits = 9;
+inline constexpr uint32_t kBitmapMaxGranularityBits = 31;
+inline constexpr uint32_t kBitmapMaxNameSize = 1023;
 
 // ---- Table limits (QEMU's implementation limits; bound every allocation) ----
 inline constexpr uint64_t kMaxL1Bytes = 32ull << 20;        // QCOW_MAX_L1_SIZE

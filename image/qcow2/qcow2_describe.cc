@@ -7,6 +7,7 @@
 #include "image/crypto/luks.h"
 #include "image/crypto/unlock.h"
 #include "image/endian.h"
+#include "image/qcow2/bitmaps.h"
 #include "image/qcow2/format.h"
 #include "image/qcow2/qcow2.h"
 #include "image/qcow2/qcow2_inspect.h"
@@ -51,7 +52,7 @@ Task<Result<Json>> encryption_json(io::HostFile& f, const Header& h, const std::
   co_return crypto::luks_details(vol->info(), true);
 }
 
-Json bitmap_json(const Bitmap& b) {
+Json bitmap_json(const BitmapDirEntry& b) {
   Json flags = Json::array();
   if (b.flags & kBitmapFlagInUse) flags.push("in-use");
   if (b.flags & kBitmapFlagAuto) flags.push("auto");
@@ -65,7 +66,7 @@ Json bitmap_json(const Bitmap& b) {
 std::string compression_name(uint8_t t) { return t == kCompressionZstd ? "zstd" : "zlib"; }
 
 // encrypt: the "encrypt" block of an encrypted image, else nullopt.
-Json specific_json(const Header& h, const std::vector<Bitmap>& bitmaps, const std::optional<Json>& encrypt) {
+Json specific_json(const Header& h, const std::vector<BitmapDirEntry>& bitmaps, const std::optional<Json>& encrypt) {
   Json d = Json::object();
   if (h.version == 2) {
     d.set("compat", "0.10");
@@ -104,8 +105,10 @@ Task<Result<ImageDescription>> describe_qcow2(std::unique_ptr<io::HostFile> file
   if (!h) co_return h.status();
   auto sn = co_await read_qcow2_snapshots(f, *h);
   if (!sn) co_return sn.status();
-  auto bitmaps = co_await read_qcow2_bitmaps(f, *h);
-  if (!bitmaps) co_return bitmaps.status();
+  // As qemu-img info (which opens the image): a directory QEMU refuses is an error.
+  auto loaded = co_await PersistentBitmaps::load(f, *h, false);
+  if (!loaded) co_return loaded.status().with_context(path);
+  const std::vector<BitmapDirEntry> bitmaps = (*loaded)->entries();
   std::optional<Json> encrypt;
   if (h->crypt_method != kCryptNone) {
     auto e = co_await encryption_json(f, *h, path);
@@ -120,7 +123,7 @@ Task<Result<ImageDescription>> describe_qcow2(std::unique_ptr<io::HostFile> file
   d.details.backing_format = h->backing_format;
   d.details.dirty = h->dirty();
   d.details.encrypted = encrypt.has_value();
-  d.details.specific = specific_json(*h, *bitmaps, encrypt);
+  d.details.specific = specific_json(*h, bitmaps, encrypt);
   for (const Snapshot& s : sn->snapshots) d.snapshots.push_back(snapshot_listing(s));
   co_return d;
 }

@@ -69,6 +69,7 @@
 
 #include "image/block_driver.h"
 #include "image/qcow2/alloc.h"
+#include "image/qcow2/bitmaps.h"
 #include "image/qcow2/image_state.h"
 #include "image/qcow2/metadata.h"
 #include "image/qcow2/read_path.h"
@@ -115,6 +116,13 @@ class Qcow2Writer {
   Task<Status> idle_writeback();
   Task<Status> close();
 
+  // The image's persistent dirty bitmaps (image/qcow2/bitmaps.h): never null
+  // after open; empty without the bitmaps extension.
+  PersistentBitmaps& bitmaps() { return *bitmaps_; }
+  // Before a change that is not a guest write (`qcowfs bitmap` operations):
+  // the same preparation as the first write (bitmaps marked in use).
+  Task<Status> prepare_for_change() { return prepare(); }
+
   // For tests: the refcount table and allocator (use with no request in flight).
   RefcountTable& refcounts() { return *refcounts_; }
   ClusterAllocator& allocator() { return *alloc_; }
@@ -134,8 +142,9 @@ class Qcow2Writer {
   Task<Status> set_incompatible_bits(uint64_t bits);
   Task<Status> write_header_bytes(uint64_t header_offset, std::span<const std::byte> bytes);
   Task<Status> repair_refcounts();
-  Task<Status> clear_autoclear_features();
+  Task<Status> clear_autoclear_features(bool keep_bitmaps);
   Task<Status> write_back_all();
+  Task<Status> close_locked();
   Task<Status> clear_dirty_bit();
   // Corrupt metadata found by this request: logs it, records it in the image's
   // Corruption and returns EIO.
@@ -144,6 +153,18 @@ class Qcow2Writer {
   // table), marks the image corrupt once and returns EIO; else returns st.
   Task<Status> check_corruption(Status st);
   bool has_backing() const;
+
+  // ---- persistent bitmaps (writer_bitmaps.cc) ----
+  Task<Status> load_bitmaps();
+  void note_guest_change(GuestOffset guest, uint64_t len);
+  Task<Status> write_autoclear(uint64_t bits);
+  Task<Status> mark_bitmaps_in_use();
+  Task<Result<HostOffset>> allocate_bitmap_clusters(uint64_t n);
+  Task<Status> write_bitmap_clusters(HostOffset host, std::span<const std::byte> bytes);
+  Task<Status> store_bitmap(TrackedBitmap& t, std::vector<BitmapHostRange>& fresh);
+  Task<Status> write_bitmaps_extension(uint32_t nb_bitmaps, const BitmapHostRange& dir);
+  Task<Status> release_bitmap_ranges(const std::vector<BitmapHostRange>& ranges);
+  Task<Status> store_bitmaps();
 
   // ---- mapping and allocation (writer_map.cc) ----
   // Maps a pure overwrite without the metadata lock: false (plan unusable)
@@ -235,6 +256,7 @@ class Qcow2Writer {
   MetadataTracker tracker_;
   std::atomic<bool> writeback_due_{false};  // more dirty metadata than the bounds allow
   HostOffset prealloc_end_ = 0;  // host bytes below it are allocated (preallocated) space
+  std::unique_ptr<PersistentBitmaps> bitmaps_;  // internally synchronised
 };
 
 }  // namespace qcowfs::image::qcow2

@@ -17,6 +17,7 @@ Task<Status> Qcow2Writer::write(GuestOffset guest, std::span<const std::byte> bu
   if (buf.empty()) co_return Status::ok();
   QCOWFS_CO_TRY(img_.corruption.refuse_writes());
   QCOWFS_CO_TRY(co_await prepare());
+  note_guest_change(guest, buf.size());
   auto in_place = co_await write_in_place(guest, buf);
   QCOWFS_CO_TRY(co_await check_corruption(in_place.status()));
   if (!*in_place) QCOWFS_CO_TRY(co_await check_corruption(co_await write_allocating(guest, buf)));

@@ -24,13 +24,19 @@ constexpr int kCloseWritebackRounds = 4;
 }  // namespace
 
 Qcow2Writer::Qcow2Writer(Qcow2Image& image, L1Table& l1, ReadPath& reads, bool discard_unmap)
-    : img_(image), l1_(l1), reads_(reads), discard_unmap_(discard_unmap), size_(image.header.size) {}
+    : img_(image),
+      l1_(l1),
+      reads_(reads),
+      discard_unmap_(discard_unmap),
+      size_(image.header.size),
+      bitmaps_(std::make_unique<PersistentBitmaps>()) {}
 
 Task<Result<std::unique_ptr<Qcow2Writer>>> Qcow2Writer::open(Qcow2Image& image, L1Table& l1, ReadPath& reads,
                                                              const ImageOptions& opts) {
   auto w = std::make_unique<Qcow2Writer>(image, l1, reads, opts.discard_unmap);
   if (image.header.dirty()) QCOWFS_CO_TRY(co_await w->repair_refcounts());
   QCOWFS_CO_TRY(co_await w->load_refcounts());
+  QCOWFS_CO_TRY(co_await w->load_bitmaps());
   co_return w;
 }
 
@@ -82,30 +88,25 @@ Task<Status> Qcow2Writer::repair_refcounts() {
 }
 
 // Autoclear bits this writer does not maintain are cleared before the first
-// change, as the qcow2 spec asks of a program that does not know them. For
-// the bitmaps bit that invalidates every persistent bitmap; QEMU then drops
-// the bitmaps extension from the header, and so does this one header write.
-// The clusters the bitmaps held (directory, tables, data) are freed after it,
-// where QEMU would leave them leaked until `qemu-img check -r`. Metadata lock held.
-Task<Status> Qcow2Writer::clear_autoclear_features() {
+// change, as the qcow2 spec asks of a program that does not know them. The
+// bitmaps bit stays when the bitmaps are maintained (keep_bitmaps: the bit
+// was set at open and the directory loaded). A bitmaps extension found
+// without the bit is stale (QEMU: "a program lacking bitmap support modified
+// this file"): it is dropped in the same header write, its clusters left
+// leaked as QEMU leaves them (`qemu-img check -r leaks` frees them).
+// Metadata lock held.
+Task<Status> Qcow2Writer::clear_autoclear_features(bool keep_bitmaps) {
   Header& h = img_.header;
-  auto held = co_await bitmaps_extension_ranges(*img_.file, h);
-  if (!held) co_return held.status();
   Header next = h;
-  next.autoclear_features &= kAutoclearDataFileRaw;
-  next.bitmaps.reset();
+  next.autoclear_features &= kAutoclearDataFileRaw | (keep_bitmaps ? kAutoclearBitmaps : 0);
+  if (!keep_bitmaps) next.bitmaps.reset();
   auto bytes = serialize_header(next);
   if (!bytes) co_return bytes.status();
   QCOWFS_CO_TRY(co_await write_header_bytes(0, *bytes));
   log::info("{}: cleared autoclear feature bits {:#x} (not maintained by this writer){}", img_.path,
-            h.autoclear_features & ~next.autoclear_features, h.bitmaps ? ", persistent bitmaps dropped" : "");
+            h.autoclear_features & ~next.autoclear_features,
+            h.bitmaps && !keep_bitmaps ? ", stale persistent bitmaps dropped" : "");
   h = std::move(next);
-  const uint32_t bits = img_.geometry.cluster_bits;
-  for (const HostRange& r : *held) {
-    if (r.length == 0) continue;
-    const HostCluster first_hc = r.offset >> bits, last_hc = (r.offset + r.length - 1) >> bits;
-    QCOWFS_CO_TRY(co_await alloc_->release(first_hc, last_hc - first_hc + 1, nullptr));
-  }
   co_return Status::ok();
 }
 
@@ -123,7 +124,11 @@ Task<Status> Qcow2Writer::prepare_locked() {
   Header& h = img_.header;
   State next = State::clean;
   if (h.version >= 3) {
-    if ((h.autoclear_features & ~kAutoclearDataFileRaw) != 0 || h.bitmaps) QCOWFS_CO_TRY(co_await clear_autoclear_features());
+    const bool keep_bitmaps = (h.autoclear_features & kAutoclearBitmaps) && h.bitmaps && !bitmaps_->empty();
+    const uint64_t kept = kAutoclearDataFileRaw | (keep_bitmaps ? kAutoclearBitmaps : 0);
+    if ((h.autoclear_features & ~kept) != 0 || (h.bitmaps && !keep_bitmaps))
+      QCOWFS_CO_TRY(co_await clear_autoclear_features(keep_bitmaps));
+    if (keep_bitmaps) QCOWFS_CO_TRY(co_await mark_bitmaps_in_use());
     if ((h.compatible_features & kCompatLazyRefcounts) && !h.dirty()) {
       QCOWFS_CO_TRY(co_await set_incompatible_bits(h.incompatible_features | kIncompatDirty));
       next = State::dirty;
@@ -156,6 +161,15 @@ Task<Status> Qcow2Writer::check_corruption(Status st) {
 Task<Status> Qcow2Writer::close() {
   if (state() == State::closed) co_return Status::ok();
   QCOWFS_CO_TRY(co_await write_back_all());
+  // A failure to store the bitmaps leaves them IN_USE (QEMU's outcome after
+  // a crash); the rest of close still runs and the error is returned.
+  const Status stored = co_await store_bitmaps();
+  if (stored) QCOWFS_CO_TRY(co_await write_back_all());
+  QCOWFS_CO_TRY(co_await close_locked());
+  co_return stored;
+}
+
+Task<Status> Qcow2Writer::close_locked() {
   auto m = co_await meta_.lock();
   QCOWFS_CO_TRY(co_await trim_preallocation());
   if (state() == State::dirty) QCOWFS_CO_TRY(co_await clear_dirty_bit());

@@ -29,14 +29,22 @@ Task<Status> Qcow2Writer::truncate(uint64_t new_size) {
   const uint64_t old_size = size();
   if (new_size == old_size) co_return Status::ok();
   QCOWFS_CO_TRY(img_.corruption.refuse_writes());
+  // QEMU's qcow2_truncate_bitmaps_check: an inconsistent bitmap blocks a
+  // resize; the loaded ones follow the new size (stored at close).
+  QCOWFS_CO_TRY(bitmaps_->check_resize());
   QCOWFS_CO_TRY(co_await prepare());
   auto range = co_await reads_.ranges().lock(0, UINT64_MAX, io::RangeLock::Mode::exclusive);
   if (new_size < old_size) QCOWFS_CO_TRY(co_await check_tail_unallocated(new_size));
   // data_file_raw: the data file stays a raw image of the guest size, as QEMU keeps it.
   if (img_.header.data_file_raw()) QCOWFS_CO_TRY(co_await img_.data_file->truncate(new_size));
   const uint64_t entries = img_.header.l1_entries_for(new_size);
-  if (entries > l1_.entries.size()) co_return co_await grow_l1(entries, new_size);
-  co_return co_await write_size(new_size);
+  if (entries > l1_.entries.size()) {
+    QCOWFS_CO_TRY(co_await grow_l1(entries, new_size));
+  } else {
+    QCOWFS_CO_TRY(co_await write_size(new_size));
+  }
+  bitmaps_->resize(new_size);
+  co_return Status::ok();
 }
 
 // EINVAL when a guest cluster between new_size and the current size is allocated.

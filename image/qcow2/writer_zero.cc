@@ -36,6 +36,7 @@ Task<Status> Qcow2Writer::zero_range(GuestOffset guest, uint64_t len, ZeroMode m
   if (len == 0) co_return Status::ok();
   QCOWFS_CO_TRY(img_.corruption.refuse_writes());
   QCOWFS_CO_TRY(co_await prepare());
+  note_guest_change(guest, len);
   const Geometry& g = img_.geometry;
   const uint64_t cs = g.cluster_size();
   const GuestOffset end = guest + len;

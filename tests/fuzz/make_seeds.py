@@ -126,7 +126,27 @@ def main(argv: list[str]) -> int:
         vmdk_descriptor_seeds(tmp, out / "vmdk_descriptor")
         luks_header_seeds(tmp, out / "luks_header")
         luks1_seeds(tmp, out / "luks1")
+        bitmap_seeds(tmp, out / "bitmap")
     return 0
+
+
+# Seeds of fuzz_bitmap: u8 cluster_bits, u32 nb_bitmaps, u32 directory length,
+# u64 disk size (little-endian), then the bitmap directory and the first
+# bitmap's table, as qemu-img bitmap writes them.
+def bitmap_seeds(tmp: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    img = tmp / "bitmaps.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(img), "16M"], check=True)
+    for args in (["b0"], ["-g", "512k", "b1"], ["--disable", "d"]):
+        subprocess.run(["qemu-img", "bitmap", "--add", "-f", "qcow2", *args[:-1], str(img), args[-1]], check=True)
+    subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write 1M 64k", str(img)], check=True, stdout=subprocess.DEVNULL)
+    ext = dict(ed.read_extensions(img))[0x23852875]
+    nb, _, dir_size, dir_offset = struct.unpack(">IIQQ", ext[:24])
+    data = img.read_bytes()
+    directory = data[dir_offset:dir_offset + dir_size]
+    table = struct.unpack(">Q", directory[:8])[0]
+    seed = struct.pack("<BIIQ", ed.cluster_bits(img), nb, dir_size, 16 << 20) + directory + data[table:table + 64]
+    (out / "qemu-three").write_bytes(seed)
 
 
 # Formats fuzz_probe starts from: the first 4 KiB (and the last 512 bytes) of

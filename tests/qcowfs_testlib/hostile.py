@@ -192,6 +192,54 @@ def extension(etype: int, data: bytes, autoclear: int = 0) -> Callable[[Path], B
     return make
 
 
+BITMAPS_EXT = 0x23852875
+# Directory entry fields: offset and struct format (qcow2 spec, "Bitmap directory").
+BITMAP_ENTRY_FIELDS = {"table_offset": (0, ">Q"), "table_size": (8, ">I"), "flags": (12, ">I"), "type": (16, ">B"),
+                       "granularity_bits": (17, ">B"), "name_size": (18, ">H")}
+
+
+def with_bitmap(d: Path) -> tuple[Path, int, int]:
+    """plain() with bitmap b0 from qemu-img (no bits set); returns it, the directory offset and the table offset."""
+    img = plain(d)
+    run("qemu-img", "bitmap", "--add", "-f", "qcow2", img, "b0")
+    ext = dict(ed.read_extensions(img))[BITMAPS_EXT]
+    dir_offset = struct.unpack(">Q", ext[16:24])[0]
+    return img, dir_offset, ed.read_u64(img, dir_offset)
+
+
+def bitmap_entry(**fields) -> Callable[[Path], Built]:
+    """Bitmap b0's directory entry with fields replaced (a callable value gets the directory offset)."""
+    def make(d: Path) -> Built:
+        img, dir_offset, _ = with_bitmap(d)
+        for name, value in fields.items():
+            off, fmt = BITMAP_ENTRY_FIELDS[name]
+            v = value(dir_offset) if callable(value) else value
+            ed.write_bytes(img, dir_offset + off, struct.pack(fmt, v))
+        return built(img)
+    return make
+
+
+def bitmap_count(n: int) -> Callable[[Path], Built]:
+    """The bitmaps extension claims n bitmaps; the directory holds one."""
+    def make(d: Path) -> Built:
+        img, _, _ = with_bitmap(d)
+        exts = [(t, struct.pack(">I", n) + data[4:] if t == BITMAPS_EXT else data) for t, data in ed.read_extensions(img)]
+        ed.write_extensions(img, exts)
+        return built(img)
+    return make
+
+
+def bitmap_table_entry(value: int, flags: int | None = None) -> Callable[[Path], Built]:
+    """Entry 0 of b0's bitmap table set to value (and the entry's flags, when given)."""
+    def make(d: Path) -> Built:
+        img, dir_offset, table = with_bitmap(d)
+        ed.write_u64(img, table, value)
+        if flags is not None:
+            ed.write_bytes(img, dir_offset + 12, struct.pack(">I", flags))
+        return built(img)
+    return make
+
+
 def extension_length_overflow(d: Path) -> Built:
     """An extension whose length field runs far past the header cluster."""
     img = plain(d)
@@ -452,6 +500,20 @@ CASES: dict[str, Case] = {
                                       "extension length 2 GiB"),
     "bitmaps_extension_garbage": Case(extension(0x23852875, b"\xff" * 24, autoclear=1), Refused(r"bitmap"),
                                       "bitmap directory bomb (autoclear bit set: QEMU ignores it otherwise)"),
+    # persistent bitmaps: QEMU refuses to open these (block/qcow2-bitmap.c), qcowfs too
+    "bitmap_granularity_too_large": Case(bitmap_entry(granularity_bits=40), Refused(r"constraints"),
+                                         "granularity 2^40 (QEMU's maximum is 2^31)"),
+    "bitmap_name_past_directory": Case(bitmap_entry(name_size=0xFFFF), Refused(r"Broken bitmap directory"),
+                                       "entry name runs past the directory"),
+    "bitmap_count_mismatch": Case(bitmap_count(2), Refused(r"Less bitmaps"), "extension counts 2, directory has 1"),
+    "bitmap_table_entry_reserved": Case(bitmap_table_entry(0x2), Refused(r"entry 0"),
+                                        "bitmap table entry with a reserved bit"),
+    "bitmap_table_size_mismatch": Case(bitmap_entry(table_size=3), Refused(r"Could not read bitmap"),
+                                       "table longer than the disk needs"),
+    "bitmap_table_on_directory": Case(bitmap_entry(table_offset=lambda dir_offset: dir_offset), Refused(r"overlaps|outside the file"),
+                                      "bitmap table placed on the directory"),
+    "bitmap_in_use_bad_table": Case(bitmap_table_entry(0x2, flags=3), Readable(),
+                                    "an in-use bitmap's table is never read (QEMU skips it too)"),
     "encryption_aes": Case(header_fields(crypt_method=1), Refused(r"encrypt"), "legacy AES"),
     "encryption_luks": Case(luks, Refused(r"encrypt"), "real LUKS image from qemu-img"),
     "encryption_unknown_method": Case(header_fields(crypt_method=7), Refused(r"encrypt|crypt"),
