@@ -171,21 +171,30 @@ Task<void> lseek_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, uint6
 }
 
 // Replies to an OPEN; a writer's open gets its OpenFile (freed in op_release).
-void reply_open(fuse_req_t req, fuse_file_info& fi) {
+// A catalogue image's user (counted before) is given back when the reply
+// fails (-ENOENT: interrupted), since no RELEASE follows.
+void reply_open(fuse_req_t req, ImageFile& file, fuse_file_info& fi) {
   const bool for_writing = (fi.flags & O_ACCMODE) != O_RDONLY;
   std::unique_ptr<OpenFile> open;
   if (for_writing) open = std::make_unique<OpenFile>((fi.flags & O_TRUNC) != 0);
   fi.fh = reinterpret_cast<uint64_t>(open.get());  // NOLINT: fh holds the pointer
-  if (fuse_reply_open(req, &fi) == 0) (void)open.release();  // -ENOENT: interrupted, no RELEASE follows
+  if (fuse_reply_open(req, &fi) == 0) (void)open.release();
+  else if (file.counts_users()) file.release();
 }
 
+// The first open of a snapshot, or of a catalogue image (acquire(): counted
+// until its RELEASE). A catalogue image that cannot be opened (corrupt, a
+// missing backing file, a wrong key, locked by another user) fails only this
+// open, with EIO; the catalogue's opener has logged why.
 Task<void> open_task(fuse_req_t req, ImageFile& file, fuse_file_info fi) {
-  Status st = co_await file.ensure_open();
+  Status st;  // (no co_await in a conditional expression: GCC 12 miscompiles its temporaries)
+  if (file.counts_users()) st = co_await file.acquire();
+  else st = co_await file.ensure_open();
   if (!st) {
     reply_error(req, st);
     co_return;
   }
-  reply_open(req, fi);
+  reply_open(req, file, fi);
 }
 
 // Grows or shrinks the disk. Drivers refuse to shrink over data (EINVAL,
@@ -193,8 +202,14 @@ Task<void> open_task(fuse_req_t req, ImageFile& file, fuse_file_info fi) {
 // changes of a truncating open that need no growth never get here (see
 // op_open, op_setattr). `open`: the open it came through, or nullptr.
 Task<void> resize_task(fuse_req_t req, const Node& node, uint64_t new_size, OpenFile* open) {
-  Status st = co_await node.file->ensure_open();
-  if (st && new_size != node.file->size()) st = co_await node.file->driver()->truncate(new_size);
+  ImageFile& file = *node.file;
+  const bool counted = file.counts_users();  // a catalogue image: held for the resize
+  Status st;
+  if (counted) st = co_await file.acquire();
+  else st = co_await file.ensure_open();
+  const bool held = counted && st.is_ok();
+  if (st && new_size != file.size()) st = co_await file.driver()->truncate(new_size);
+  if (held) file.release();
   if (!st) {
     reply_error(req, st);
     co_return;
@@ -203,11 +218,11 @@ Task<void> resize_task(fuse_req_t req, const Node& node, uint64_t new_size, Open
   reply_attr(req, fs_of(req), node);
 }
 
-// Re-reads a dynamic directory (partitions/) before it is listed; a failed
-// re-read keeps the previous entries and is only logged.
-Task<void> refresh_task(fuse_req_t req, DynamicDirectory& d, fuse_file_info fi) {
-  Status st = co_await d.refresh();
-  if (!st) log::warn("re-reading the partition table: {}", st.to_string());
+// Re-reads a dynamic directory (partitions/, a catalogue's directory) before
+// it is listed; a failed re-read keeps the previous entries and is only logged.
+Task<void> refresh_task(fuse_req_t req, DynamicDirectory& d, fuse_ino_t ino, fuse_file_info fi) {
+  Status st = co_await d.refresh(ino);
+  if (!st) log::warn("re-reading {}: {}", d.source(), st.to_string());
   fuse_reply_open(req, &fi);
 }
 
@@ -246,18 +261,19 @@ void reply_lookup(fuse_req_t req, fuse_ino_t parent, const char* name, bool dyna
   fuse_reply_entry(req, &e);
 }
 
-// A lookup in a dynamic directory whose source was written since it was read
-// (partitions/ after a new partition table): re-read, then answer. A failed
-// re-read keeps the previous entries and is only logged.
+// A lookup in a dynamic directory whose source may have changed since it was
+// read (partitions/ after a new partition table, a catalogue's source
+// directory): bring the name up to date, then answer. A failed re-read keeps
+// the previous entries and is only logged.
 Task<void> refreshed_lookup_task(fuse_req_t req, DynamicDirectory& d, fuse_ino_t parent, std::string name) {
-  Status st = co_await d.refresh();
-  if (!st) log::warn("re-reading the partition table: {}", st.to_string());
+  Status st = co_await d.refresh_name(parent, name);
+  if (!st) log::warn("re-reading {}: {}", d.source(), st.to_string());
   reply_lookup(req, parent, name.c_str(), true);
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   DynamicDirectory* d = fs_of(req).table().dynamic_for(parent);
-  if (d && d->needs_refresh()) {
+  if (d && d->needs_refresh(parent)) {
     EventLoop::current()->spawn_request(refreshed_lookup_task(req, *d, parent, name));
     return;
   }
@@ -352,8 +368,9 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->direct_io = 1;  // no page cache on top of the host's: O_DIRECT opens work too
   fi->keep_cache = 0;
   fi->noflush = !for_writing;  // flush() makes writes durable only for writers
-  if (node->file->driver()) {
-    reply_open(req, *fi);
+  const bool ready = node->file->counts_users() ? node->file->try_acquire() : node->file->driver() != nullptr;
+  if (ready) {
+    reply_open(req, *node->file, *fi);
     return;
   }
   EventLoop::current()->spawn_request(open_task(req, *node->file, *fi));
@@ -412,12 +429,14 @@ void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
   EventLoop::current()->spawn_request(flush_task(req, *file, open_file_of(fi)));
 }
 
-void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   std::unique_ptr<OpenFile> open(open_file_of(fi));
   if (open && open->overflowed())
     log::info(
         "an open with O_TRUNC (or truncated to 0) wrote too scattered to track: the ranges it skipped were "
         "left as they were");
+  const Node* node = fs_of(req).table().get(ino);
+  if (node && node->file && node->file->counts_users()) node->file->release();
   fuse_reply_err(req, 0);
 }
 
@@ -432,7 +451,7 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   if (DynamicDirectory* d = fs_of(req).table().dynamic_for(ino)) {
-    EventLoop::current()->spawn_request(refresh_task(req, *d, *fi));
+    EventLoop::current()->spawn_request(refresh_task(req, *d, ino, *fi));
     return;
   }
   fuse_reply_open(req, fi);

@@ -1,17 +1,34 @@
 // ImageFile: one raw view shown by the mount: the main image (opened before
-// mounting) or an internal snapshot (opened read-only on first open(), since
-// most mounts never look at their snapshots). It answers the questions the
-// FUSE handlers ask about a file: its driver, size, allocation, access mode.
+// mounting), an internal snapshot (opened read-only on first open(), since
+// most mounts never look at their snapshots), or an image of a catalogue
+// (fuse/catalogue.h: opened on the first open of its view, closed when it has
+// been unused for the idle delay). It answers the questions the FUSE handlers
+// ask about a file: its driver, size, allocation, access mode.
+//
+// Catalogue images count their users: acquire() (each OPEN, and a resize by
+// path for its duration) opens the image if needed, release() (each RELEASE)
+// gives it back, and close_if_idle() closes an image nobody has used for the
+// idle delay. The states, guarded by mu_:
+//   closed --acquire()--> open (users > 0) --release() to 0--> idle
+//   idle --acquire()--> open;  idle --close_if_idle() after the delay--> closed
+// A failed open leaves the view closed; the next open tries again.
 //
 // Thread-safety: every method may be called from any event-loop thread.
-// ensure_open() serialises the lazy open; driver() is valid (non-null) once
-// ensure_open() succeeded and stays valid until close(). A snapshot view
-// borrows its parent driver's files: it must be closed before the parent.
+// ensure_open()/acquire() serialise the lazy open; driver() is valid (non-null)
+// once they succeeded and stays valid until close() (a snapshot) or until the
+// last release() plus close_if_idle() (a catalogue image): the kernel sends I/O
+// only on an open file, so every I/O request runs while a user holds it. A
+// snapshot view borrows its parent driver's files: it must be closed before the
+// parent.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "image/block_driver.h"
@@ -36,6 +53,11 @@ class ImageFile {
   ImageFile(image::BlockDriver* driver, bool writable);
   // A read-only snapshot of parent (borrowed), opened lazily by id.
   ImageFile(image::BlockDriver* parent, std::string snapshot_id, uint64_t snapshot_size);
+  // A catalogue image, opened by `opener` on first acquire(); until then its
+  // size and allocation are the ones last given to set_closed_attributes().
+  using Opener = std::function<Task<Result<std::unique_ptr<image::BlockDriver>>>()>;
+  using Clock = std::chrono::steady_clock;
+  ImageFile(Opener opener, bool writable);
   ImageFile(const ImageFile&) = delete;
   ImageFile& operator=(const ImageFile&) = delete;
 
@@ -73,8 +95,28 @@ class ImageFile {
     if (watch_) watch_->note_write(watch_offset_ + off, len);
   }
 
-  // Closes a lazily opened snapshot; the main view's driver is closed by its owner.
+  // Closes a lazily opened snapshot or catalogue image; the main view's
+  // driver is closed by its owner.
   Task<Status> close();
+
+  // ---- catalogue images ----
+  bool counts_users() const { return static_cast<bool>(opener_); }
+  // Opens the image if it is not open and counts one user (the caller then
+  // holds it until release()). A failure leaves the view closed.
+  Task<Status> acquire();
+  // Counts one user without waiting, when the image is open: false otherwise
+  // (then acquire()).
+  bool try_acquire();
+  // One user fewer; when none is left, `on_idle` (set_on_idle) is told.
+  void release();
+  void set_on_idle(std::function<void()> on_idle) { on_idle_ = std::move(on_idle); }
+  // Closes the image if it is open, unused, and was last released at least
+  // `delay` before `now`. Returns when the image may be closed next: nullopt
+  // when it is closed (or in use: its last release will tell on_idle).
+  Task<Result<std::optional<Clock::time_point>>> close_if_idle(Clock::time_point now, Clock::duration delay);
+  // The size and host allocation a closed image shows (from its header).
+  void set_closed_attributes(uint64_t size, uint64_t allocated);
+  bool is_open() const;
 
  private:
   image::BlockDriver* parent_ = nullptr;  // snapshot views only
@@ -87,6 +129,17 @@ class ImageFile {
   std::atomic<int32_t> backing_id_{-1};
   WriteWatch* watch_ = nullptr;
   uint64_t watch_offset_ = 0;
+
+  // Catalogue images: owned_ and driver_ change under open_mu_ (the open and
+  // the close) and, for driver_, also under mu_, which guards the rest; size()
+  // and allocated_bytes() read the driver under mu_.
+  Opener opener_;
+  std::function<void()> on_idle_;
+  mutable std::mutex mu_;
+  unsigned users_ = 0;
+  Clock::time_point last_release_{};
+  uint64_t closed_size_ = 0;
+  uint64_t closed_allocated_ = 0;
 };
 
 }  // namespace qcowfs::fuse

@@ -41,13 +41,8 @@ Ino InodeTable::add_image(Ino parent, std::string name, std::unique_ptr<ImageFil
   return add(parent, std::move(name), NodeKind::image, std::move(file));
 }
 
-void InodeTable::set_dynamic(Ino dir, std::unique_ptr<DynamicDirectory> d) {
-  dynamic_ino_ = dir;
-  dynamic_ = std::move(d);
-}
-
 std::vector<Ino> InodeTable::children(const Node& dir) const {
-  if (dynamic_ && dir.ino == dynamic_ino_) return dynamic_->children();
+  if (DynamicDirectory* d = dynamic_for(dir.ino)) return d->children(dir.ino);
   return dir.children;
 }
 
@@ -57,7 +52,7 @@ const Node* InodeTable::get(Ino ino) const {
 }
 
 const Node* InodeTable::lookup(Ino parent, std::string_view name) const {
-  if (dynamic_ && parent == dynamic_ino_) return dynamic_->lookup(name);
+  if (DynamicDirectory* d = dynamic_for(parent)) return d->lookup(parent, name);
   const Node* dir = get(parent);
   if (!dir || dir->kind != NodeKind::directory) return nullptr;
   for (Ino child : dir->children) {
@@ -79,18 +74,19 @@ std::vector<ImageFile*> InodeTable::image_files() const {
 struct stat InodeTable::attributes(const Node& node, const AttrContext& ctx) const {
   struct stat st = {};
   st.st_ino = node.ino;
-  st.st_uid = ctx.view.uid;
-  st.st_gid = ctx.view.gid;
+  const ViewAttrs view = node.access ? node.access->get() : ctx.view;
+  st.st_uid = view.uid;
+  st.st_gid = view.gid;
   st.st_atim = st.st_mtim = st.st_ctim = ctx.mount_time;
   st.st_blksize = 4096;
   if (node.kind == NodeKind::directory) {
-    st.st_mode = S_IFDIR | directory_permissions(ctx.view.mode, ctx.dir_mask);
+    st.st_mode = S_IFDIR | directory_permissions(view.mode, ctx.dir_mask);
     st.st_nlink = 2;
     for (Ino child : node.children)
       if (nodes_[child - kRootIno].kind == NodeKind::directory) ++st.st_nlink;
     return st;
   }
-  st.st_mode = S_IFREG | file_permissions(ctx.view.mode, node.file->writable());
+  st.st_mode = S_IFREG | file_permissions(view.mode, node.file->writable());
   st.st_nlink = 1;
   st.st_size = static_cast<off_t>(node.file->size());
   st.st_blocks = static_cast<blkcnt_t>(div_round_up(node.file->allocated_bytes(), 512));

@@ -8,7 +8,8 @@
 //
 // The tree is built before the mount starts and never changes afterwards, so
 // lookups need no locks; only the ImageFiles behind image nodes change state,
-// and the one optional DynamicDirectory (partitions/) locks its own entries.
+// and the one optional DynamicDirectory (partitions/, or a catalogue's
+// directories) locks its own entries.
 // Inode numbers are dense, starting at kRootIno (FUSE_ROOT_ID).
 // Thread-safety: building is single-threaded; const methods are thread-safe.
 #pragma once
@@ -38,6 +39,9 @@ struct Node {
   std::string name;
   std::vector<Ino> children;          // directories: in readdir order
   std::unique_ptr<ImageFile> file;    // image nodes
+  // The node's own owner, group and mode (a catalogue's images: each image
+  // file's); nullptr: the view's (AttrContext::view).
+  std::shared_ptr<ViewAccess> access;
 };
 
 // What every node's stat derives from: the view's current owner, group and
@@ -49,22 +53,36 @@ struct AttrContext {
   struct timespec mount_time = {};
 };
 
-// A directory whose entries change while mounted (partitions/): it owns its
-// nodes and keeps every node it ever handed out alive (a request may still be
-// using one after a refresh dropped it) until it is destroyed.
+// Directories whose entries change while mounted (partitions/, a catalogue's
+// directories): they own their nodes and keep every node they ever handed out
+// alive (a request may still be using one after a refresh dropped it) until
+// they are destroyed. One object may serve several directories (a catalogue
+// serves the root and every subdirectory it found): every call names the
+// directory.
 // Thread-safety: every method may be called concurrently.
 class DynamicDirectory {
  public:
   virtual ~DynamicDirectory() = default;
+  virtual bool has_directory(Ino dir) const = 0;
   virtual const Node* get(Ino ino) const = 0;  // nullptr: not one of its nodes
-  virtual const Node* lookup(std::string_view name) const = 0;
-  virtual std::vector<Ino> children() const = 0;  // the current entries, in order
+  virtual const Node* lookup(Ino dir, std::string_view name) const = 0;
+  virtual std::vector<Ino> children(Ino dir) const = 0;  // the current entries, in order
   virtual std::vector<ImageFile*> image_files() const = 0;  // every node ever made
-  // Re-reads the entries (on opendir, and on lookup when needs_refresh()).
-  virtual Task<Status> refresh() = 0;
-  // True when the entries may be out of date (what they were read from has
-  // been written since): a lookup refreshes first.
-  virtual bool needs_refresh() const { return false; }
+  // Re-reads the entries of dir (on opendir).
+  virtual Task<Status> refresh(Ino dir) = 0;
+  // Brings `name` in dir up to date before a lookup answers (called when
+  // needs_refresh(dir)); by default the whole directory is re-read.
+  virtual Task<Status> refresh_name(Ino dir, std::string name) {
+    (void)name;
+    co_return co_await refresh(dir);
+  }
+  // True when the entries of dir may be out of date: a lookup refreshes first.
+  virtual bool needs_refresh(Ino dir) const {
+    (void)dir;
+    return false;
+  }
+  // What a refresh reads, for messages: "the partition table".
+  virtual std::string_view source() const = 0;
 };
 
 class InodeTable {
@@ -79,10 +97,13 @@ class InodeTable {
   Ino add_directory(Ino parent, std::string name);
   Ino add_image(Ino parent, std::string name, std::unique_ptr<ImageFile> file);
 
-  // Makes directory `dir` dynamic: its entries come from `d` (set while building).
-  void set_dynamic(Ino dir, std::unique_ptr<DynamicDirectory> d);
+  // Makes the directories `d` serves dynamic: their entries (and the nodes
+  // they hold) come from `d` (set while building; one per table).
+  void set_dynamic(std::unique_ptr<DynamicDirectory> d) { dynamic_ = std::move(d); }
   // The dynamic directory behind ino, or nullptr.
-  DynamicDirectory* dynamic_for(Ino ino) const { return ino == dynamic_ino_ ? dynamic_.get() : nullptr; }
+  DynamicDirectory* dynamic_for(Ino ino) const {
+    return dynamic_ && dynamic_->has_directory(ino) ? dynamic_.get() : nullptr;
+  }
   // A directory's current children (a dynamic directory's included).
   std::vector<Ino> children(const Node& dir) const;
 
@@ -103,7 +124,6 @@ class InodeTable {
   InodeTable() = default;
   Ino add(Ino parent, std::string name, NodeKind kind, std::unique_ptr<ImageFile> file);
   std::vector<Node> nodes_;  // nodes_[ino - kRootIno]
-  Ino dynamic_ino_ = 0;
   std::unique_ptr<DynamicDirectory> dynamic_;
 };
 

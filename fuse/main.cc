@@ -102,8 +102,12 @@ int serve(fuse::Options opts) {
     log_file = std::move(*fd);
   }
   // An encrypted image asks for its passphrase on the terminal: opened now,
-  // while the daemon still has one.
-  if (!opts.image_options.keys) opts.image_options.keys = qcowfs::image::crypto::KeyProvider::from_terminal();
+  // while the daemon still has one. Not for a directory of images, opened
+  // later one by one: those take key-file= (SRCDIR/.qcowfs.conf).
+  struct stat source {};
+  const bool directory = ::stat(opts.image.c_str(), &source) == 0 && S_ISDIR(source.st_mode);
+  if (!opts.image_options.keys && !directory)
+    opts.image_options.keys = qcowfs::image::crypto::KeyProvider::from_terminal();
   fuse::DaemonReporter reporter;
   if (!opts.foreground) {
     auto r = fuse::daemonize();

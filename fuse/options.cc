@@ -82,6 +82,15 @@ std::optional<gid_t> lookup_group(const std::string& name) {
   return found->gr_gid;
 }
 
+// "5", "0.5": a duration in seconds, at most kMaxIdleTimeout, to the millisecond.
+std::optional<std::chrono::milliseconds> parse_seconds(std::string_view value) {
+  double seconds = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+  if (ec != std::errc() || end != value.data() + value.size() || !(seconds >= 0)) return std::nullopt;
+  if (seconds * 1000 > static_cast<double>(kMaxIdleTimeout.count())) return std::nullopt;
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
 // An octal permission mask such as 022 or 0077 (at most 0777).
 Result<mode_t> parse_mask(std::string_view key, std::string_view value) {
   unsigned n = 0;
@@ -166,6 +175,10 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "log") {
     if (value.empty()) return bad_value(key, value, "a file to append messages to");
     o.log_file = std::string(value);
+  } else if (key == "idle-timeout") {
+    auto t = parse_seconds(value);
+    if (!t) return bad_value(key, value, fmt::format("seconds from 0 to {}, such as 5 or 0.5", kMaxIdleTimeout.count() / 1000));
+    o.idle_timeout = *t;
   } else if (key == "l2_cache_size" || key == "table_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
@@ -317,6 +330,7 @@ std::string registry_names(bool supported) {
 std::string usage_text(std::string_view program) {
   return fmt::format(
       "usage: {0} [-f] [-d] [-o OPTION[,OPTION...]] IMAGE MOUNTPOINT\n"
+      "       {0} [-f] [-d] [-o OPTION[,OPTION...]] SRCDIR MOUNTDIR\n"
       "       {0} create|info|check|map ...   (image tools: {0} COMMAND --help)\n"
       "\n"
       "Shows a disk image as one raw file: qcow2 (encrypted too), LUKS, VMDK, VHDX,\n"
@@ -326,6 +340,10 @@ std::string usage_text(std::string_view program) {
       "MOUNTPOINT may be a regular file (the raw view replaces it) or a directory\n"
       "(the view is DIR/<name>.raw, internal snapshots are\n"
       "DIR/snapshots/<snapshot>.raw, partitions DIR/partitions/).\n"
+      "SRCDIR, a directory of images, shows MOUNTDIR/<name>.raw for every image in it\n"
+      "(subdirectories as subdirectories), each opened on first open and closed when\n"
+      "unused for idle-timeout; per-image options (rw, cache=, key-file=, format=)\n"
+      "come from SRCDIR/.qcowfs.conf, lines 'PATTERN OPTION[,OPTION...]'.\n"
       "Without -f, {0} returns once the mount is up (exit 0) or has failed (exit 1,\n"
       "the reason on stderr); later messages go to syslog, or to -o log=FILE.\n"
       "\n"
@@ -368,6 +386,8 @@ std::string usage_text(std::string_view program) {
       "  token-file=FILE      a bearer token sent as 'Authorization: Bearer'\n"
       "  s3-endpoint=URL      s3://BUCKET/KEY: the endpoint (default AWS); s3-region=,\n"
       "                       s3-addressing=path|virtual; keys from AWS_ACCESS_KEY_ID etc.\n"
+      "  idle-timeout=SECONDS a directory of images: close an image this long after the\n"
+      "                       last close of its view (default {4})\n"
       "  log=FILE             once mounted, append messages (I/O errors, corruption) to\n"
       "                       FILE instead of syslog (without -f and without /dev/log\n"
       "                       they are otherwise lost)\n"
@@ -385,7 +405,7 @@ std::string usage_text(std::string_view program) {
       "relatime, strictatime, nodiratime, lazytime, ...) and x-* are accepted and ignored.\n"
       "\n"
       "Image tools: {0} create|info|check|map ... (see {0} COMMAND --help).\n",
-      program, kMaxDefaultQueues, registry_names(true), registry_names(false));
+      program, kMaxDefaultQueues, registry_names(true), registry_names(false), kDefaultIdleTimeout.count() / 1000);
 }
 
 }  // namespace qcowfs::fuse

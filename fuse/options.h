@@ -2,6 +2,7 @@
 // that `mount -t fuse.qcowfs IMAGE DIR -o OPTS` and fstab entries work:
 //
 //   qcowfs [-f] [-d] [-o OPT[,OPT...]] IMAGE MOUNTPOINT
+//   qcowfs [-f] [-d] [-o OPT[,OPT...]] SRCDIR MOUNTPOINT   (a directory of images)
 //
 // Options may appear before or after the two positional arguments (mount.fuse3
 // puts them last). Unknown options and bad values are errors with a message
@@ -11,6 +12,7 @@
 // Thread-safety: functions on values (the look-ups use the reentrant calls).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -30,6 +32,10 @@ constexpr unsigned kMaxQueues = 64;
 
 // fuse_uring=: FUSE over io_uring (Linux 6.14+ with fuse.enable_uring=Y).
 enum class FuseUringMode { automatic, on, off };
+
+// How long a catalogue keeps an unused image open (idle-timeout=), and the most one may ask.
+constexpr std::chrono::milliseconds kDefaultIdleTimeout{5000};
+constexpr std::chrono::milliseconds kMaxIdleTimeout{86'400'000};
 
 struct Options {
   std::string image;
@@ -57,6 +63,9 @@ struct Options {
   // log=FILE: once mounted, messages are appended to FILE (instead of syslog
   // or stderr); opened before daemonizing, so a bad path fails the mount.
   std::string log_file;
+  // idle-timeout=SECONDS: a directory of images (catalogue mount) closes an
+  // image this long after the last close of its view.
+  std::chrono::milliseconds idle_timeout{kDefaultIdleTimeout};
 };
 
 // Parses argv without the program name. --help and --version set their flags

@@ -16,14 +16,14 @@ const Node* PartitionDirectory::get(Ino ino) const {
   return it == all_.end() ? nullptr : &it->second->node;
 }
 
-const Node* PartitionDirectory::lookup(std::string_view name) const {
+const Node* PartitionDirectory::lookup(Ino, std::string_view name) const {
   std::lock_guard lk(mu_);
   for (const Entry* e : current_)
     if (e->node.name == name) return &e->node;
   return nullptr;
 }
 
-std::vector<Ino> PartitionDirectory::children() const {
+std::vector<Ino> PartitionDirectory::children(Ino) const {
   std::lock_guard lk(mu_);
   std::vector<Ino> out;
   for (const Entry* e : current_) out.push_back(e->node.ino);
@@ -55,7 +55,7 @@ PartitionDirectory::Entry* PartitionDirectory::find_or_make(const image::Partiti
   return raw;
 }
 
-Task<Status> PartitionDirectory::refresh() {
+Task<Status> PartitionDirectory::refresh(Ino) {
   // Cleared before reading: a write that lands while the table is read marks it again.
   stale_.store(false, std::memory_order_release);
   auto table = co_await image::read_partition_table(*disk_);
@@ -103,9 +103,9 @@ void add_partition_directory(InodeTable& table, ImageFile& disk_view, io::Engine
   Ino dir = table.add_directory(kRootIno, "partitions");
   auto d = std::make_unique<PartitionDirectory>(dir, disk_view.driver(), disk_view.writable());
   disk_view.watch_writes(d.get(), 0);
-  Status st = io::run_sync(engine, d->refresh());
+  Status st = io::run_sync(engine, d->refresh(dir));
   if (!st) log::warn("reading the partition table: {}", st.to_string());
-  table.set_dynamic(dir, std::move(d));
+  table.set_dynamic(std::move(d));
 }
 
 }  // namespace qcowfs::fuse

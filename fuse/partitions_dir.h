@@ -42,12 +42,14 @@ class PartitionDirectory final : public DynamicDirectory, public WriteWatch {
   // disk is borrowed and must outlive the directory.
   PartitionDirectory(Ino dir, image::BlockDriver* disk, bool writable);
 
+  bool has_directory(Ino dir) const override { return dir == dir_; }
   const Node* get(Ino ino) const override;
-  const Node* lookup(std::string_view name) const override;
-  std::vector<Ino> children() const override;
+  const Node* lookup(Ino dir, std::string_view name) const override;
+  std::vector<Ino> children(Ino dir) const override;
   std::vector<ImageFile*> image_files() const override;
-  Task<Status> refresh() override;
-  bool needs_refresh() const override { return stale_.load(std::memory_order_acquire); }
+  Task<Status> refresh(Ino dir) override;
+  bool needs_refresh(Ino) const override { return stale_.load(std::memory_order_acquire); }
+  std::string_view source() const override { return "the partition table"; }
   void note_write(uint64_t disk_offset, uint64_t len) override;
 
  private:

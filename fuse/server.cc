@@ -101,15 +101,25 @@ void add_snapshot_nodes(InodeTable& table, image::BlockDriver& driver) {
   }
 }
 
-Task<Status> close_all(std::vector<ImageFile*> views, image::BlockDriver& driver) {
+// Closes every view (a snapshot, a catalogue image); the first error wins.
+Task<Status> close_views(std::vector<ImageFile*> views) {
   Status first;
   for (ImageFile* v : views) {
     Status st = co_await v->close();
     if (first.is_ok() && !st.is_ok()) first = st;
   }
+  co_return first;
+}
+
+Task<Status> close_all(std::vector<ImageFile*> views, image::BlockDriver& driver) {
+  Status first = co_await close_views(std::move(views));
   Status st = co_await driver.close();
   co_return first.is_ok() ? st : first;
 }
+
+// Buffer alignment of a catalogue's loops (no driver to ask at start): the
+// largest any host needs for O_DIRECT.
+constexpr size_t kCatalogueMemAlign = 4096;
 
 }  // namespace
 
@@ -151,8 +161,11 @@ Result<std::unique_ptr<Server>> Server::start(const Options& opts) {
   std::unique_ptr<Server> s(new Server(opts));
   Status st = refuse_if_mounted(opts.mountpoint);
   if (st) st = s->setup_signals();
-  if (st) st = s->open_image();
-  if (st) st = s->build_filesystem();
+  struct stat source {};
+  const bool catalogue = !io::is_remote_location(opts.image) && ::stat(opts.image.c_str(), &source) == 0 &&
+                         S_ISDIR(source.st_mode);
+  if (st) st = catalogue ? s->open_catalogue() : s->open_image();
+  if (st) st = catalogue ? s->build_catalogue() : s->build_filesystem();
   if (st) st = s->mount();
   if (st) st = s->start_loops();
   if (st) st = s->wait_until_ready();
@@ -192,6 +205,58 @@ Status Server::open_image() {
   log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
              driver_->read_only() ? "read-only" : "read-write");
   return Status::ok();
+}
+
+// A catalogue: the options file, then the top directory read once now (the
+// mount then starts with its listing; subdirectories are read when opened).
+Status Server::open_catalogue() {
+  if (!opts_.image_options.snapshot.empty())
+    return Status::error(EINVAL, "snapshot= shows one image's snapshot: it cannot be used on a directory of images");
+  if (!opts_.image_options.format.empty())
+    return Status::errorf(EINVAL, "format= applies to one image: for a directory of images, set it per image in {}/{}",
+                          opts_.image, kCatalogueConfigName);
+  auto engine = io::make_engine(opts_.aio);
+  if (!engine) return engine.status();
+  main_engine_ = std::move(*engine);
+  auto config = CatalogueConfig::load(opts_.image);
+  if (!config) return config.status();
+  catalogue_writable_ = opts_.writable() || config->any_writable();
+  CatalogueSettings settings;
+  settings.srcdir = opts_.image;
+  settings.defaults = opts_.image_options;
+  settings.config = std::move(*config);
+  settings.access = opts_.access;
+  settings.idle_timeout = opts_.idle_timeout;
+  auto catalogue = std::make_unique<Catalogue>(std::move(settings));
+  idle_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!idle_fd_.valid()) return Status::from_errno(errno, "eventfd");
+  catalogue->set_on_idle([fd = idle_fd_.get()] {
+    uint64_t one = 1;
+    ssize_t n = ::write(fd, &one, sizeof one);
+    (void)n;  // a full counter already wakes the main thread
+  });
+  QCOWFS_TRY(io::run_sync(*main_engine_, catalogue->refresh(kRootIno)));
+  pending_catalogue_ = std::move(catalogue);
+  return Status::ok();
+}
+
+Status Server::build_catalogue() {
+  struct stat st;
+  if (::stat(opts_.mountpoint.c_str(), &st) != 0) return Status::from_errno(errno, opts_.mountpoint);
+  if (!S_ISDIR(st.st_mode))
+    return Status::errorf(ENOTDIR, "{}: a directory of images is mounted on a directory", opts_.mountpoint);
+  auto ctx = initial_attributes();
+  if (!ctx) return ctx.status();
+  InodeTable table = InodeTable::directory_root();
+  catalogue_ = pending_catalogue_.get();
+  table.set_dynamic(std::move(pending_catalogue_));
+  fs_ = std::make_unique<Filesystem>(std::move(table), *ctx, Ino{0}, ::getuid());  // no view to chmod
+  return Status::ok();
+}
+
+bool Server::writable_mount() const {
+  if (catalogue_) return catalogue_writable_;
+  return opts_.writable() && !driver_->read_only();
 }
 
 Status Server::build_filesystem() {
@@ -238,7 +303,7 @@ Result<AttrContext> Server::initial_attributes() const {
 }
 
 Status Server::mount() {
-  const bool writable = opts_.writable() && !driver_->read_only();
+  const bool writable = writable_mount();
   FuseArgs a;
   a.strings = {"qcowfs", "-o", kernel_mount_options(opts_, writable)};
   fuse_args args = a.args();
@@ -265,7 +330,7 @@ Status Server::start_loops() {
     cfg.session = session_->get();
     cfg.fuse_fd = session_->fd();
     cfg.engine_kind = opts_.aio;
-    cfg.mem_align = driver_->mem_align();
+    cfg.mem_align = driver_ ? driver_->mem_align() : kCatalogueMemAlign;
     cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
     cfg.on_init = [this] { on_init(); };
     cfg.passthrough = wants_passthrough();
@@ -314,7 +379,7 @@ Status Server::wait_until_ready() {
 }
 
 bool Server::wants_passthrough() const {
-  return opts_.passthrough && main_view_->passthrough_file() && passthrough::permitted();
+  return opts_.passthrough && main_view_ && main_view_->passthrough_file() && passthrough::permitted();
 }
 
 // On the loop thread that answered FUSE_INIT: the image file is registered for
@@ -388,16 +453,37 @@ void Server::idle_writeback() {
 }
 
 int Server::idle_timeout_ms() const {
+  if (catalogue_) {
+    if (!next_close_) return -1;  // nothing open and unused: no timer (idle CPU 0)
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*next_close_ - std::chrono::steady_clock::now());
+    return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 3'600'000));
+  }
   if (driver_->read_only()) return -1;
   return kIdleWritebackMs << std::min(idle_failures_, kMaxIdleBackoffShift);
 }
 
+// A catalogue: closes the images unused for the idle delay, and notes when
+// the next one may be.
+void Server::close_idle_images() {
+  uint64_t count = 0;
+  ssize_t n = ::read(idle_fd_.get(), &count, sizeof count);  // non-blocking: drains the wake-ups
+  (void)n;
+  next_close_ = io::run_sync(*main_engine_, catalogue_->close_idle());
+}
+
 void Server::wait_for_end() {
-  pollfd fds[2] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}};
+  // idle_fd_ is -1 (ignored by poll) unless this is a catalogue.
+  pollfd fds[3] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {idle_fd_.get(), POLLIN, 0}};
   for (;;) {
-    int n = ::poll(fds, 2, idle_timeout_ms());
+    int n = ::poll(fds, 3, idle_timeout_ms());
+    const bool ended = (fds[0].revents | fds[1].revents) != 0;
+    if (n > 0 && !ended) {
+      close_idle_images();  // a view's last user released it
+      continue;
+    }
     if (n > 0) break;
-    if (n == 0) idle_writeback();
+    if (n == 0 && catalogue_) close_idle_images();
+    else if (n == 0) idle_writeback();
     else if (errno != EINTR) break;
   }
   if (fds[0].revents & POLLIN) {
@@ -431,6 +517,7 @@ Status Server::shutdown() {
 }
 
 Status Server::close_images() {
+  if (catalogue_) return io::run_sync(*main_engine_, close_views(fs_->table().image_files()));
   if (!driver_) return Status::ok();
   std::vector<ImageFile*> views;
   if (fs_) views = fs_->table().image_files();

@@ -19,15 +19,23 @@
 // No acknowledged write is lost: it was replied to only after its driver
 // write completed, and close() flushes before the process ends.
 //
+// A catalogue mount (the image is a directory, fuse/catalogue.h) opens no
+// image at start: it reads SRCDIR's options file and top directory, and the
+// main thread closes images left unused for the idle delay (woken by an
+// eventfd when a view's last user releases it, then at the next deadline;
+// with nothing open it sleeps without a timeout).
+//
 // Thread-safety: start(), run() and destruction on the main thread only.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
+#include "fuse/catalogue.h"
 #include "fuse/event_loop.h"
 #include "fuse/filesystem.h"
 #include "fuse/options.h"
@@ -56,7 +64,11 @@ class Server {
   explicit Server(Options opts);
   Status setup_signals();
   Status open_image();
+  Status open_catalogue();
   Status build_filesystem();
+  Status build_catalogue();
+  bool writable_mount() const;
+  void close_idle_images();
   Result<AttrContext> initial_attributes() const;
   Status mount();
   Status start_loops();
@@ -92,6 +104,14 @@ class Server {
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<MountedSession> session_;
   ImageFile* main_view_ = nullptr;  // owned by fs_
+  // A catalogue mount: the catalogue (built by open_catalogue(), then owned
+  // by fs_'s table), the eventfd its idle views write to, and when the next
+  // idle image may be closed.
+  std::unique_ptr<Catalogue> pending_catalogue_;
+  Catalogue* catalogue_ = nullptr;
+  bool catalogue_writable_ = false;
+  io::UniqueFd idle_fd_;
+  std::optional<std::chrono::steady_clock::time_point> next_close_;
   // Destroyed before the session: unregistered while /dev/fuse is still open.
   std::optional<passthrough::Backing> backing_;  // guarded by loops_mu_ while loops run
   std::mutex loops_mu_;  // loops_ and initialized_: loop threads read them (start_rings)

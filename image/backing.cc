@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "image/path.h"
+#include "image/shared_images.h"
 
 namespace qcowfs::image {
 namespace {
@@ -39,7 +40,12 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_backing_file(const std::string& 
   b.backing_chain = overlay_opts.backing_chain;
   b.backing_chain.push_back(real_path(overlay_path));
   b.backing_of = overlay_path;
-  auto d = co_await open_image(bpath, std::move(b));
+  // Shared with every other overlay of the same file (and so is its own backing file).
+  std::shared_ptr<SharedImages> shared = overlay_opts.shared_backing;
+  b.shared_backing = shared;
+  Result<std::unique_ptr<BlockDriver>> d = Status::error(EINVAL, "unopened");
+  if (shared) d = co_await shared->open(bpath, std::move(b));
+  else d = co_await open_image(bpath, std::move(b));
   if (!d) co_return d.status().with_context(fmt::format("opening backing file '{}' of {}", bpath, overlay_path));
   co_return d;
 }

@@ -31,6 +31,7 @@ namespace qcowfs::image {
 namespace crypto {
 class KeyProvider;  // image/crypto/secret.h
 }
+class SharedImages;  // image/shared_images.h
 
 // Allocation status of a range, as `qemu-img map` reports it. Every byte of
 // the range has the same flags, depth and file, and host offsets that follow
@@ -143,11 +144,19 @@ struct ImageOptions {
   // from; backing files use the same one. nullptr: the terminal's prompt
   // when there is one (crypto::KeyProvider::from_terminal), else ENOKEY.
   std::shared_ptr<crypto::KeyProvider> keys;
+  // Backing files are opened through this registry, shared with every other
+  // image that names the same file (image/shared_images.h); nullptr: each
+  // overlay opens its own.
+  std::shared_ptr<SharedImages> shared_backing;
 };
 
 // Opens path with the format given or probed. Backing files are opened
 // read-only with their parent's recorded format.
 Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts);
+
+// The same on a host file already opened with opts.file.
+Task<Result<std::unique_ptr<BlockDriver>>> open_image_file(std::unique_ptr<io::HostFile> file, std::string path,
+                                                          ImageOptions opts);
 
 // The driver for file at path: `named` if given (format= or backing_fmt=),
 // else probed (image/probe.h). Returns a registry name; a format qcowfs only

@@ -35,9 +35,14 @@ Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& p
 Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts) {
   auto file = io::open_host_file(path, opts.file);
   if (!file) co_return file.status();
-  auto format = co_await choose_format(**file, path, opts.format, opts.backing_of);
+  co_return co_await open_image_file(std::move(*file), std::move(path), std::move(opts));
+}
+
+Task<Result<std::unique_ptr<BlockDriver>>> open_image_file(std::unique_ptr<io::HostFile> file, std::string path,
+                                                          ImageOptions opts) {
+  auto format = co_await choose_format(*file, path, opts.format, opts.backing_of);
   if (!format) co_return format.status();
-  co_return co_await find_format(*format)->open(std::move(*file), std::move(path), std::move(opts));
+  co_return co_await find_format(*format)->open(std::move(file), std::move(path), std::move(opts));
 }
 
 }  // namespace qcowfs::image

@@ -15,6 +15,7 @@
 
 #include <sys/uio.h>
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -106,6 +107,15 @@ class HostFile {
  private:
   ImageLock lock_;
 };
+
+// Which host file a HostFile is: (st_dev, st_ino), to tell that two paths name
+// one file. nullopt for files without a descriptor (in memory, URLs).
+struct FileIdentity {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  auto operator<=>(const FileIdentity&) const = default;
+};
+std::optional<FileIdentity> file_identity(const HostFile& file);
 
 // Opens a regular file or block device, or a URL (io/remote/http_file.h). Fails
 // with a clear message naming path.

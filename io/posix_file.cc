@@ -237,6 +237,12 @@ uint64_t PosixFile::allocated_bytes() const {
   return static_cast<uint64_t>(st.st_blocks) * 512;
 }
 
+std::optional<FileIdentity> file_identity(const HostFile& file) {
+  struct stat st;
+  if (file.kernel_fd() < 0 || ::fstat(file.kernel_fd(), &st) < 0) return std::nullopt;
+  return FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
 Status PosixFile::check_engine() const {
   if (!Engine::current()) return Status::errorf(EINVAL, "{}: no engine on this thread", path_);
   return Status::ok();

@@ -240,8 +240,21 @@ TEST(FuseOptions, UsageListsEveryOption) {
   std::string u = usage_text("qcowfs");
   for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
                           "l2_cache_size=", "table_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "uid=", "gid=", "umask=",
-                          "fmask=", "dmask=", "-f", "-d", "--help", "--version"})
+                          "fmask=", "dmask=", "-f", "-d", "--help", "--version", "idle-timeout=", "SRCDIR"})
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
+}
+
+TEST(FuseOptions, IdleTimeoutInSecondsWithFractions) {
+  auto d = parse({"dir", "/mnt"});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->idle_timeout, kDefaultIdleTimeout);
+  auto o = parse({"-o", "idle-timeout=0.25", "dir", "/mnt"});
+  ASSERT_TRUE(o) << o.status().to_string();
+  EXPECT_EQ(o->idle_timeout, std::chrono::milliseconds(250));
+  for (const char* bad : {"idle-timeout=-1", "idle-timeout=x", "idle-timeout=", "idle-timeout=1e9"}) {
+    auto b = parse({"-o", bad, "dir", "/mnt"});
+    EXPECT_FALSE(b) << bad;
+  }
 }
 
 TEST(MountHelperOptions, FstabAtimeFlagsAreAccepted) {

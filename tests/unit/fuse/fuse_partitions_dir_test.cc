@@ -38,18 +38,18 @@ struct Fixture {
   Fixture() {
     auto d = std::make_unique<PartitionDirectory>(dir, &disk, true);
     parts = d.get();
-    table.set_dynamic(dir, std::move(d));
+    table.set_dynamic(std::move(d));
   }
 };
 
 TEST(PartitionDirectory, EmptyUntilATableAppears) {
   Fixture f;
-  ASSERT_TRUE(run_now(f.parts->refresh()).is_ok());
+  ASSERT_TRUE(run_now(f.parts->refresh(f.dir)).is_ok());
   EXPECT_TRUE(f.table.children(*f.table.get(f.dir)).empty());
   mbr_entry(f.file, 0, 0x83, 2048, 2048);
   mbr_entry(f.file, 1, 0x0c, 4096, 2048);
   EXPECT_EQ(f.table.lookup(f.dir, "p1.raw"), nullptr) << "nothing changes before a refresh";
-  ASSERT_TRUE(run_now(f.parts->refresh()).is_ok());
+  ASSERT_TRUE(run_now(f.parts->refresh(f.dir)).is_ok());
   auto kids = f.table.children(*f.table.get(f.dir));
   ASSERT_EQ(kids.size(), 2u);
   const Node* p1 = f.table.lookup(f.dir, "p1.raw");
@@ -68,11 +68,11 @@ TEST(PartitionDirectory, UnchangedPartitionsKeepTheirInode) {
   Fixture f;
   mbr_entry(f.file, 0, 0x83, 2048, 2048);
   mbr_entry(f.file, 1, 0x83, 4096, 2048);
-  ASSERT_TRUE(run_now(f.parts->refresh()).is_ok());
+  ASSERT_TRUE(run_now(f.parts->refresh(f.dir)).is_ok());
   Ino p1 = f.table.lookup(f.dir, "p1.raw")->ino;
   const Node* old_p2 = f.table.lookup(f.dir, "p2.raw");
   mbr_entry(f.file, 1, 0x83, 4096, 1024);  // p2 shrinks
-  ASSERT_TRUE(run_now(f.parts->refresh()).is_ok());
+  ASSERT_TRUE(run_now(f.parts->refresh(f.dir)).is_ok());
   EXPECT_EQ(f.table.lookup(f.dir, "p1.raw")->ino, p1);
   const Node* new_p2 = f.table.lookup(f.dir, "p2.raw");
   EXPECT_NE(new_p2->ino, old_p2->ino);
@@ -86,7 +86,7 @@ TEST(PartitionDirectory, UnchangedPartitionsKeepTheirInode) {
 TEST(PartitionDirectory, WritesGoThroughTheWindow) {
   Fixture f;
   mbr_entry(f.file, 0, 0x83, 2048, 2048);
-  ASSERT_TRUE(run_now(f.parts->refresh()).is_ok());
+  ASSERT_TRUE(run_now(f.parts->refresh(f.dir)).is_ok());
   image::BlockDriver* d = f.table.lookup(f.dir, "p1.raw")->file->driver();
   ASSERT_NE(d, nullptr);
   Bytes data(512, std::byte{0x7e});

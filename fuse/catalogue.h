@@ -1,0 +1,124 @@
+// Catalogue: the tree of a catalogue mount, `qcowfs SRCDIR MOUNTDIR`: one
+// daemon serving every image of a directory of images.
+//
+//   MOUNTDIR/<name>.raw      the raw view of SRCDIR/<name>.<suffix>, for every
+//                            file whose bytes are an image format qcowfs opens
+//                            (image/probe.h; a file that probes as raw counts
+//                            only with a disk suffix, .raw .img .iso .bin, or
+//                            format= in the options file);
+//   MOUNTDIR/<subdir>/       the same for SRCDIR/<subdir>/, to any depth.
+// Names follow directory mode (fuse/inode_table.h raw_view_name()); when two
+// files would get one name, the one seen later is shown as <file name>.raw.
+// Dot files (.qcowfs.conf, editors' and tools' temporary files) are not
+// listed.
+//
+// Attributes come from a cheap probe of each image's header, without locks
+// and without its backing file (image/describe.h: the virtual size, the host
+// allocation), redone only when the image file's (st_dev, st_ino), mtime or
+// size change, and not at all while the image is open (its driver knows).
+// Owner, group and mode are each image file's (uid=/gid=/umask= override).
+//
+// Live: a directory is re-read (readdir and one fstatat per entry; probes only
+// for new or changed files) on every opendir, and on a lookup when the
+// directory's mtime changed since it was read or the name's file changed. An
+// entry keeps its inode while its file keeps (st_dev, st_ino); a removed or
+// renamed file disappears from the listing, but its node (and an opened
+// image) lives on, so an open view keeps working.
+//
+// Lazy: an image is opened (with its backing chain, locked as QEMU locks it)
+// on the first open of its view, through ImageFile::acquire(), and closed by
+// close_idle() once it has been unused for the idle delay. Backing files are
+// opened through one image::SharedImages, so overlays of one base share it.
+// An image that cannot be opened fails only its own opens (EIO, the reason
+// logged).
+//
+// Thread-safety: every method may be called concurrently from any event-loop
+// thread. mu_ guards the directories and items; refreshes are serialised by
+// refresh_mu_ (an AsyncMutex: probes await I/O) and never hold mu_ across a
+// co_await. Items are never freed before the catalogue, so a Node handed out
+// stays valid for the life of the mount.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fuse/access.h"
+#include "fuse/catalogue_config.h"
+#include "fuse/inode_table.h"
+#include "image/shared_images.h"
+#include "io/sync.h"
+
+namespace qcowfs::fuse {
+
+// Catalogue inodes start here, far above the one static node (the root).
+constexpr Ino kCatalogueInoBase = Ino{1} << 33;
+
+struct CatalogueSettings {
+  std::string srcdir;            // absolute
+  image::ImageOptions defaults;  // from -o: ro/rw, cache=, locking=, key-file=, ...
+  CatalogueConfig config;        // SRCDIR/.qcowfs.conf
+  AccessOptions access;          // uid=, gid=, umask=, fmask=: over each image file's
+  std::chrono::milliseconds idle_timeout{5000};
+};
+
+class Catalogue final : public DynamicDirectory {
+ public:
+  using Clock = ImageFile::Clock;
+
+  // The root directory is kRootIno; it is read by the first refresh(kRootIno).
+  explicit Catalogue(CatalogueSettings settings);
+  ~Catalogue() override;
+
+  bool has_directory(Ino dir) const override;
+  const Node* get(Ino ino) const override;
+  const Node* lookup(Ino dir, std::string_view name) const override;
+  std::vector<Ino> children(Ino dir) const override;
+  std::vector<ImageFile*> image_files() const override;
+  Task<Status> refresh(Ino dir) override;
+  Task<Status> refresh_name(Ino dir, std::string name) override;
+  bool needs_refresh(Ino) const override { return true; }
+  std::string_view source() const override { return "the image directory"; }
+
+  // Told when an image's last user released it (from any thread).
+  void set_on_idle(std::function<void()> on_idle) { on_idle_ = std::move(on_idle); }
+  // Closes every image unused for the idle delay; returns when the next one
+  // may be (nullopt: none is open and unused). Close errors are logged.
+  Task<std::optional<Clock::time_point>> close_idle();
+  // Images open now (main images, not counting shared backing files).
+  size_t open_images() const;
+  image::SharedImages& shared_backing() { return *shared_; }
+
+ private:
+  struct Item;
+  struct Dir;
+  struct Found;  // one entry of a directory as read from the host
+  struct Probe;  // what a file's header says
+  struct Plan;   // what a re-read does with one entry
+
+  Task<Status> rescan(Ino dir);
+  Result<std::vector<Found>> read_directory(const std::string& rel) const;
+  Task<Probe> probe(std::string path, std::string file_name, image::ImageOptions opts) const;
+  Task<Result<std::unique_ptr<image::BlockDriver>>> open_view(std::string path, std::string view,
+                                                              image::ImageOptions opts) const;
+  Item* make_item(Dir& dir, const Found& f, std::string view_name);  // mu_ held
+  std::string path_of(const Dir& dir, const std::string& file_name) const;
+
+  const CatalogueSettings settings_;
+  const std::shared_ptr<image::SharedImages> shared_;
+  std::function<void()> on_idle_;
+  io::AsyncMutex refresh_mu_;
+  mutable std::mutex mu_;                       // guards everything below
+  std::map<Ino, std::unique_ptr<Dir>> dirs_;    // by the directory's inode (the root: kRootIno)
+  std::map<Ino, std::unique_ptr<Item>> items_;  // every item ever made, by inode
+  Ino next_ino_ = kCatalogueInoBase;
+};
+
+}  // namespace qcowfs::fuse
