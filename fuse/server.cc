@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "fuse/partitions_dir.h"
+#include "image/views/throwaway.h"
 #include "io/log.h"
 #include "io/remote/remote_options.h"
 #include "io/run_sync.h"
@@ -111,6 +113,13 @@ Task<Status> close_all(std::vector<ImageFile*> views, image::BlockDriver& driver
   co_return first.is_ok() ? st : first;
 }
 
+// Where a throwaway overlay's unnamed file goes: $TMPDIR, else /var/tmp (as
+// QEMU's -snapshot: a disk's writes may outgrow a tmpfs /tmp).
+std::string throwaway_directory() {
+  const char* dir = std::getenv("TMPDIR");
+  return dir && *dir ? dir : "/var/tmp";
+}
+
 }  // namespace
 
 std::string escape_fuse_option(std::string_view value) {
@@ -188,6 +197,12 @@ Status Server::open_image() {
   main_engine_ = std::move(*engine);
   auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, opts_.image_options));
   if (!driver) return driver.status();
+  if (opts_.throwaway) {
+    const std::string dir = throwaway_directory();
+    driver = io::run_sync(*main_engine_, image::open_throwaway_overlay(std::move(*driver), opts_.image_options, dir));
+    if (!driver) return driver.status();
+    log::debug("writes go to a throwaway overlay in {}", dir);
+  }
   driver_ = std::move(*driver);
   log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
              driver_->read_only() ? "read-only" : "read-write");
