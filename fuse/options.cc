@@ -196,6 +196,8 @@ Status apply_flag(Options& o, std::string_view opt) {
     o.image_options.file.writable = true;
   } else if (opt == "force-share") {
     o.image_options.file.force_share = true;
+  } else if (opt == "throwaway") {
+    o.throwaway = true;
   } else if (opt == "allow_other") {
     o.allow_other = true;
   } else if (!is_ignored(opt)) {
@@ -219,7 +221,8 @@ Status apply_option_list(Options& o, std::string_view list) {
 
 Status check_combination(const Options& o) {
   if (!o.image_options.snapshot.empty() && o.writable())
-    return Status::error(EINVAL, "snapshot=NAME mounts a read-only view: it cannot be combined with rw");
+    return Status::errorf(EINVAL, "snapshot=NAME mounts a read-only view: it cannot be combined with {}",
+                          o.throwaway ? "throwaway" : "rw");
   if (!o.allow_other && o.access.uid && *o.access.uid != ::getuid())
     return Status::errorf(EINVAL,
                           "uid={} hands the view to another user, who cannot use the mount without allow_other: "
@@ -282,6 +285,7 @@ Result<Options> parse_command_line(std::span<const std::string> args) {
   o.image = positional[0];
   o.mountpoint = positional[1];
   QCOWFS_TRY(check_combination(o));
+  if (o.throwaway) o.image_options.file.writable = false;  // the image is only read, whatever rw says
   return o;
 }
 
@@ -370,6 +374,9 @@ std::string usage_text(std::string_view program) {
       "                       the terminal without echo)\n"
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"
+      "  throwaway            a read-write view whose writes go to a temporary overlay,\n"
+      "                       dropped at unmount; the image is only read (QEMU's -snapshot;\n"
+      "                       the overlay is an unnamed file in $TMPDIR, else /var/tmp)\n"
       "  l2_cache_size=SIZE   mapping table cache size (qcow2/QED L2 tables, VHDX BAT),\n"
       "                       with K/M/G suffixes; table_cache_size= is the same\n"
       "  locking=MODE         image locks as QEMU takes them: auto (default), on, off\n"

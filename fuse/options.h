@@ -48,7 +48,13 @@ struct Options {
   // How the image is opened: format=, ro (default) / rw, cache=, locking=,
   // force-share, discard=, snapshot=, l2_cache_size= or table_cache_size= (image/block_driver.h).
   image::ImageOptions image_options;
-  bool writable() const { return image_options.file.writable; }
+  // throwaway (QEMU's -snapshot, a name that does not collide with
+  // snapshot=NAME): the image opened read-only (image_options.file.writable
+  // false, its shared read lock) under a temporary overlay that takes the
+  // view's writes and is dropped at unmount (image/views/throwaway.h).
+  bool throwaway = false;
+  // Whether the view takes writes: rw, or throwaway.
+  bool writable() const { return image_options.file.writable || throwaway; }
 
   io::EngineKind aio = io::EngineKind::automatic;
   unsigned queues = 0;  // 0: default_queue_count()

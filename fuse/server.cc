@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "fuse/partitions_dir.h"
+#include "image/views/throwaway.h"
 #include "io/log.h"
 #include "io/remote/remote_options.h"
 #include "io/run_sync.h"
@@ -121,6 +123,13 @@ Task<Status> close_all(std::vector<ImageFile*> views, image::BlockDriver& driver
 // largest any host needs for O_DIRECT.
 constexpr size_t kCatalogueMemAlign = 4096;
 
+// Where a throwaway overlay's unnamed file goes: $TMPDIR, else /var/tmp (as
+// QEMU's -snapshot: a disk's writes may outgrow a tmpfs /tmp).
+std::string throwaway_directory() {
+  const char* dir = std::getenv("TMPDIR");
+  return dir && *dir ? dir : "/var/tmp";
+}
+
 }  // namespace
 
 std::string escape_fuse_option(std::string_view value) {
@@ -201,6 +210,12 @@ Status Server::open_image() {
   main_engine_ = std::move(*engine);
   auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, opts_.image_options));
   if (!driver) return driver.status();
+  if (opts_.throwaway) {
+    const std::string dir = throwaway_directory();
+    driver = io::run_sync(*main_engine_, image::open_throwaway_overlay(std::move(*driver), opts_.image_options, dir));
+    if (!driver) return driver.status();
+    log::debug("writes go to a throwaway overlay in {}", dir);
+  }
   driver_ = std::move(*driver);
   log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
              driver_->read_only() ? "read-only" : "read-write");

@@ -121,6 +121,11 @@ class BlockDriver {
   virtual Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name);
 };
 
+// An open image handed to a format as its backing file (ImageOptions::backing).
+struct GivenBacking {
+  std::unique_ptr<BlockDriver> driver;
+};
+
 struct ImageOptions {
   std::string format;         // a registry name (image/format.h); "" probes
   io::OpenOptions file;       // access mode and cache mode for the image file
@@ -140,6 +145,11 @@ struct ImageOptions {
   // Open the image alone, without its backing file (qemu-img info does:
   // unallocated ranges then read as zeros).
   bool no_backing = false;
+  // An image already open to serve as this one's backing file instead of the
+  // file its header names, if any (a throwaway overlay over the image the user
+  // named: image/views/throwaway.h). qcow2 takes the driver out at open (the
+  // other formats ignore it). Shared so that ImageOptions stays copyable.
+  std::shared_ptr<GivenBacking> backing;
   // Where the passphrase of an encrypted image (LUKS, qcow2 encryption) comes
   // from; backing files use the same one. nullptr: the terminal's prompt
   // when there is one (crypto::KeyProvider::from_terminal), else ENOKEY.

@@ -123,5 +123,11 @@ Result<std::unique_ptr<HostFile>> open_host_file(const std::string& path, const 
 // Creates the regular file path (mode 0644 less the umask) or empties the one
 // already there, then opens it writable as open_host_file() does.
 Result<std::unique_ptr<HostFile>> create_host_file(const std::string& path, OpenOptions opts);
+// Creates an empty file in directory dir that has no name (O_TMPFILE; where
+// the file system lacks it, a file unlinked right after it is made), opened
+// read-write with cache=unsafe (flush does nothing) and no lock (nobody else
+// can open it): its space is freed when it is closed, also when the process
+// is killed.
+Result<std::unique_ptr<HostFile>> create_unnamed_file(const std::string& dir);
 
 }  // namespace qcowfs::io

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 
@@ -215,6 +216,33 @@ Result<std::unique_ptr<PosixFile>> PosixFile::open(const std::string& path, cons
   log::debug("opened {} ({}, cache={}, {} bytes, O_DIRECT alignment: offset {}, memory {})", path,
              blk ? "block device" : "file", to_string(cache), *size, align.offset, align.mem);
   return std::unique_ptr<PosixFile>(new PosixFile(std::move(p)));
+}
+
+Result<std::unique_ptr<PosixFile>> PosixFile::adopt(UniqueFd fd, std::string name, CacheMode cache) {
+  if (cache == CacheMode::none || cache == CacheMode::writethrough)
+    return Status::errorf(EINVAL, "{}: an adopted file is opened with cache=writeback or unsafe", name);
+  struct stat st;
+  if (::fstat(fd.get(), &st) < 0) return Status::from_errno(errno, fmt::format("fstat {}", name));
+  if (!S_ISREG(st.st_mode)) return Status::errorf(EINVAL, "{} is not a regular file", name);
+  const size_t dio_align = direct_io_align_of(fd.get(), cache, DirectAlignment{});
+  Params p{std::move(fd), std::move(name), cache, true, false, static_cast<uint64_t>(st.st_size), 1,
+           DirectAlignment{}, dio_align};
+  return std::unique_ptr<PosixFile>(new PosixFile(std::move(p)));
+}
+
+Result<std::unique_ptr<HostFile>> create_unnamed_file(const std::string& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!fd.valid() && (errno == EOPNOTSUPP || errno == EISDIR)) {
+    // No O_TMPFILE on this file system: a named file, unlinked at once.
+    std::string name = dir + "/qcowfs-XXXXXX";
+    fd.reset(::mkostemp(name.data(), O_CLOEXEC));
+    if (fd.valid() && ::unlink(name.c_str()) != 0)
+      return Status::from_errno(errno, fmt::format("removing the temporary file {}", name));
+  }
+  if (!fd.valid()) return Status::from_errno(errno, fmt::format("creating a temporary file in {}", dir));
+  auto f = PosixFile::adopt(std::move(fd), fmt::format("{}/(temporary file)", dir), CacheMode::unsafe);
+  if (!f) return f.status();
+  return std::unique_ptr<HostFile>(std::move(*f));
 }
 
 PosixFile::PosixFile(Params p)

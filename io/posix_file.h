@@ -57,6 +57,9 @@ Result<UniqueFd> open_regular_or_block(const std::string& path, int flags, std::
 class PosixFile final : public HostFile {
  public:
   static Result<std::unique_ptr<PosixFile>> open(const std::string& path, const OpenOptions& opts);
+  // The file open at fd (a regular file opened read-write, in cache mode
+  // writeback or unsafe), named `name` in messages.
+  static Result<std::unique_ptr<PosixFile>> adopt(UniqueFd fd, std::string name, CacheMode cache);
 
   Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override;
   Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override;

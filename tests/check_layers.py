@@ -23,11 +23,18 @@ subcommands reach every format through the registry (image/format.h), so a new
 format is its folder and a registry row. The shared folders include no format.
 tests/ may include anything (unit tests reach into private headers).
 
+No C++ unit test runs Python: a string literal in a .cc or .h file under
+tests/unit/ that names python (a popen/system/exec command such as
+"python3 -c ..." or PYTHONPATH=...) is reported. Test data a Python generator
+makes comes from a ctest fixture instead (tests/CMakeLists.txt: the hostile
+corpus), and image edits from C++ helpers (tests/unit/vhdx/vhdx_test_edit.h).
+
 Usage: check_layers.py [SOURCE_DIR]   (default: the parent of this script's
 directory). Prints one line per violation, FILE:LINE: what, and exits 1 if
 there is any.
        check_layers.py --self-test   checks a made-up tree: every kind of wrong
-include must be reported and every allowed one must not.
+include, and a unit test that runs Python, must be reported and every allowed
+one must not.
 """
 import pathlib
 import re
@@ -108,6 +115,26 @@ def check_file(root, path):
     return problems
 
 
+# A C++ string literal (no raw strings: none of the unit tests uses them).
+STRING_LITERAL = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+PYTHON = re.compile(r"python", re.IGNORECASE)
+
+
+def check_unit_test(root, path):
+    """A unit test source whose string literals name python (a command it runs)."""
+    rel = path.relative_to(root).as_posix()
+    problems = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            code = line.split("//", 1)[0] if line.lstrip().startswith("//") else line
+            for literal in STRING_LITERAL.findall(code):
+                if PYTHON.search(literal):
+                    problems.append(f"{rel}:{lineno}: a unit test runs Python ({literal[:60]}); no C++ test may: "
+                                    "use a C++ helper, or a ctest fixture for generated data")
+                    break
+    return problems
+
+
 def check_tree(root):
     problems = []
     scanned = 0
@@ -116,6 +143,10 @@ def check_tree(root):
             if path.suffix in (".h", ".cc") and path.is_file():
                 scanned += 1
                 problems += check_file(root, path)
+    for path in sorted((root / "tests" / "unit").rglob("*")):
+        if path.suffix in (".h", ".cc") and path.is_file():
+            scanned += 1
+            problems += check_unit_test(root, path)
     return problems, scanned
 
 
@@ -153,22 +184,36 @@ SELF_TEST = [
 ]
 
 
+# (file, its one line, reported?) for --self-test: unit tests running Python.
+SELF_TEST_PYTHON = [
+    ("tests/unit/vhdx/a_test.cc", 'sh("python3 -c \\"$ED; e.set_bat(0, 6)\\"");', True),
+    ("tests/unit/image/a_test.cc", 'std::system("PYTHONPATH=x python3 -m gen out");', True),
+    ("tests/unit/image/a_test.cc", 'FILE* p = ::popen("cd d && Python -c 1", "r");', True),
+    ("tests/unit/image/util.h", 'execlp("python3", "python3", "-c", "pass", nullptr);', True),
+    ("tests/unit/vhdx/a_test.cc", 'sh("qemu-img create -q -f vhdx i.vhdx 16M");', False),
+    ("tests/unit/vhdx/a_test.cc", "// the Python side's re.search, sh(\"python3 ...\") in comments", False),
+    ("tests/unit/image/a_test.cc", 'int python_like = 1;  // an identifier, no command', False),
+    ("tests/integration/helpers.cc", 'std::system("python3 -c 1");', False),
+]
+
+
 def self_test():
     import tempfile
     failures = 0
+    cases = [(rel, f"#include {h if h.startswith('<') else chr(34) + h + chr(34)}", bad)
+             for rel, h, bad in SELF_TEST] + SELF_TEST_PYTHON
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
-        for i, (rel, header, bad) in enumerate(SELF_TEST):
+        for i, (rel, text, bad) in enumerate(cases):
             case = root / str(i)
             (case / rel).parent.mkdir(parents=True)
-            inc = header if header.startswith("<") else f'"{header}"'
-            (case / rel).write_text(f"#include {inc}\n")
+            (case / rel).write_text(text + "\n")
             problems, _ = check_tree(case)
             if bool(problems) != bad:
                 failures += 1
-                print(f"self-test: {rel} including {header}: expected "
+                print(f"self-test: {rel} with {text}: expected "
                       f"{'a violation' if bad else 'none'}, got {problems or 'none'}")
-    print(f"layering self-test: {len(SELF_TEST) - failures}/{len(SELF_TEST)} cases as expected")
+    print(f"layering self-test: {len(cases) - failures}/{len(cases)} cases as expected")
     return 1 if failures else 0
 
 

@@ -97,6 +97,12 @@ Task<Status> open_encryption(Qcow2Image& img, const ImageOptions& opts) {
 }
 
 Task<Status> open_backing(Qcow2Image& img, const ImageOptions& opts) {
+  if (opts.backing) {  // an image opened already (a throwaway overlay's)
+    if (!opts.backing->driver)
+      co_return Status::errorf(EINVAL, "{}: the given backing image was taken already", img.path);
+    img.backing = std::move(opts.backing->driver);
+    co_return Status::ok();
+  }
   if (img.header.backing_file.empty() || opts.no_backing) co_return Status::ok();
   auto d = co_await open_backing_file(img.path, img.header.backing_file, img.header.backing_format, opts);
   if (!d) co_return d.status();

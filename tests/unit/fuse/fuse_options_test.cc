@@ -81,6 +81,23 @@ TEST(FuseOptions, SnapshotWithRwIsRejected) {
   EXPECT_NE(o.status().message().find("read-only"), std::string::npos);
 }
 
+// throwaway: a writable view over an image opened read-only, whatever rw says.
+TEST(FuseOptions, ThrowawayIsAWritableViewOfAReadOnlyImage) {
+  for (const char* list : {"throwaway", "rw,throwaway", "throwaway,rw", "throwaway,force-share"}) {
+    auto o = parse({"-o", list, "img", "mnt"});
+    ASSERT_TRUE(o) << list << ": " << o.status().to_string();
+    EXPECT_TRUE(o->throwaway) << list;
+    EXPECT_TRUE(o->writable()) << list;
+    EXPECT_FALSE(o->image_options.file.writable) << list;
+  }
+  auto plain = parse({"-o", "rw", "img", "mnt"});
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(plain->throwaway);
+  auto snap = parse({"-o", "snapshot=s1,throwaway", "img", "mnt"});
+  ASSERT_FALSE(snap);
+  EXPECT_NE(snap.status().message().find("throwaway"), std::string::npos) << snap.status().message();
+}
+
 struct BadCase {
   std::vector<std::string> args;
   std::string must_mention;
@@ -240,7 +257,7 @@ TEST(FuseOptions, UsageListsEveryOption) {
   std::string u = usage_text("qcowfs");
   for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
                           "l2_cache_size=", "table_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "uid=", "gid=", "umask=",
-                          "fmask=", "dmask=", "-f", "-d", "--help", "--version", "idle-timeout=", "SRCDIR"})
+                          "fmask=", "dmask=", "-f", "-d", "--help", "--version", "throwaway", "idle-timeout=", "SRCDIR"})
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
 }
 

@@ -1,13 +1,14 @@
 // The hostile-image corpus (tests/qcowfs_testlib/hostile.py) through the engine, with
-// no FUSE in between: every case is opened with open_image() over the real
-// host file and checked against its expected outcome from manifest.tsv:
+// no FUSE in between. ctest's hostile_corpus.build fixture writes the corpus
+// (tests/CMakeLists.txt) and passes its directory as QCOWFS_HOSTILE_CORPUS;
+// this test only reads it. Every case is opened with open_image() over the
+// real host file and checked against its expected outcome from manifest.tsv:
 //   refused   open fails, with a message matching the case's pattern;
 //   eio       open works, each bad range reads EIO, each good range reads what
 //             the pristine image held;
 //   readable  open works, the whole disk reads as `qemu-img convert` shows it.
 // Under the asan preset this runs every corrupt image through the sanitizers.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -79,16 +80,12 @@ std::string slurp(const std::string& path, uint64_t off, uint64_t len) {
 
 class HostileCorpus : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = fs::path("/var/tmp") / ("qcowfs_hostile_corpus_" + std::to_string(::getpid()));
-    std::string cmd = std::string("PYTHONPATH='") + QCOWFS_TESTS_DIR + "' python3 -m qcowfs_testlib.hostile '" +
-                      dir_.string() + "' >/dev/null";
-    build_status_ = std::system(cmd.c_str());
-  }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-
   void SetUp() override {
-    ASSERT_EQ(build_status_, 0) << "building the corpus with hostile.py failed";
+    const char* dir = std::getenv("QCOWFS_HOSTILE_CORPUS");
+    ASSERT_TRUE(dir && *dir) << "QCOWFS_HOSTILE_CORPUS is not set: run this test through ctest, whose "
+                                "hostile_corpus.build fixture writes the corpus and sets it";
+    dir_ = dir;
+    ASSERT_TRUE(fs::exists(dir_ / "manifest.tsv")) << dir_ << " holds no manifest.tsv: the corpus was not built";
     auto e = io::make_engine(io::EngineKind::automatic);
     ASSERT_TRUE(e.is_ok());
     engine_ = std::move(*e);
@@ -152,8 +149,7 @@ class HostileCorpus : public ::testing::Test {
     }
   }
 
-  static inline fs::path dir_;
-  static inline int build_status_ = -1;
+  fs::path dir_;
   std::unique_ptr<io::Engine> engine_;
 };
 

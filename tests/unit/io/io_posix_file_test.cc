@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -190,6 +191,37 @@ TEST(PosixFileOpen, CreateRefusesADirectoryAndLeavesAFifoAlone) {
   struct stat st;
   ASSERT_EQ(::stat(fifo.path().c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+// The throwaway overlay's file: no name in its directory at any time, usable
+// as any writable file, flushes that do nothing (cache=unsafe).
+TEST(PosixFileOpen, UnnamedFileHasNoNameAndWorks) {
+  TempPath dir("unnamed_dir");
+  ASSERT_EQ(::mkdir(dir.path().c_str(), 0700), 0);
+  auto engine = engine_of(EngineKind::threads);
+  ASSERT_TRUE(engine);
+  {
+    auto f = create_unnamed_file(dir.path());
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    EXPECT_TRUE((*f)->writable());
+    EXPECT_EQ((*f)->cache_mode(), CacheMode::unsafe);
+    EXPECT_EQ((*f)->size(), 0u);
+    const auto data = pattern(8192, 3);
+    ASSERT_TRUE(run_sync(*engine, (*f)->write(4096, data)));
+    ASSERT_TRUE(run_sync(*engine, (*f)->flush()));
+    EXPECT_EQ((*f)->size(), 4096u + 8192u);
+    std::vector<std::byte> back(8192);
+    auto n = run_sync(*engine, (*f)->read(4096, back));
+    ASSERT_TRUE(n.is_ok());
+    EXPECT_EQ(*n, back.size());
+    EXPECT_EQ(back, data);
+    EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  auto missing = create_unnamed_file(dir.path() + "/missing");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), ENOENT);
+  EXPECT_NE(missing.status().message().find(dir.path() + "/missing"), std::string::npos) << missing.status().message();
 }
 
 TEST(PosixFileOpen, RegularFileIsLeftBlocking) {

@@ -1,6 +1,6 @@
 // The VHDX driver: CRC-32C against known vectors, the header choice, the
 // geometry QEMU derives (chunk ratio, BAT entries with its uint32 wrap), and
-// images made by qemu-img (edited with tests/qcowfs_testlib/vhdx_edit.py) opened from
+// images made by qemu-img (edited with unit/vhdx/vhdx_test_edit.h) opened from
 // memory: bytes as qemu-img convert shows them, BAT states, refusals (log that
 // needs replay, 4096-byte logical sectors, BAT past EOF).
 #include <gtest/gtest.h>
@@ -18,11 +18,13 @@
 #include "image/vhdx/crc32c.h"
 #include "image/vhdx/format.h"
 #include "image/vhdx/header.h"
+#include "image/vhdx/log_writer.h"
 #include "image/vhdx/vhdx.h"
 #include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"
 #include "unit/io/io_test_util.h"
+#include "unit/vhdx/vhdx_test_edit.h"
 
 namespace qcowfs::image {
 namespace {
@@ -186,12 +188,17 @@ class VhdxImage : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Runs shell commands in the scratch directory; `e` is tests/qcowfs_testlib/vhdx_edit.py
-  // in a python3 -c command ("python3 -c \"$ED; e.set_bat(...)\"").
+  // Runs shell commands (qemu-img, qemu-io) in the scratch directory.
   void sh(const std::string& commands) {
-    std::string cmd = "cd '" + dir_.string() + "' && export PYTHONPATH='" + QCOWFS_TESTS_DIR +
-                      "' ED=\"from qcowfs_testlib import vhdx_edit as e\" && { " + commands + "; } >/dev/null 2>&1";
+    std::string cmd = "cd '" + dir_.string() + "' && { " + commands + "; } >/dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  // Loads image `name` of the scratch directory, lets `change` edit it, saves it.
+  template <typename F>
+  void edit(const std::string& name, F change) {
+    auto e = vhdx::testing::Editor::load((dir_ / name).string());
+    change(e);
+    e.save((dir_ / name).string());
   }
   // i.vhdx: 16 MiB, 1 MiB blocks (FULLY_PRESENT data at 0, 3 MiB, 15 MiB).
   void make_base() {
@@ -233,6 +240,11 @@ class VhdxImage : public ::testing::Test {
   std::unique_ptr<io::Engine> engine_;
 };
 
+// A valid pending log entry writing 0x77 over the 4 KiB at 8 KiB of block 0's data.
+void write_pending_0x77(vhdx::testing::Editor& e) {
+  e.write_pending_log({{(e.bat(0) & vhdx::kBatOffsetMask) + 8192, Bytes(4096, std::byte{0x77})}});
+}
+
 TEST_F(VhdxImage, ReadsWhatQemuImgConvertShows) {
   make_base();
   auto d = open();
@@ -257,8 +269,11 @@ TEST_F(VhdxImage, BlockStatusIsOneDataRangeWithoutOffset) {
 
 TEST_F(VhdxImage, ZeroUndefinedAndUnmappedStatesReadZeros) {
   make_base();
-  sh("python3 -c \"$ED; e.set_bat('i.vhdx', 0, e.get_bat('i.vhdx', 0) & ~7 | 1); "
-     "e.set_bat('i.vhdx', 3, e.get_bat('i.vhdx', 3) & ~7 | 3); e.set_bat('i.vhdx', 15, e.get_bat('i.vhdx', 15) & ~7 | 5)\"");
+  edit("i.vhdx", [](vhdx::testing::Editor& e) {
+    e.set_bat_state(0, vhdx::kUndefined);
+    e.set_bat_state(3, vhdx::kUnmapped);
+    e.set_bat_state(15, vhdx::kUnmappedV095);
+  });
   auto d = open();
   ASSERT_TRUE(d) << d.status().to_string();
   for (uint64_t block : {0u, 3u, 15u}) {
@@ -271,8 +286,10 @@ TEST_F(VhdxImage, ZeroUndefinedAndUnmappedStatesReadZeros) {
 
 TEST_F(VhdxImage, PartiallyPresentAndState4AreEio) {
   make_base();
-  sh("python3 -c \"$ED; e.set_bat('i.vhdx', 0, e.get_bat('i.vhdx', 0) & ~7 | 7); "
-     "e.set_bat('i.vhdx', 3, e.get_bat('i.vhdx', 3) & ~7 | 4)\"");
+  edit("i.vhdx", [](vhdx::testing::Editor& e) {
+    e.set_bat_state(0, vhdx::kPartiallyPresent);
+    e.set_bat_state(3, 4);
+  });
   auto d = open();
   ASSERT_TRUE(d) << d.status().to_string();
   EXPECT_EQ(read(**d, 4096, 512).status().code(), EIO);
@@ -282,7 +299,7 @@ TEST_F(VhdxImage, PartiallyPresentAndState4AreEio) {
 
 TEST_F(VhdxImage, FullyPresentInTheHeaderSectionIsEio) {
   make_base();
-  sh("python3 -c \"$ED; e.set_bat('i.vhdx', 0, 6)\"");
+  edit("i.vhdx", [](vhdx::testing::Editor& e) { e.set_bat(0, vhdx::kFullyPresent); });  // file offset 0
   auto d = open();
   ASSERT_TRUE(d) << d.status().to_string();
   EXPECT_EQ(read(**d, 0, 4096).status().code(), EIO);
@@ -290,7 +307,9 @@ TEST_F(VhdxImage, FullyPresentInTheHeaderSectionIsEio) {
 
 TEST_F(VhdxImage, BatEntryPastTheEndOfTheFileIsRefused) {
   make_base();
-  sh("python3 -c \"$ED; e.set_bat('i.vhdx', 3, e.bat_entry(6, 1 << 40))\"");
+  edit("i.vhdx", [](vhdx::testing::Editor& e) {
+    e.set_bat(3, vhdx::testing::bat_entry(vhdx::kFullyPresent, 1ull << 40));
+  });
   auto d = open();
   ASSERT_FALSE(d);
   EXPECT_NE(d.status().message().find("beyond the end of the file"), std::string::npos) << d.status().message();
@@ -298,8 +317,8 @@ TEST_F(VhdxImage, BatEntryPastTheEndOfTheFileIsRefused) {
 
 TEST_F(VhdxImage, LogThatNeedsReplayIsRefusedWithQemusAdvice) {
   make_base();
-  sh("python3 -c \"$ED; e.write_pending_log('i.vhdx', [((e.get_bat('i.vhdx', 0) & ~0xFFFFF) + 8192, bytes([0x77]) * 4096)])\" && "
-     "! qemu-img info i.vhdx");
+  edit("i.vhdx", write_pending_0x77);
+  sh("! qemu-img info i.vhdx");
   auto d = open();
   ASSERT_FALSE(d);
   EXPECT_EQ(d.status().code(), EPERM);
@@ -310,8 +329,8 @@ TEST_F(VhdxImage, LogThatNeedsReplayIsRefusedWithQemusAdvice) {
 TEST_F(VhdxImage, ReplayedLogOpensWithTheLoggedData) {
   make_base();
   // QEMU replays on a read-write open (check -r all); the result reads as qemu says.
-  sh("python3 -c \"$ED; e.write_pending_log('i.vhdx', [((e.get_bat('i.vhdx', 0) & ~0xFFFFF) + 8192, bytes([0x77]) * 4096)])\" && "
-     "qemu-img check -q -r all i.vhdx");
+  edit("i.vhdx", write_pending_0x77);
+  sh("qemu-img check -q -r all i.vhdx");
   auto d = open();
   ASSERT_TRUE(d) << d.status().to_string();
   auto logged = read(**d, 8192, 4096);
@@ -322,15 +341,16 @@ TEST_F(VhdxImage, ReplayedLogOpensWithTheLoggedData) {
 
 TEST_F(VhdxImage, LogGuidWithoutValidEntriesOpens) {
   make_base();
-  sh("python3 -c \"$ED; import uuid; e.set_header_fields('i.vhdx', e.current_header_index('i.vhdx'), "
-     "log_guid=uuid.uuid4().bytes_le)\" && qemu-img info i.vhdx");
+  edit("i.vhdx", [](vhdx::testing::Editor& e) { e.set_log_guid(e.current_header_index(), vhdx::random_guid()); });
+  sh("qemu-img info i.vhdx");
   auto d = open();
   ASSERT_TRUE(d) << d.status().to_string();
 }
 
 TEST_F(VhdxImage, LogicalSectorSize4096IsRefusedAsInQemu) {
   make_base();
-  sh("python3 -c \"$ED; e.set_metadata_u32('i.vhdx', e.LOGICAL_SECTOR_GUID, 4096)\" && ! qemu-img info i.vhdx");
+  edit("i.vhdx", [](vhdx::testing::Editor& e) { e.set_metadata_u32(vhdx::kLogicalSectorSizeGuid, 4096); });
+  sh("! qemu-img info i.vhdx");
   auto d = open();
   ASSERT_FALSE(d);
   EXPECT_EQ(d.status().code(), ENOTSUP);

@@ -5,7 +5,7 @@
 // discard: whole blocks of a dynamic image unmapped (PAYLOAD_BLOCK_UNMAPPED),
 // their space punched and reused once written back and no I/O that saw them
 // is in flight; fixed images zeroed in place.
-// Images are made by qemu-img/qemu-io, edited with tests/qcowfs_testlib/vhdx_edit.py,
+// Images are made by qemu-img/qemu-io, edited with unit/vhdx/vhdx_test_edit.h,
 // and opened from memory (MemFile).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,7 +16,6 @@
 #include <fstream>
 #include <iterator>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +30,7 @@
 #include "io/run_sync.h"
 #include "io/sync.h"
 #include "unit/io/io_test_util.h"
+#include "unit/vhdx/vhdx_test_edit.h"
 
 namespace qcowfs::image {
 namespace {
@@ -38,6 +38,9 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 using vhdx::kMiB;
+using vhdx::testing::Editor;
+using vhdx::testing::LogWrite;
+using vhdx::testing::log_entry;
 
 constexpr uint64_t kDisk = 16 * kMiB;
 
@@ -90,10 +93,9 @@ class VhdxWrite : public ::testing::Test {
     return io::run_sync(*engine_, std::move(t));
   }
 
-  // Shell commands in the scratch directory; $ED imports vhdx_edit as e.
+  // Shell commands (qemu-img, qemu-io) in the scratch directory.
   int sh_rc(const std::string& commands, std::string* out = nullptr) {
-    const std::string cmd = "cd '" + dir_.string() + "' && export PYTHONPATH='" + QCOWFS_TESTS_DIR +
-                            "' ED=\"from qcowfs_testlib import vhdx_edit as e\" && { " + commands + "; } 2>&1";
+    const std::string cmd = "cd '" + dir_.string() + "' && { " + commands + "; } 2>&1";
     FILE* p = ::popen(cmd.c_str(), "r");
     std::string text;
     char buf[512];
@@ -119,18 +121,17 @@ class VhdxWrite : public ::testing::Test {
   }
   // The BAT entries (as on disk) of payload blocks `blocks` of image `img`.
   std::vector<uint64_t> bat_of(const Bytes& img, const std::vector<uint64_t>& blocks) {
-    spit("bat.vhdx", img);
-    std::string list, out;
-    for (uint64_t b : blocks) list += std::to_string(b) + ",";
-    EXPECT_EQ(
-        sh_rc("python3 -c \"$ED; print(*[e.get_bat('bat.vhdx', e.bat_index('bat.vhdx', b)) for b in [" + list + "]])\"",
-              &out),
-        0)
-        << out;
-    std::istringstream in(out);
-    std::vector<uint64_t> entries(blocks.size());
-    for (uint64_t& e : entries) in >> e;
+    const Editor e(img);
+    std::vector<uint64_t> entries;
+    for (uint64_t b : blocks) entries.push_back(e.bat(e.bat_index(b)));
     return entries;
+  }
+  // Loads image `name` of the scratch directory, lets `change` edit it, saves it.
+  template <typename F>
+  void edit(const std::string& name, F change) {
+    auto e = Editor::load((dir_ / name).string());
+    change(e);
+    e.save((dir_ / name).string());
   }
   // The whole disk as the driver reads it.
   Bytes view(BlockDriver& d) { return read(d, 0, kDisk); }
@@ -235,7 +236,8 @@ TEST_F(VhdxWrite, OurLogEntryIsReplayedByQemu) {
 TEST_F(VhdxWrite, WeReplayALogQemuLeft) {
   make_base();
   // blkdebug fails QEMU's in-place BAT write: its log entry stays, pending.
-  sh("s=$(python3 -c \"$ED; print(e.bat_offset('i.vhdx') // 512)\") && "
+  const uint64_t bat_sector = Editor::load((dir_ / "i.vhdx").string()).bat_offset() / 512;
+  sh("s=" + std::to_string(bat_sector) + " && "
      "printf '[inject-error]\\nevent = \"pwritev\"\\niotype = \"write\"\\nerrno = \"5\"\\nsector = \"%s\"\\nonce = "
      "\"on\"\\n' $s > bd.conf && "
      "cp i.vhdx q.vhdx && "
@@ -346,17 +348,8 @@ TEST_F(VhdxWrite, NewBlocksGoAtTheEndOfTheFileInOneRunWithFullyPresentEntries) {
   const Bytes img = f->content();
   EXPECT_EQ(img.size(), end + 4 * kMiB);
   spit("c.vhdx", img);
-  std::string out;
-  ASSERT_EQ(
-      sh_rc("python3 -c \"$ED; print(*[e.get_bat('c.vhdx', e.bat_index('c.vhdx', b)) for b in range(1, 5)])\"", &out),
-      0)
-      << out;
-  std::istringstream entries(out);
-  for (uint64_t i = 0; i < 4; ++i) {
-    uint64_t entry = 0;
-    entries >> entry;
-    EXPECT_EQ(entry, (end + i * kMiB) | vhdx::kFullyPresent) << i;
-  }
+  const std::vector<uint64_t> entries = bat_of(img, {1, 2, 3, 4});
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(entries[i], (end + i * kMiB) | vhdx::kFullyPresent) << i;
   const Bytes raw = qemu_raw("c.vhdx");
   EXPECT_EQ(Bytes(raw.begin() + kMiB, raw.begin() + kMiB + 100), Bytes(100));  // the block's head reads zeros
 }
@@ -365,7 +358,7 @@ TEST_F(VhdxWrite, NewBlocksGoAtTheEndOfTheFileInOneRunWithFullyPresentEntries) {
 // long): new blocks go after it, where QEMU would overlap it.
 TEST_F(VhdxWrite, NewBlocksGoPastARegionBeyondTheEndOfTheFile) {
   sh("qemu-img create -q -f vhdx -o block_size=1M i.vhdx 16M");
-  sh("python3 -c \"$ED; e.set_region_entry('i.vhdx', e.METADATA_GUID, length=32 << 20)\"");
+  edit("i.vhdx", [](Editor& e) { e.set_region_length(vhdx::kMetadataGuid, 32 << 20); });
   const Bytes base = slurp("i.vhdx");
   ASSERT_LT(base.size(), 34 * kMiB);
   io::MemFile* f = nullptr;
@@ -374,12 +367,8 @@ TEST_F(VhdxWrite, NewBlocksGoPastARegionBeyondTheEndOfTheFile) {
   ASSERT_TRUE(run((*d)->write(5 * kMiB, pattern(4096, 0x44))));
   ASSERT_TRUE(run((*d)->close()));
   spit("c.vhdx", f->content());
-  std::string out;
-  ASSERT_EQ(sh_rc("python3 -c \"$ED; print(e.get_bat('c.vhdx', 5) & ~0xFFFFF, e.metadata_offset('c.vhdx'))\"", &out),
-            0);
-  std::istringstream fields(out);
-  uint64_t block = 0, metadata = 0;
-  fields >> block >> metadata;
+  const Editor c(f->content());
+  const uint64_t block = c.bat(5) & vhdx::kBatOffsetMask, metadata = c.metadata_offset();
   EXPECT_GE(block, metadata + 32 * kMiB);
   const Bytes raw = qemu_raw("c.vhdx");
   EXPECT_EQ(Bytes(raw.begin() + 5 * kMiB, raw.begin() + 5 * kMiB + 4096), pattern(4096, 0x44));
@@ -397,24 +386,35 @@ TEST_F(VhdxWrite, BlocksPastAChunkUseTheInterleavedBatIndex) {
   spit("c.vhdx", f->content());
   sh("qemu-img check -q c.vhdx && "
      "qemu-io -f vhdx -r -c 'read -P 95 4193284k 4k' -c 'read -P 96 4194308k 4k' -c 'read -P 97 4195332k 4k' "
-     "-c 'read -P 0 4096M 4k' -c 'read -P 0 4193280k 4k' c.vhdx | grep -c '^read' | grep -qx 5 && "
-     "python3 -c \"$ED; assert [e.get_bat('c.vhdx', i) & 7 for i in range(4095, 4099)] == [6, 0, 6, 6]\"");
+     "-c 'read -P 0 4096M 4k' -c 'read -P 0 4193280k 4k' c.vhdx | grep -c '^read' | grep -qx 5");
+  const Editor c(f->content());
+  std::vector<uint64_t> states;
+  for (uint64_t i = 4095; i < 4099; ++i) states.push_back(c.bat(i) & vhdx::kBatStateMask);
+  EXPECT_EQ(states, std::vector<uint64_t>({6, 0, 6, 6}));
 }
 
 TEST_F(VhdxWrite, WritableOpensOfImagesAWriterCouldCorruptAreRefused) {
   make_base();
-  for (const char* edit : {
-           "e.set_bat('w.vhdx', 3, e.get_bat('w.vhdx', 0))",                         // two blocks, one place
-           "e.set_bat('w.vhdx', 3, e.get_bat('w.vhdx', 0) & ~7 | 7)",                // PARTIALLY_PRESENT
-           "e.set_bat('w.vhdx', 3, (e.get_bat('w.vhdx', 0) + (1 << 19)) & ~7 | 6)",  // straddles block 0
-       }) {
-    sh(std::string("cp i.vhdx w.vhdx && python3 -c \"$ED; ") + edit + "\"");
-    const Bytes img = slurp("w.vhdx");
+  struct Case {
+    const char* what;
+    uint64_t (*entry3)(uint64_t entry0);  // BAT entry 3 from entry 0
+  };
+  const Case cases[] = {
+      {"two blocks, one place", [](uint64_t e0) { return e0; }},
+      {"PARTIALLY_PRESENT", [](uint64_t e0) { return (e0 & ~vhdx::kBatStateMask) | vhdx::kPartiallyPresent; }},
+      {"straddles block 0",
+       [](uint64_t e0) { return ((e0 + (1 << 19)) & ~vhdx::kBatStateMask) | vhdx::kFullyPresent; }},
+  };
+  for (const Case& c : cases) {
+    const char* what = c.what;
+    Editor e(slurp("i.vhdx"));
+    e.set_bat(3, c.entry3(e.bat(0)));
+    const Bytes img = e.bytes();
     auto d = open(img, true, nullptr, false, true);  // a write would fail the open with EXDEV
-    ASSERT_FALSE(d) << edit;
-    EXPECT_EQ(d.status().code(), EIO) << edit;
+    ASSERT_FALSE(d) << what;
+    EXPECT_EQ(d.status().code(), EIO) << what;
     EXPECT_NE(d.status().message().find("mount it read-only"), std::string::npos) << d.status().message();
-    EXPECT_TRUE(open(img, false)) << edit;  // read-only opens as before
+    EXPECT_TRUE(open(img, false)) << what;  // read-only opens as before
   }
 }
 
@@ -422,32 +422,61 @@ TEST_F(VhdxWrite, WritableOpensOfImagesAWriterCouldCorruptAreRefused) {
 // with a clear error and writes nothing.
 TEST_F(VhdxWrite, HostileLogsAreRefusedAndNothingIsWritten) {
   make_base();
+  // Each case's entry from g (its log GUID), h (the current header's log
+  // offset) and s (the file's size).
+  using Entry = Bytes (*)(const vhdx::Guid& g, uint64_t h, uint64_t s);
   struct Case {
     const char* name;
-    const char* python;  // $ED; g = guid, h = current header, s = file size
+    Entry entry;
     const char* message;
   };
+  static const auto zeros = [](uint64_t at) { return std::vector<LogWrite>{{at, Bytes(4096)}}; };
   const Case cases[] = {
-      {"into the headers", "w(e.log_entry(g, 1, [(64 * 1024, bytes(4096))], s, s))", "into the headers"},
-      {"into the region table", "w(e.log_entry(g, 1, [(192 * 1024, bytes(4096))], s, s))", "into the headers"},
-      {"into the log", "w(e.log_entry(g, 1, [(h['log_offset'] + 8192, bytes(4096))], s, s))", "into the log"},
-      {"past the end", "w(e.log_entry(g, 1, [(s + (1 << 20), bytes(4096))], s, s))", "past the end of the file"},
-      {"file truncated", "w(e.log_entry(g, 1, [(3 << 20, bytes(4096))], s + (1 << 20), s + (1 << 20)))", "truncated"},
-      {"huge growth", "w(e.log_entry(g, 1, [(3 << 20, bytes(4096))], s, 1 << 50))", "more than qcowfs replays"},
+      {"into the headers",
+       [](const vhdx::Guid& g, uint64_t, uint64_t s) { return log_entry(g, 1, zeros(64 * 1024), s, s); },
+       "into the headers"},
+      {"into the region table",
+       [](const vhdx::Guid& g, uint64_t, uint64_t s) { return log_entry(g, 1, zeros(192 * 1024), s, s); },
+       "into the headers"},
+      {"into the log",
+       [](const vhdx::Guid& g, uint64_t h, uint64_t s) { return log_entry(g, 1, zeros(h + 8192), s, s); },
+       "into the log"},
+      {"past the end",
+       [](const vhdx::Guid& g, uint64_t, uint64_t s) { return log_entry(g, 1, zeros(s + (1 << 20)), s, s); },
+       "past the end of the file"},
+      {"file truncated",
+       [](const vhdx::Guid& g, uint64_t, uint64_t s) {
+         return log_entry(g, 1, zeros(3 << 20), s + (1 << 20), s + (1 << 20));
+       },
+       "truncated"},
+      {"huge growth",
+       [](const vhdx::Guid& g, uint64_t, uint64_t s) { return log_entry(g, 1, zeros(3 << 20), s, 1ull << 50); },
+       "more than qcowfs replays"},
       {"data sequence",
-       "b = bytearray(e.log_entry(g, 7, [(3 << 20, bytes(4096))], s, s)); "
-       "b[8192 - 4:8192] = (8).to_bytes(4, 'little'); w(e.with_checksum(bytes(b)))",
+       [](const vhdx::Guid& g, uint64_t, uint64_t s) {
+         Bytes b = log_entry(g, 7, zeros(3 << 20), s, s);
+         store_le32(b.data() + 8192 - 4, 8);  // the data sector's sequence_low
+         vhdx::testing::fix_checksum(b);
+         return b;
+       },
        "data sector"},
       {"descriptor sequence",
-       "b = bytearray(e.log_entry(g, 7, [(3 << 20, bytes(4096))], s, s)); "
-       "b[64 + 24] = 9; w(e.with_checksum(bytes(b)))",
+       [](const vhdx::Guid& g, uint64_t, uint64_t s) {
+         Bytes b = log_entry(g, 7, zeros(3 << 20), s, s);
+         b[64 + 24] = std::byte{9};  // the descriptor's sequence number
+         vhdx::testing::fix_checksum(b);
+         return b;
+       },
        "invalid descriptor"},
   };
   for (const Case& c : cases) {
-    sh(std::string("cp i.vhdx w.vhdx && python3 -c \"$ED; import uuid, os; p = 'w.vhdx'; g = uuid.uuid4().bytes_le; "
-                   "i = e.current_header_index(p); h = e.header(p, i); s = os.path.getsize(p); "
-                   "w = lambda entry: e.write(p, h['log_offset'], entry); ") +
-       c.python + "; e.set_header_fields(p, i, log_guid=g)\"");
+    Editor w(slurp("i.vhdx"));
+    const vhdx::Guid g = vhdx::random_guid();
+    const int i = w.current_header_index();
+    const uint64_t h = w.log_offset(i);
+    w.write(h, c.entry(g, h, w.bytes().size()));
+    w.set_log_guid(i, g);
+    w.save((dir_ / "w.vhdx").string());
     auto d = open(slurp("w.vhdx"), true, nullptr, false, true);  // a write would fail the open with EXDEV
     ASSERT_FALSE(d) << c.name;
     EXPECT_EQ(d.status().code(), EINVAL) << c.name << ": " << d.status().message();
@@ -457,9 +486,11 @@ TEST_F(VhdxWrite, HostileLogsAreRefusedAndNothingIsWritten) {
 
 TEST_F(VhdxWrite, ALogWithABadChecksumIsNotReplayed) {
   make_base();
-  sh("python3 -c \"$ED; e.write_pending_log('i.vhdx', [((e.get_bat('i.vhdx', 0) & ~0xFFFFF) + 8192, "
-     "bytes([0x77]) * 4096)]); h = e.header('i.vhdx', e.current_header_index('i.vhdx')); "
-     "e.write('i.vhdx', h['log_offset'] + 4096 + 100, b'x')\" && qemu-img info i.vhdx >/dev/null");
+  edit("i.vhdx", [](Editor& e) {
+    e.write_pending_log({{(e.bat(0) & vhdx::kBatOffsetMask) + 8192, pattern(4096, 0x77)}});
+    e.write(e.log_offset(e.current_header_index()) + 4096 + 100, Bytes{static_cast<std::byte>('x')});
+  });
+  sh("qemu-img info i.vhdx >/dev/null");
   const Bytes img = slurp("i.vhdx");
   io::MemFile* f = nullptr;
   auto d = open(img, true, &f);
@@ -471,8 +502,11 @@ TEST_F(VhdxWrite, ALogWithABadChecksumIsNotReplayed) {
 
 TEST_F(VhdxWrite, AValidPendingLogIsReplayedOnAWritableOpen) {
   make_base();
-  sh("python3 -c \"$ED; e.write_pending_log('i.vhdx', [((e.get_bat('i.vhdx', 0) & ~0xFFFFF) + 8192, "
-     "bytes([0x77]) * 4096), ((e.get_bat('i.vhdx', 9) & ~0xFFFFF), bytes([0x78]) * 4096)], sequence=5)\"");
+  edit("i.vhdx", [](Editor& e) {
+    e.write_pending_log({{(e.bat(0) & vhdx::kBatOffsetMask) + 8192, pattern(4096, 0x77)},
+                         {e.bat(9) & vhdx::kBatOffsetMask, pattern(4096, 0x78)}},
+                        5);
+  });
   const Bytes img = slurp("i.vhdx");
   EXPECT_EQ(open(img, false).status().code(), EPERM);
   const Bytes ours = our_replay(img);
