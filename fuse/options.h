@@ -40,7 +40,7 @@ struct Options {
   bool version = false;
 
   // How the image is opened: format=, ro (default) / rw, cache=, locking=,
-  // force-share, discard=, snapshot=, l2_cache_size= or table_cache_size= (image/block_driver.h).
+  // force-share, discard=, compress=, snapshot=, l2_cache_size= or table_cache_size= (image/block_driver.h).
   image::ImageOptions image_options;
   bool writable() const { return image_options.file.writable; }
 
