@@ -150,6 +150,9 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "discard") {
     if (value != "unmap" && value != "ignore") return bad_value(key, value, "unmap or ignore");
     o.image_options.discard_unmap = value == "unmap";
+  } else if (key == "compress") {
+    if (value != "on" && value != "off") return bad_value(key, value, "on or off");
+    o.image_options.compress_writes = value == "on";
   } else if (key == "key-file") {
     // The passphrase of an encrypted image: the file's content, or standard input for "-".
     if (value.empty()) return bad_value(key, value, "a file holding the passphrase, or - for standard input");
@@ -223,6 +226,10 @@ Status check_combination(const Options& o) {
   if (!o.image_options.snapshot.empty() && o.writable())
     return Status::errorf(EINVAL, "snapshot=NAME mounts a read-only view: it cannot be combined with {}",
                           o.throwaway ? "throwaway" : "rw");
+  if (o.image_options.compress_writes && !o.writable())
+    return Status::error(EINVAL, "compress=on compresses what is written: it needs rw");
+  if (o.image_options.compress_writes && o.throwaway)
+    return Status::error(EINVAL, "compress=on and throwaway: the writes go to a temporary overlay, not the image");
   if (!o.allow_other && o.access.uid && *o.access.uid != ::getuid())
     return Status::errorf(EINVAL,
                           "uid={} hands the view to another user, who cannot use the mount without allow_other: "
@@ -373,6 +380,9 @@ std::string usage_text(std::string_view program) {
       "                       the file's content, - for standard input (default: asked on\n"
       "                       the terminal without echo)\n"
       "  discard=MODE         unmap (free host space on discard) or ignore (default)\n"
+      "  compress=on|off      rw qcow2: store whole clusters written into unallocated\n"
+      "                       space compressed (zlib or zstd, the image's type), as\n"
+      "                       qemu-img convert -c would (default off)\n"
       "  snapshot=NAME        show one internal snapshot, read-only\n"
       "  throwaway            a read-write view whose writes go to a temporary overlay,\n"
       "                       dropped at unmount; the image is only read (QEMU's -snapshot;\n"

@@ -46,7 +46,7 @@ struct Options {
   bool version = false;
 
   // How the image is opened: format=, ro (default) / rw, cache=, locking=,
-  // force-share, discard=, snapshot=, l2_cache_size= or table_cache_size= (image/block_driver.h).
+  // force-share, discard=, compress=, snapshot=, l2_cache_size= or table_cache_size= (image/block_driver.h).
   image::ImageOptions image_options;
   // throwaway (QEMU's -snapshot, a name that does not collide with
   // snapshot=NAME): the image opened read-only (image_options.file.writable

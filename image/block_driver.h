@@ -130,6 +130,10 @@ struct ImageOptions {
   std::string format;         // a registry name (image/format.h); "" probes
   io::OpenOptions file;       // access mode and cache mode for the image file
   bool discard_unmap = false; // discard=unmap: free host space on discard
+  // compress=on: a writable qcow2 image stores whole clusters written into
+  // unallocated space compressed (image/qcow2/DESIGN.md "Compressed writes");
+  // other formats refuse it.
+  bool compress_writes = false;
   std::string snapshot;       // open this internal snapshot (read-only)
   // Bytes of cache for the mapping tables (qcow2 and QED L2 tables, VHDX's
   // BAT); 0 = the format's default. Mount option l2_cache_size= (as qemu's

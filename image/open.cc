@@ -42,6 +42,8 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_image_file(std::unique_ptr<io::H
                                                           ImageOptions opts) {
   auto format = co_await choose_format(*file, path, opts.format, opts.backing_of);
   if (!format) co_return format.status();
+  if (opts.compress_writes && *format != "qcow2")
+    co_return Status::errorf(EINVAL, "{}: compress=on is for qcow2 images (this one is {})", path, *format);
   co_return co_await find_format(*format)->open(std::move(file), std::move(path), std::move(opts));
 }
 

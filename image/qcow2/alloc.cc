@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "io/align.h"
+
 namespace qcowfs::image::qcow2 {
 
 Task<Result<HostCluster>> ClusterAllocator::find_free_run(uint64_t n) {
@@ -80,10 +82,43 @@ Task<Status> ClusterAllocator::release(HostCluster first_hc, uint64_t n, std::ve
     auto v = rt_.peek(hc);
     if (v && *v == 0) {
       set_hint(hc);
+      if (free_byte_ != 0 && (free_byte_ >> rt_.map().cluster_bits()) == hc) free_byte_ = 0;
       if (freed) freed->push_back(hc);
     }
   }
   co_return Status::ok();
+}
+
+// QEMU's qcow2_alloc_bytes (block/qcow2-refcount.c, 7.2).
+Task<Result<ClusterAllocator::ByteRun>> ClusterAllocator::allocate_bytes(uint64_t size) {
+  const uint64_t cs = rt_.cluster_size();
+  const uint32_t bits = rt_.map().cluster_bits();
+  if (size == 0 || size >= cs) co_return Status::errorf(EINVAL, "compressed cluster of {} bytes", size);
+  HostOffset offset = free_byte_;
+  if (offset != 0) {
+    auto refs = co_await rt_.get(offset >> bits);
+    if (!refs) co_return refs.status();
+    // At the maximum it cannot take another reference; at 0 it was freed
+    // (and may have been handed out whole since).
+    if (*refs == 0 || *refs >= rt_.map().max()) offset = 0;
+  }
+  ByteRun run;
+  if (offset == 0 || cs - (offset & (cs - 1)) < size) {
+    auto hc = co_await allocate(1);  // refcount 1: the new cluster's reference
+    if (!hc) co_return hc.status();
+    run.new_cluster = *hc;
+    const HostOffset fresh = *hc << bits;
+    if (offset == 0 || align_up(offset, cs) != fresh) {
+      offset = fresh;  // the old cluster's tail stays unused
+    } else {
+      QCOWFS_CO_TRY(co_await rt_.add(offset >> bits, 1, +1));  // the stream starts in the old cluster
+    }
+  } else {
+    QCOWFS_CO_TRY(co_await rt_.add(offset >> bits, 1, +1));
+  }
+  run.offset = offset;
+  free_byte_ = ((offset + size) & (cs - 1)) != 0 ? offset + size : 0;
+  co_return run;
 }
 
 void ClusterAllocator::set_hint(HostCluster hc) {

@@ -11,6 +11,17 @@
 // EAGAIN and the caller runs grow_table() (which needs the writeback lock as
 // well as the metadata lock) and retries.
 //
+// Compressed clusters take bytes, not clusters: allocate_bytes() packs them
+// as QEMU's qcow2_alloc_bytes does (block/qcow2-refcount.c, QEMU 7.2). The
+// next stream starts right after the last one, at any byte, inside the partly
+// used cluster; one that does not fit there continues into the next host
+// cluster when the new cluster allocate(1) hands out follows it, else starts
+// at the new cluster (the old one's tail stays unused). Every host cluster a
+// stream touches takes one more reference, so a cluster holding the ends of
+// several streams has a refcount of that many. The partly used cluster is
+// remembered in memory only (a new session starts a new cluster), and is
+// forgotten when its refcount is at the maximum or it is freed.
+//
 // A cluster whose refcount has dropped in memory is free for reuse at once;
 // the write path only releases a cluster after the L2/L1 update that dropped
 // it is on disk (image/qcow2/metadata.h), so reuse never races with stale
@@ -45,6 +56,19 @@ class ClusterAllocator {
   // Starts the free-run scan at hc (e.g. after an image-wide rebuild).
   void set_hint(HostCluster hc);
 
+  // Where allocate_bytes put a stream: its first byte, and the host cluster
+  // it allocated for it (0: it fitted in the partly used one).
+  struct ByteRun {
+    HostOffset offset = 0;
+    HostCluster new_cluster = 0;
+  };
+  // Reserves size (1 .. cluster size - 1) bytes for one compressed cluster,
+  // taking a reference on every host cluster they touch (see above).
+  // EAGAIN: grow_table() first; nothing is reserved on failure.
+  Task<Result<ByteRun>> allocate_bytes(uint64_t size);
+  // The byte where the next stream would start (0: a new cluster).
+  HostOffset free_byte_offset() const { return free_byte_; }
+
   HostCluster end_cluster() const { return end_; }
   HostCluster hint() const { return hint_; }
 
@@ -56,6 +80,7 @@ class ClusterAllocator {
   HostCluster hint_;             // no free cluster below it
   uint64_t failed_n_ = 0;        // a scan from hint_ found no run this long (0: none failed)
   uint64_t grow_to_entries_ = 0; // reftable entries the last EAGAIN needs
+  HostOffset free_byte_ = 0;      // next free byte inside the partly used cluster (0: none)
 };
 
 }  // namespace qcowfs::image::qcow2

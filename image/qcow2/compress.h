@@ -1,7 +1,9 @@
-// Compressed qcow2 clusters: decompression of one cluster (raw deflate with a
-// 4 KiB window, or zstd); decompressed clusters are kept in image/extent/cluster_cache.h.
-// decompress_cluster() is CPU work: the driver runs it through io::offload.
-// Thread-safety: decompress_cluster() is a pure function.
+// Compressed qcow2 clusters: compression and decompression of one cluster
+// (raw deflate with a 4 KiB window, or zstd); decompressed clusters are kept in
+// image/extent/cluster_cache.h. Both are CPU work: the driver and the writer
+// run them through io::offload.
+// Thread-safety: both functions may run concurrently on any threads
+// (compress_cluster() keeps one compression context per thread).
 #pragma once
 
 #include <cstddef>
@@ -17,5 +19,12 @@ namespace qcowfs::image::qcow2 {
 // once the cluster is full. `in` may carry trailing bytes of the next stream.
 // EIO when the stream is corrupt or ends before the cluster is full.
 Status decompress_cluster(uint8_t compression_type, std::span<const std::byte> in, std::span<std::byte> out);
+
+// Compresses the cluster `in` into `out` as QEMU writes compressed clusters:
+// raw deflate with a 4 KiB window at zlib's default level, or one zstd frame
+// at zstd's default level. Returns the stream's length, or 0 when it does not
+// fit in `out` (QEMU offers one byte less than a cluster: a cluster that does
+// not shrink is stored uncompressed).
+Result<size_t> compress_cluster(uint8_t compression_type, std::span<const std::byte> in, std::span<std::byte> out);
 
 }  // namespace qcowfs::image::qcow2

@@ -108,6 +108,11 @@ CompressedCluster decode_compressed(uint32_t cluster_bits, uint64_t entry) {
   return c;
 }
 
+uint64_t encode_compressed(uint32_t cluster_bits, HostOffset host, uint64_t size) {
+  const uint64_t extra_sectors = (host + size - 1) / kCompressedSectorSize - host / kCompressedSectorSize;
+  return kOflagCompressed | (extra_sectors << compressed_size_shift(cluster_bits)) | host;
+}
+
 Result<uint64_t> decode_l1_entry(const Geometry& g, uint64_t l1_entry) {
   if (l1_entry & kL1ReservedMask) return corrupt(fmt::format("L1 entry {:#x} has reserved bits set", l1_entry));
   HostOffset l2 = l1_entry & kL1OffsetMask;

@@ -130,5 +130,9 @@ Result<ClusterRun> decode_cluster_run(const Geometry& g, uint64_t entry, uint64_
 
 // Decodes a compressed descriptor (no range checks).
 CompressedCluster decode_compressed(uint32_t cluster_bits, uint64_t entry);
+// The compressed descriptor of a stream of `size` bytes (1 .. cluster size - 1)
+// at byte `host` (at most compressed_offset_mask()), as QEMU writes it: the
+// byte offset, the 512-byte sectors it touches after the first, no COPIED flag.
+uint64_t encode_compressed(uint32_t cluster_bits, HostOffset host, uint64_t size);
 
 }  // namespace qcowfs::image::qcow2

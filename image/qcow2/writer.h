@@ -8,6 +8,7 @@
 //   writer_data.cc       write(): data and copy-on-write, the overlap check
 //   writer_commit.cc     L2 / refcount changes of a written request, and their undo
 //   writer_zero.cc       discard and write_zeroes
+//   writer_compress.cc   compressed writes (compress=on)
 //   writer_resize.cc     truncate, L1 growth
 //   writer_writeback.cc  write-back scheduling, refcount table growth
 // (request-local types in writer_plan.h; design in image/qcow2/DESIGN.md).
@@ -38,6 +39,16 @@
 // and the host space is preallocated ahead (zero-reading) in kPreallocBytes
 // steps so those small writes do not each extend the file; close() trims what
 // was not used.
+//
+// Compressed writes (compress=on, image/qcow2/DESIGN.md "Compressed writes"):
+// a cluster the request writes whole whose entry names no host cluster
+// (unallocated or zero: nothing to copy, nothing to overwrite) is compressed
+// instead, all such clusters of a request in parallel on the worker pool with
+// no lock but the range lock, then packed byte by byte as QEMU packs them
+// (ClusterAllocator::allocate_bytes) and written as one host write per
+// host-contiguous run; their L2 entries are set in the same commit pass as the
+// request's other clusters. A cluster that does not shrink below a cluster is
+// allocated and written as any other.
 //
 // Concurrency: every request holds the ReadPath's guest range lock on its
 // clusters. Pure overwrites hold it shared and run in parallel; anything that
@@ -74,6 +85,7 @@
 #include "image/qcow2/metadata.h"
 #include "image/qcow2/read_path.h"
 #include "image/qcow2/refcount.h"
+#include "io/buffer.h"
 #include "io/range_lock.h"
 #include "io/sync.h"
 
@@ -103,7 +115,7 @@ class Qcow2Writer {
   // (the view's read path, whose range lock the writer shares) must outlive it.
   static Task<Result<std::unique_ptr<Qcow2Writer>>> open(Qcow2Image& image, L1Table& l1, ReadPath& reads,
                                                          const ImageOptions& opts);
-  Qcow2Writer(Qcow2Image& image, L1Table& l1, ReadPath& reads, bool discard_unmap);
+  Qcow2Writer(Qcow2Image& image, L1Table& l1, ReadPath& reads, bool discard_unmap, bool compress);
 
   uint64_t size() const { return size_.load(std::memory_order_acquire); }
   State state() const { return state_.load(std::memory_order_acquire); }
@@ -128,7 +140,9 @@ class Qcow2Writer {
   ClusterAllocator& allocator() { return *alloc_; }
 
  private:
-  enum class Kind : uint8_t { overwrite, update, allocate };
+  // compressed: an allocate slot written whole into a cluster that names no
+  // host cluster, stored compressed (compress=on).
+  enum class Kind : uint8_t { overwrite, update, allocate, compressed };
   enum class ZeroMode : uint8_t { discard, zero_unmap, zero_keep };
   struct Slot;
   struct Plan;
@@ -208,6 +222,27 @@ class Qcow2Writer {
   Task<Status> set_l2(TableCache::Ref& slice, size_t index, uint64_t entry, uint64_t bitmap);
   void release_old(uint64_t entry);
 
+  // ---- compressed writes (writer_compress.cc) ----
+  // compress=on is refused where QEMU cannot write compressed clusters either
+  // (external data file) and on encrypted images.
+  static Status check_compress_allowed(const Qcow2Image& image);
+  // Marks the slots to store compressed; whether there is any.
+  bool mark_compressible(Plan& plan) const;
+  bool whole_cluster_write(const Slot& s) const;
+  // Compresses the marked slots (no metadata lock), then allocates the
+  // request's host run and places the streams (metadata lock).
+  Task<Status> compress_and_allocate(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
+  Task<Status> compress_slots(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
+  Task<Status> compress_slot(Slot& s, std::span<const std::byte> in) const;
+  Task<Status> place_compressed(Plan& plan);
+  // The streams of the plan as host-contiguous runs, each in one buffer of `bufs`.
+  std::vector<HostWrite> compressed_writes(Plan& plan, std::vector<io::AlignedBuffer>& bufs) const;
+  // Drops the references a placed stream took.
+  Task<Status> release_stream(const Slot& s);
+  // The host file ends inside a 512-byte sector when the last stream does:
+  // extended to a whole sector at close, as qemu-img convert -c leaves it.
+  Task<Status> align_file_end();
+
   // ---- zero and discard (writer_zero.cc) ----
   Task<Status> zero_range(GuestOffset guest, uint64_t len, ZeroMode mode);
   Task<Status> zero_clusters_locked(GuestCluster first_gc, GuestCluster end_gc, ZeroMode mode,
@@ -245,6 +280,7 @@ class Qcow2Writer {
   L1Table& l1_;
   ReadPath& reads_;  // copy-on-write source; owns the guest range lock
   const bool discard_unmap_;
+  const bool compress_;  // compress=on
   std::atomic<uint64_t> size_;
   std::atomic<State> state_{State::opened};  // changes under meta_
 

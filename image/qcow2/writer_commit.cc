@@ -43,6 +43,15 @@ Task<Status> Qcow2Writer::commit(Plan& plan) {
   const uint64_t scs = g.subcluster_size();
   for (Slot& s : plan.slots) {
     if (s.kind == Kind::overwrite) continue;
+    if (s.kind == Kind::compressed) {
+      // No COPIED flag; with extended L2 an all-zero bitmap (QEMU's
+      // qcow2_alloc_compressed_cluster_offset). A decompressed cluster cached
+      // under this offset (a stream freed since) is stale.
+      img_.cluster_cache->erase(s.host);
+      QCOWFS_CO_TRY(co_await set_l2(plan.slices[s.slice], s.index, encode_compressed(g.cluster_bits, s.host, s.csize), 0));
+      release_old(s.old_entry);
+      continue;
+    }
     uint64_t bitmap = 0;
     if (g.extended_l2) {
       // A whole-cluster write holds the complete contents (old ones copied in):
@@ -60,8 +69,14 @@ Task<Status> Qcow2Writer::commit(Plan& plan) {
 }
 
 Task<Status> Qcow2Writer::undo(Plan& plan) {
-  if (plan.run_clusters == 0) co_return Status::ok();
-  co_return co_await alloc_->release(plan.first_hc, plan.run_clusters, nullptr);
+  Status result;
+  if (plan.run_clusters != 0) result = co_await alloc_->release(plan.first_hc, plan.run_clusters, nullptr);
+  for (const Slot& s : plan.slots) {
+    if (s.kind != Kind::compressed || !s.placed) continue;
+    Status st = co_await release_stream(s);
+    if (result && !st) result = st;
+  }
+  co_return result;
 }
 
 }  // namespace qcowfs::image::qcow2

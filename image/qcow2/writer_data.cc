@@ -1,7 +1,8 @@
 // Qcow2Writer::write(): guest data and copy-on-write. A request is written in
 // place when every cluster is a pure overwrite, otherwise mapped exclusively,
-// allocated, completed with its old contents (read through the ReadPath) and
-// written as one writev per host-contiguous run, then committed
+// allocated (with compress=on, its compressible clusters compressed first:
+// writer_compress.cc), completed with its old contents (read through the
+// ReadPath) and written as one writev per host-contiguous run, then committed
 // (writer_commit.cc). QEMU's overlap check keeps guest data off metadata.
 #include <algorithm>
 #include <cstring>
@@ -45,14 +46,18 @@ Task<Status> Qcow2Writer::write_allocating(GuestOffset guest, std::span<const st
   auto range = co_await reads_.ranges().lock(align_down(guest, cs), align_up(guest + buf.size(), cs),
                                              io::RangeLock::Mode::exclusive);
   Plan plan;
+  bool compressing = false;
   {
     auto m = co_await meta_.lock();
     auto map_and_allocate = [&]() -> Task<Status> {
       QCOWFS_CO_TRY(co_await map_exclusive(guest, buf.size(), plan));
+      compressing = mark_compressible(plan);
+      if (compressing) co_return Status::ok();  // allocated once compressed
       co_return co_await allocate_run(plan);
     };
     QCOWFS_CO_TRY(co_await with_refcount_room(m, map_and_allocate));
   }
+  if (compressing) QCOWFS_CO_TRY(co_await compress_and_allocate(plan, guest, buf));
   Status st = co_await fill_cow(plan, guest, buf);
   if (st) st = co_await write_data(plan, guest, buf);
   auto m = co_await meta_.lock();
@@ -71,7 +76,7 @@ Task<Status> Qcow2Writer::fill_cow(Plan& plan, GuestOffset start, std::span<cons
   const uint64_t cs = img_.geometry.cluster_size();
   const uint64_t disk = size();
   for (Slot& s : plan.slots) {
-    if (s.kind == Kind::overwrite || !s.needs_cow()) continue;
+    if (s.kind == Kind::overwrite || s.kind == Kind::compressed || !s.needs_cow()) continue;
     s.cow = io::AlignedBuffer(static_cast<size_t>(s.wr_end - s.wr_start), img_.data_file->mem_align(), true);
     const GuestOffset guest = s.gc * cs + s.wr_start;
     const uint64_t n = guest < disk && !s.fresh ? std::min(s.wr_end - s.wr_start, disk - guest) : 0;
@@ -106,24 +111,32 @@ Task<Status> Qcow2Writer::data_overlap_error(GuestOffset guest, HostOffset host,
 }
 
 Task<Status> Qcow2Writer::write_data(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) {
-  if (plan.slots.size() == 1 && plan.slots[0].cow.empty()) {  // the common small write: no vectors
+  if (plan.slots.size() == 1 && plan.slots[0].cow.empty() && plan.slots[0].kind != Kind::compressed) {
+    // the common small write: no vectors
     const Slot& s = plan.slots[0];
     const HostOffset host = s.host + s.wr_start;
     if (const MetadataRange* m = data_overlap(host, s.rq_end - s.rq_start)) co_return co_await data_overlap_error(guest, host, *m);
     co_return co_await img_.data_io->write(host, buf);
   }
   std::vector<HostWrite> runs = host_writes(plan, guest, buf);
-  io::HostFile& f = *img_.data_io;
-  for (const HostWrite& r : runs)
-    if (const MetadataRange* m = data_overlap(r.host, r.len)) co_return co_await data_overlap_error(guest, r.host, *m);
+  std::vector<io::AlignedBuffer> packed;
+  std::vector<HostWrite> streams = compressed_writes(plan, packed);
+  for (const std::vector<HostWrite>* list : {&runs, &streams})
+    for (const HostWrite& r : *list)
+      if (const MetadataRange* m = data_overlap(r.host, r.len)) co_return co_await data_overlap_error(guest, r.host, *m);
   std::vector<Task<Status>> writes;
-  writes.reserve(runs.size());
+  writes.reserve(runs.size() + streams.size());
+  io::HostFile& f = *img_.data_io;
   for (HostWrite& r : runs) {
     if (r.iov.size() == 1)
       writes.push_back(f.write(r.host, std::span<const std::byte>(static_cast<const std::byte*>(r.iov[0].iov_base), r.len)));
     else
       writes.push_back(f.writev(r.host, r.iov));
   }
+  // Compressed streams live in the image file (never encrypted, never in an
+  // external data file: check_compress_allowed).
+  for (HostWrite& r : streams)
+    writes.push_back(img_.file->write(r.host, std::span<const std::byte>(static_cast<const std::byte*>(r.iov[0].iov_base), r.len)));
   co_return co_await io::when_all(std::move(writes));
 }
 
@@ -134,6 +147,7 @@ std::vector<Qcow2Writer::HostWrite> Qcow2Writer::host_writes(Plan& plan, GuestOf
   const uint64_t cs = img_.geometry.cluster_size();
   std::vector<HostWrite> runs;
   for (Slot& s : plan.slots) {
+    if (s.kind == Kind::compressed) continue;  // compressed_writes
     iovec v;
     if (s.cow.empty()) {
       v.iov_base = const_cast<std::byte*>(buf.data() + (s.gc * cs + s.rq_start - start));

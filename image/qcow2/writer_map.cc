@@ -139,8 +139,10 @@ void Qcow2Writer::classify_allocate(Slot& s, bool allocated, bool compressed) co
   if (g.external_data) s.host = s.gc << g.cluster_bits;  // guest offset == host offset
 }
 
+// Idempotent: a plan that has its run keeps it (compress_and_allocate retries
+// after growing the refcount table).
 Task<Status> Qcow2Writer::allocate_run(Plan& plan) {
-  if (img_.geometry.external_data) co_return Status::ok();
+  if (img_.geometry.external_data || plan.run_clusters != 0) co_return Status::ok();
   uint64_t n = 0;
   for (const Slot& s : plan.slots) n += s.kind == Kind::allocate ? 1 : 0;
   if (n == 0) co_return Status::ok();

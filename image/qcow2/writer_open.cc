@@ -23,17 +23,19 @@ constexpr int kCloseWritebackRounds = 4;
 
 }  // namespace
 
-Qcow2Writer::Qcow2Writer(Qcow2Image& image, L1Table& l1, ReadPath& reads, bool discard_unmap)
+Qcow2Writer::Qcow2Writer(Qcow2Image& image, L1Table& l1, ReadPath& reads, bool discard_unmap, bool compress)
     : img_(image),
       l1_(l1),
       reads_(reads),
       discard_unmap_(discard_unmap),
+      compress_(compress),
       size_(image.header.size),
       bitmaps_(std::make_unique<PersistentBitmaps>()) {}
 
 Task<Result<std::unique_ptr<Qcow2Writer>>> Qcow2Writer::open(Qcow2Image& image, L1Table& l1, ReadPath& reads,
                                                              const ImageOptions& opts) {
-  auto w = std::make_unique<Qcow2Writer>(image, l1, reads, opts.discard_unmap);
+  if (opts.compress_writes) QCOWFS_CO_TRY(check_compress_allowed(image));
+  auto w = std::make_unique<Qcow2Writer>(image, l1, reads, opts.discard_unmap, opts.compress_writes);
   if (image.header.dirty()) QCOWFS_CO_TRY(co_await w->repair_refcounts());
   QCOWFS_CO_TRY(co_await w->load_refcounts());
   QCOWFS_CO_TRY(co_await w->load_bitmaps());
@@ -172,6 +174,7 @@ Task<Status> Qcow2Writer::close() {
 Task<Status> Qcow2Writer::close_locked() {
   auto m = co_await meta_.lock();
   QCOWFS_CO_TRY(co_await trim_preallocation());
+  QCOWFS_CO_TRY(co_await align_file_end());
   if (state() == State::dirty) QCOWFS_CO_TRY(co_await clear_dirty_bit());
   state_.store(State::closed, std::memory_order_release);
   co_return Status::ok();

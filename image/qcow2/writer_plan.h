@@ -41,6 +41,11 @@ struct Qcow2Writer::Slot {
   size_t index = 0;                     // entry index inside that slice
   io::AlignedBuffer cow;                // [wr_start, wr_end) when it is wider than the request
                                         // (fresh: the request padded with zeros to the host alignment)
+  // Kind::compressed: the stream (its first csize bytes); once placed, `host`
+  // is the stream's first byte and the clusters it touches hold a reference.
+  io::AlignedBuffer packed;
+  uint64_t csize = 0;
+  bool placed = false;
   bool needs_cow() const { return wr_start != rq_start || wr_end != rq_end; }
 };
 

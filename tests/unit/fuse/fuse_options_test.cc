@@ -25,6 +25,7 @@ TEST(FuseOptions, DefaultsAreReadOnlyForeground) {
   EXPECT_EQ(o->queues, 0u);
   EXPECT_EQ(o->aio, io::EngineKind::automatic);
   EXPECT_FALSE(o->image_options.discard_unmap);
+  EXPECT_FALSE(o->image_options.compress_writes);
 }
 
 TEST(FuseOptions, AllValuedOptions) {
@@ -40,6 +41,9 @@ TEST(FuseOptions, AllValuedOptions) {
   EXPECT_TRUE(o->image_options.discard_unmap);
   EXPECT_EQ(o->image_options.table_cache_size, 4u << 20);
   EXPECT_TRUE(o->allow_other);
+  auto compress = parse({"-o", "rw,compress=on", "img", "mnt"});
+  ASSERT_TRUE(compress) << compress.status().to_string();
+  EXPECT_TRUE(compress->image_options.compress_writes);
   auto alias = parse({"-o", "table_cache_size=64K", "img", "mnt"});
   ASSERT_TRUE(alias) << alias.status().to_string();
   EXPECT_EQ(alias->image_options.table_cache_size, 64u << 10);
@@ -114,6 +118,8 @@ TEST(FuseOptions, BadInputNamesTheCulprit) {
       {{"-o", "queues=2x", "img", "mnt"}, "2x"},
       {{"-o", "format=nosuchfmt", "img", "mnt"}, "nosuchfmt"},
       {{"-o", "discard=on", "img", "mnt"}, "discard"},
+      {{"-o", "rw,compress=yes", "img", "mnt"}, "compress"},
+      {{"-o", "compress=on", "img", "mnt"}, "needs rw"},
       {{"-o", "fuse_uring=yes", "img", "mnt"}, "fuse_uring"},
       {{"-o", "passthrough=on", "img", "mnt"}, "passthrough"},
       {{"-o", "l2_cache_size=12Q", "img", "mnt"}, "12Q"},

@@ -1,6 +1,7 @@
 // Cluster allocator: contiguous runs, appending at the end, reuse of freed
-// runs (first fit from the hint), skipping holes that are too small, and
-// refcount blocks created on the way covering themselves.
+// runs (first fit from the hint), skipping holes that are too small,
+// refcount blocks created on the way covering themselves, and the byte
+// packing of compressed clusters (QEMU's qcow2_alloc_bytes).
 #include <gtest/gtest.h>
 
 #include "image/endian.h"
@@ -115,6 +116,68 @@ TEST_F(Qcow2Alloc, NewRefcountBlocksCoverThemselvesAndQemuAgrees) {
   ASSERT_TRUE(write_back());
   auto check = testing::qemu_img_check(img_->path());
   EXPECT_EQ(check.status, 0) << check.output;
+}
+
+// Streams follow each other byte by byte in one cluster, each taking a
+// reference; one that does not fit crosses into the next cluster when that is
+// the one handed out, else starts there; a freed cluster is not packed into.
+TEST_F(Qcow2Alloc, CompressedStreamsArePackedAsQemuPacksThem) {
+  open("cluster_size=65536", "1G");
+  const uint64_t cs = uint64_t{1} << bits_;
+  auto bytes = [&](uint64_t size) {
+    for (;;) {
+      auto r = run(alloc_->allocate_bytes(size));
+      if (r) return *r;
+      EXPECT_EQ(r.status().code(), EAGAIN) << r.status().to_string();
+      if (r.status().code() != EAGAIN) return ClusterAllocator::ByteRun{};
+      EXPECT_TRUE(run(alloc_->grow_table()));
+    }
+  };
+  auto refs = [&](uint64_t hc) { return *run(rt_->get(hc)); };
+  const auto a = bytes(1000);
+  EXPECT_EQ(a.offset, end_ * cs);
+  EXPECT_EQ(a.new_cluster, end_);
+  const auto b = bytes(3001);
+  EXPECT_EQ(b.offset, a.offset + 1000) << "byte granular, not sector aligned";
+  EXPECT_EQ(b.new_cluster, 0u);
+  EXPECT_EQ(refs(end_), 2u);
+  const auto c = bytes(cs - 1);  // does not fit the rest: crosses into the next cluster
+  EXPECT_EQ(c.offset, b.offset + 3001);
+  EXPECT_EQ(c.new_cluster, end_ + 1);
+  EXPECT_EQ(refs(end_), 3u);
+  EXPECT_EQ(refs(end_ + 1), 1u);
+  EXPECT_EQ(alloc_->free_byte_offset(), c.offset + cs - 1);
+  // An ordinary cluster taken in between: the next stream that does not fit
+  // cannot cross, it starts at the next new cluster.
+  const uint64_t plain = allocate(1);
+  EXPECT_EQ(plain, end_ + 2);
+  const auto d = bytes(cs - 100);
+  EXPECT_EQ(d.offset, (end_ + 3) * cs);
+  EXPECT_EQ(d.new_cluster, end_ + 3);
+  EXPECT_EQ(refs(end_ + 1), 1u) << "the old cluster's tail stays unused";
+  // Exactly filling a cluster leaves no partly used one.
+  const auto e = bytes(100);
+  EXPECT_EQ(e.offset, d.offset + cs - 100);
+  EXPECT_EQ(alloc_->free_byte_offset(), 0u);
+  // The partly used cluster freed: the next stream starts elsewhere.
+  const auto f = bytes(10);
+  ASSERT_EQ(f.new_cluster, end_ + 4);
+  release(end_ + 4, 1);
+  EXPECT_EQ(alloc_->free_byte_offset(), 0u);
+  const auto g = bytes(10);
+  EXPECT_EQ(g.offset, g.new_cluster * cs);
+}
+
+// 1-bit refcounts: a partly used cluster at the maximum takes no more streams.
+TEST_F(Qcow2Alloc, CompressedStreamsLeaveAClusterAtTheRefcountMaximum) {
+  open("cluster_size=65536,refcount_bits=1", "1G");
+  const uint64_t cs = uint64_t{1} << bits_;
+  auto a = run(alloc_->allocate_bytes(1000));
+  ASSERT_TRUE(a) << a.status().to_string();
+  auto b = run(alloc_->allocate_bytes(1000));
+  ASSERT_TRUE(b) << b.status().to_string();
+  EXPECT_EQ(b->offset, b->new_cluster * cs);
+  EXPECT_NE(b->new_cluster, a->new_cluster);
 }
 
 }  // namespace
