@@ -4,14 +4,13 @@
 #include <cstring>
 
 #include "io/buffer.h"
-#include "io/log.h"
 #include "io/range_lock.h"
 
 namespace qcowfs::image {
 namespace {
 
-// Where the driver names no cluster size (raw-like formats): QEMU's
-// bdrv_get_cluster_size() falls back to the request alignment; 64 KiB keeps
+// Where the driver names no cluster size: QEMU's bdrv_get_cluster_size()
+// falls back to the request alignment; 64 KiB (qcow2's default cluster) keeps
 // the copies few without copying much more than was read.
 constexpr uint64_t kDefaultCopyCluster = 64 * 1024;
 // The most one copy reads and writes at once (QEMU's MAX_BOUNCE_BUFFER).
@@ -145,12 +144,10 @@ Result<std::unique_ptr<BlockDriver>> make_copy_on_read(std::unique_ptr<BlockDriv
     return Status::errorf(EINVAL, "copy-on-read needs a read-write mount (the {} image is opened read-only; QEMU: "
                                   "\"Can't use copy-on-read on read-only device\")",
                           inner->format_name());
-  const ImageDetails details = inner->details();
-  if (details.backing_file.empty()) {
-    log::info("copy-on-read: the image has no backing file, nothing to copy");
-    return inner;
-  }
-  const uint64_t cluster = details.cluster_size;
+  // Drivers that name no cluster size (qcow2's details() is empty: its info
+  // comes from describe) are padded to 64 KiB, qcow2's default; a larger
+  // cluster is completed by the format's own copy-on-write from the backing.
+  const uint64_t cluster = inner->details().cluster_size;
   return std::unique_ptr<BlockDriver>(
       std::make_unique<CopyOnReadDriver>(std::move(inner), cluster != 0 ? cluster : kDefaultCopyCluster));
 }

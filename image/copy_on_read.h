@@ -1,5 +1,6 @@
 // Copy-on-read: QEMU's copy-on-read=on (block/io.c bdrv_co_do_copy_on_readv,
-// the copy-on-read filter) over any writable BlockDriver with a backing file.
+// the copy-on-read filter) over any writable BlockDriver (without a backing
+// file it copies unallocated ranges as zeros, as QEMU does).
 // A read of a range not allocated in the top image (its block_status says
 // depth > 0, or no layer records it) reads the range padded to whole clusters
 // through the driver, writes those bytes into the top image (write_zeroes

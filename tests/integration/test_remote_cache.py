@@ -103,7 +103,7 @@ def test_copy_on_read_fills_the_overlay_for_a_mount_without_the_server(server, w
     entries = helpers.qemu_img_map(overlay, fmt="qcow2")
     for off, n in reads:
         first, last = off // CLUSTER * CLUSTER, (off + n - 1) // CLUSTER * CLUSTER
-        assert depth_at(entries, first) == 0 and depth_at(entries, last + CLUSTER - 1) == 0, (off, n)
+        assert depth_at(entries, first) == 0 and depth_at(entries, last + CLUSTER - 1) == 0, (off, n, entries)
     for off in unread:
         assert depth_at(entries, off) == 1, off
     _, err = helpers.mount_fails(overlay, workdir / "ro-view", ["copy-on-read"])  # read-only: refused, as QEMU
