@@ -182,6 +182,9 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
     auto t = parse_seconds(value);
     if (!t) return bad_value(key, value, fmt::format("seconds from 0 to {}, such as 5 or 0.5", kMaxIdleTimeout.count() / 1000));
     o.idle_timeout = *t;
+  } else if (key == "copy-on-read" || key == "copy_on_read") {
+    if (value != "on" && value != "off") return bad_value(key, value, "on or off");
+    o.image_options.copy_on_read = value == "on";
   } else if (key == "l2_cache_size" || key == "table_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
@@ -201,6 +204,8 @@ Status apply_flag(Options& o, std::string_view opt) {
     o.image_options.file.force_share = true;
   } else if (opt == "throwaway") {
     o.throwaway = true;
+  } else if (opt == "copy-on-read" || opt == "copy_on_read") {  // QEMU's spelling, and the issue's
+    o.image_options.copy_on_read = true;
   } else if (opt == "allow_other") {
     o.allow_other = true;
   } else if (!is_ignored(opt)) {
@@ -391,12 +396,16 @@ std::string usage_text(std::string_view program) {
       "                       with K/M/G suffixes; table_cache_size= is the same\n"
       "  locking=MODE         image locks as QEMU takes them: auto (default), on, off\n"
       "  force-share          read-only: share the image even with a writer (qemu-img -U)\n"
+      "  copy-on-read         rw: what reads fetch from the backing chain is also\n"
+      "                       written into the image (QEMU's copy-on-read=on)\n"
       "  images named by URL (http://, https://, s3://, nbd://, nbd+unix://):\n"
       "  remote-block-size=SIZE  bytes fetched per request (default 256K)\n"
       "  remote-cache-size=SIZE  in-memory cache of fetched blocks (default 64M)\n"
       "  remote-readahead=SIZE   most read ahead of sequential reads (default 4M, 0: off)\n"
       "  remote-timeout=SECONDS  a request fails with EIO after this (default 30)\n"
       "  remote-connections=N    connections kept alive to the server (default 4)\n"
+      "  remote-cache-dir=DIR    keep fetched http(s)/s3 blocks in DIR across mounts\n"
+      "  remote-cache-dir-size=SIZE  the most kept in DIR (default 1G)\n"
       "  sslverify=on|off     verify the server's TLS certificate (default on)\n"
       "  cafile=FILE          CA certificates to verify it with\n"
       "  header-file=FILE     extra request headers, one 'Name: value' a line\n"

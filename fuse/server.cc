@@ -208,7 +208,11 @@ Status Server::open_image() {
   auto engine = io::make_engine(opts_.aio);
   if (!engine) return engine.status();
   main_engine_ = std::move(*engine);
-  auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, opts_.image_options));
+  // A mount of a local overlay comes up with its remote backing file down
+  // (image/backing.h): what the overlay holds is served, the rest fails with EIO.
+  image::ImageOptions image_options = opts_.image_options;
+  image_options.defer_remote_backing = true;
+  auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, std::move(image_options)));
   if (!driver) return driver.status();
   if (opts_.throwaway) {
     const std::string dir = throwaway_directory();

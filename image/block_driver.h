@@ -154,6 +154,15 @@ struct ImageOptions {
   // named: image/views/throwaway.h). qcow2 takes the driver out at open (the
   // other formats ignore it). Shared so that ImageOptions stays copyable.
   std::shared_ptr<GivenBacking> backing;
+  // copy-on-read (QEMU's copy-on-read=on): reads of ranges the image does not
+  // hold are written into it from its backing chain (image/copy_on_read.h).
+  // For the image the user named only; refused on a read-only image.
+  bool copy_on_read = false;
+  // A remote backing file (a URL) that cannot be opened now does not fail its
+  // overlay's open: it is opened when a read first needs it, and until then
+  // such reads fail with EIO (image/backing.h). Set by mounts, for a local
+  // overlay whose server is down; the tools open chains whole, as qemu-img.
+  bool defer_remote_backing = false;
   // Where the passphrase of an encrypted image (LUKS, qcow2 encryption) comes
   // from; backing files use the same one. nullptr: the terminal's prompt
   // when there is one (crypto::KeyProvider::from_terminal), else ENOKEY.
@@ -168,9 +177,9 @@ struct ImageOptions {
 // read-only with their parent's recorded format.
 Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts);
 
-// The same on a host file already opened with opts.file.
+// open_image() on an already opened host file.
 Task<Result<std::unique_ptr<BlockDriver>>> open_image_file(std::unique_ptr<io::HostFile> file, std::string path,
-                                                          ImageOptions opts);
+                                                           ImageOptions opts);
 
 // The driver for file at path: `named` if given (format= or backing_fmt=),
 // else probed (image/probe.h). Returns a registry name; a format qcowfs only

@@ -2,6 +2,7 @@
 // format into its registry entry's driver (image/format.h), or refuses a format
 // qcowfs only recognises.
 #include "image/block_driver.h"
+#include "image/copy_on_read.h"
 #include "image/format.h"
 #include "image/probe.h"
 
@@ -32,19 +33,22 @@ Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& p
   co_return std::string(f->name);
 }
 
-Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts) {
-  auto file = io::open_host_file(path, opts.file);
-  if (!file) co_return file.status();
-  co_return co_await open_image_file(std::move(*file), std::move(path), std::move(opts));
-}
-
 Task<Result<std::unique_ptr<BlockDriver>>> open_image_file(std::unique_ptr<io::HostFile> file, std::string path,
-                                                          ImageOptions opts) {
+                                                           ImageOptions opts) {
   auto format = co_await choose_format(*file, path, opts.format, opts.backing_of);
   if (!format) co_return format.status();
   if (opts.compress_writes && *format != "qcow2")
     co_return Status::errorf(EINVAL, "{}: compress=on is for qcow2 images (this one is {})", path, *format);
-  co_return co_await find_format(*format)->open(std::move(file), std::move(path), std::move(opts));
+  const bool copy_on_read = opts.copy_on_read && opts.backing_of.empty();
+  auto d = co_await find_format(*format)->open(std::move(file), std::move(path), std::move(opts));
+  if (!d || !copy_on_read) co_return d;
+  co_return make_copy_on_read(std::move(*d));
+}
+
+Task<Result<std::unique_ptr<BlockDriver>>> open_image(std::string path, ImageOptions opts) {
+  auto file = io::open_host_file(path, opts.file);
+  if (!file) co_return file.status();
+  co_return co_await open_image_file(std::move(*file), std::move(path), std::move(opts));
 }
 
 }  // namespace qcowfs::image

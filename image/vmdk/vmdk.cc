@@ -336,7 +336,7 @@ Task<std::optional<uint32_t>> peek_cid(const Opening& o, const std::string& pare
 // every level of a chain against its own parent; so do we, as each delta of
 // the chain opens its parent.
 Task<Result<std::unique_ptr<BlockDriver>>> open_parent(const Opening& o, const std::string& hint, uint32_t parent_cid) {
-  auto b = co_await open_backing_file(o.path, hint, "vmdk", o.opts);
+  auto b = co_await open_backing_file(o.path, hint, "vmdk", o.opts, false);  // the CID is checked now
   if (!b) co_return b.status();
   const std::string parent = resolve_relative(o.path, hint);
   auto cid = cid_of(**b);

@@ -3,25 +3,30 @@
 #include <cstdlib>
 
 #include "io/log.h"
+#include "io/remote/cached_file.h"
 #include "io/remote/nbd_file.h"
 
 namespace qcowfs::io {
 
-HttpFile::HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg)
-    : url_(std::move(url)), client_(std::move(client)) {
+HttpFile::HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg,
+                   std::unique_ptr<DiskCache> disk)
+    : url_(std::move(url)), client_(std::move(client)), disk_(std::move(disk)) {
   HttpClient* c = client_.get();
-  cache_ = std::make_unique<BlockCache>(c->identity().size, cfg,
-                                        [c](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
-                                          c->get_range(off, dst, std::move(done));
-                                        });
+  BlockCache::Fetch fetch = [c](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
+    c->get_range(off, dst, std::move(done));
+  };
+  if (disk_) fetch = disk_->wrap(std::move(fetch));
+  cache_ = std::make_unique<BlockCache>(c->identity().size, cfg, std::move(fetch));
 }
 
 HttpFile::~HttpFile() {
   const BlockCacheStats s = cache_->stats();
   log::debug("{}: {} block hits, {} misses, {} read ahead, {} bytes fetched, {} failed fetches, {} retries",
              client_->display_url(), s.hits, s.misses, s.readahead, s.bytes_fetched, s.failures, client_->retries());
+  if (disk_) disk_->stop();  // serves its queued reads, writes the blocks it was given
   client_.reset();  // fails and finishes its transfers, which still reach cache_
   cache_.reset();
+  disk_.reset();
 }
 
 Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const std::string& url,
@@ -36,7 +41,14 @@ Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const 
             id.last_modified.empty() ? "-" : id.last_modified, ro->block_size / 1024, ro->cache_size >> 20,
             ro->readahead / 1024, ro->timeout_ms / 1000, ro->connections);
   BlockCacheConfig cfg{ro->block_size, ro->cache_size, ro->readahead};
-  return std::unique_ptr<HttpFile>(new HttpFile(name, std::move(*client), cfg));
+  std::unique_ptr<DiskCache> disk;
+  if (!ro->cache_dir.empty()) {
+    auto d = DiskCache::open(DiskCacheConfig{ro->cache_dir, ro->cache_dir_size, ro->block_size},
+                             ObjectIdentity{url, id.size, id.etag, id.last_modified});
+    if (!d) return d.status().with_context("remote-cache-dir");
+    disk = std::move(*d);
+  }
+  return std::unique_ptr<HttpFile>(new HttpFile(name, std::move(*client), cfg, std::move(disk)));
 }
 
 Status HttpFile::read_only() const {
@@ -111,6 +123,9 @@ Result<std::unique_ptr<HostFile>> open_remote_file(const std::string& url, const
       fetched = *u;
     }
     auto f = HttpFile::open(url, fetched, *ro);
+    // Unreachable (EIO: no connection, timeouts, TLS): what the disk cache kept.
+    if (!f && f.status().code() == EIO && !ro->cache_dir.empty())
+      return CachedFile::open(url, fetched, *ro, f.status());
     if (!f) return f.status();
     return std::unique_ptr<HostFile>(std::move(*f));
   }

@@ -13,6 +13,7 @@
 
 #include "io/host_file.h"
 #include "io/remote/block_cache.h"
+#include "io/remote/disk_cache.h"
 #include "io/remote/http_client.h"
 
 namespace qcowfs::io {
@@ -48,11 +49,13 @@ class HttpFile final : public HostFile {
   BlockCacheStats stats() const { return cache_->stats(); }
 
  private:
-  HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg);
+  HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg,
+           std::unique_ptr<DiskCache> disk);
   Status read_only() const;
 
   std::string url_;
   std::unique_ptr<HttpClient> client_;
+  std::unique_ptr<DiskCache> disk_;  // remote-cache-dir=; under cache_, stopped before client_ goes
   std::unique_ptr<BlockCache> cache_;
 };
 

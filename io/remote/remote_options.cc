@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -77,6 +78,7 @@ uint64_t* size_field(RemoteOptions& o, std::string_view key) {
   if (key == "remote-block-size") return &o.block_size;
   if (key == "remote-cache-size") return &o.cache_size;
   if (key == "remote-readahead") return &o.readahead;
+  if (key == "remote-cache-dir-size") return &o.cache_dir_size;
   return nullptr;
 }
 
@@ -95,6 +97,12 @@ Result<bool> apply_known(RemoteOptions& o, std::string_view key, std::string_vie
     unsigned n = 0;
     if (!parse_remote_uint(value, n) || n < 1 || n > 64) return bad_remote_value(key, value, "a number from 1 to 64");
     o.connections = n;
+  } else if (key == "remote-cache-dir") {
+    if (value.empty()) return bad_remote_value(key, value, "a directory");
+    std::error_code ec;
+    auto dir = std::filesystem::absolute(std::filesystem::path(value), ec);  // the daemon leaves its directory
+    if (ec) return bad_remote_value(key, value, "a directory");
+    o.cache_dir = dir.string();
   } else if (key == "sslverify") {
     if (value != "on" && value != "off") return bad_remote_value(key, value, "on or off");
     o.ssl_verify = value == "on";

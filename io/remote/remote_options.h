@@ -22,6 +22,11 @@ struct RemoteOptions {
   uint64_t readahead = 4 * 1024 * 1024;    // remote-readahead=: most a sequential reader runs ahead (0: off)
   unsigned timeout_ms = 30000;             // remote-timeout= (seconds): a request fails with EIO after this
   unsigned connections = 4;                // remote-connections=: kept-alive connections (requests in flight)
+  // remote-cache-dir=: keep fetched blocks of http(s)/s3 objects in this
+  // folder across mounts (io/remote/disk_cache.h); "" for none. Made absolute
+  // when given. remote-cache-dir-size=: most bytes kept there, all objects.
+  std::string cache_dir;
+  uint64_t cache_dir_size = uint64_t{1} << 30;
   bool ssl_verify = true;                  // sslverify=on|off
   std::string ca_file;                     // cafile=: CA certificates to verify the server with
   std::vector<std::string> headers;        // header-file= (one "Name: value" a line), token-file= (a bearer token)
