@@ -57,6 +57,9 @@ struct Options {
   // log=FILE: once mounted, messages are appended to FILE (instead of syslog
   // or stderr); opened before daemonizing, so a bad path fails the mount.
   std::string log_file;
+  // status-file=PATH: the remote images' statistics as JSON, rewritten at
+  // mount, on SIGUSR1 and every few seconds (fuse/remote_status.h).
+  std::string status_file;
 };
 
 // Parses argv without the program name. --help and --version set their flags

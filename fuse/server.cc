@@ -138,7 +138,8 @@ Status refuse_if_mounted(const std::string& mountpoint) {
   return st;
 }
 
-Server::Server(Options opts) : opts_(std::move(opts)) {}
+Server::Server(Options opts)
+    : opts_(std::move(opts)), status_(opts_.image, opts_.mountpoint, opts_.status_file) {}
 
 Server::~Server() {
   if (!shut_down_) {
@@ -152,6 +153,7 @@ Result<std::unique_ptr<Server>> Server::start(const Options& opts) {
   Status st = refuse_if_mounted(opts.mountpoint);
   if (st) st = s->setup_signals();
   if (st) st = s->open_image();
+  if (st && s->status_.has_status_file()) st = s->status_.at_mount();
   if (st) st = s->build_filesystem();
   if (st) st = s->mount();
   if (st) st = s->start_loops();
@@ -171,6 +173,7 @@ Status Server::setup_signals() {
   sigset_t set;
   sigemptyset(&set);
   for (int sig : kShutdownSignals) sigaddset(&set, sig);
+  sigaddset(&set, SIGUSR1);
   if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return Status::error(EINVAL, "cannot block signals");
   ::signal(SIGPIPE, SIG_IGN);
   signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC));
@@ -392,25 +395,43 @@ int Server::idle_timeout_ms() const {
   return kIdleWritebackMs << std::min(idle_failures_, kMaxIdleBackoffShift);
 }
 
+// Waits on the signal fd and the end fd; on timeouts, the idle write-back and
+// the status file's rewrite. SIGUSR1 reports the statistics and goes on waiting.
 void Server::wait_for_end() {
   pollfd fds[2] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}};
   for (;;) {
-    int n = ::poll(fds, 2, idle_timeout_ms());
-    if (n > 0) break;
-    if (n == 0) idle_writeback();
-    else if (errno != EINTR) break;
-  }
-  if (fds[0].revents & POLLIN) {
+    int timeout = idle_timeout_ms();
+    if (status_.has_status_file()) timeout = timeout < 0 ? kStatusIntervalMs : std::min(timeout, kStatusIntervalMs);
+    int n = ::poll(fds, 2, timeout);
+    if (n == 0) {
+      if (!driver_->read_only()) idle_writeback();
+      status_.refresh();
+      continue;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (!(fds[0].revents & POLLIN)) {
+      log::debug("{} was unmounted", opts_.mountpoint);
+      return;
+    }
     signalfd_siginfo info = {};
-    if (::read(signal_fd_.get(), &info, sizeof info) == sizeof info)
-      log::info("{}: unmounting {}", strsignal(static_cast<int>(info.ssi_signo)), opts_.mountpoint);
-  } else {
-    log::debug("{} was unmounted", opts_.mountpoint);
+    if (::read(signal_fd_.get(), &info, sizeof info) != sizeof info) continue;
+    if (info.ssi_signo == SIGUSR1) {
+      status_.on_signal();
+      continue;
+    }
+    log::info("{}: unmounting {}", strsignal(static_cast<int>(info.ssi_signo)), opts_.mountpoint);
+    return;
   }
 }
 
+void Server::log_remotes() { status_.log_identities(); }
+
 Status Server::run() {
   wait_for_end();
+  status_.refresh();  // the last numbers, before the files close
   QCOWFS_TRY(shutdown());
   std::lock_guard lk(end_mu_);
   return end_status_;
