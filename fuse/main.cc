@@ -57,6 +57,11 @@ Status make_paths_absolute(fuse::Options& o) {
   if (!mountpoint) return mountpoint.status();
   o.image = *image;
   o.mountpoint = *mountpoint;
+  if (!o.status_file.empty() && o.status_file[0] != '/') {
+    auto dir = absolute_path(".", "directory");
+    if (!dir) return dir.status();
+    o.status_file = *dir + "/" + o.status_file;
+  }
   return Status::ok();
 }
 
@@ -125,6 +130,7 @@ int serve(fuse::Options opts) {
     return fail(server.status());
   }
   route_log(opts, log_file, reporter.is_daemon());
+  (*server)->log_remotes();
   reporter.report_mounted();
   Status st = (*server)->run();
   server->reset();

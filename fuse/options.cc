@@ -185,6 +185,9 @@ Status apply_valued(Options& o, std::string_view key, std::string_view value) {
   } else if (key == "copy-on-read" || key == "copy_on_read") {
     if (value != "on" && value != "off") return bad_value(key, value, "on or off");
     o.image_options.copy_on_read = value == "on";
+  } else if (key == "status-file") {
+    if (value.empty()) return bad_value(key, value, "a file to write the remote images' statistics to");
+    o.status_file = std::string(value);
   } else if (key == "l2_cache_size" || key == "table_cache_size") {
     auto size = parse_size(value);
     if (!size) return bad_value(key, value, "a size such as 4M");
@@ -412,8 +415,11 @@ std::string usage_text(std::string_view program) {
       "  token-file=FILE      a bearer token sent as 'Authorization: Bearer'\n"
       "  s3-endpoint=URL      s3://BUCKET/KEY: the endpoint (default AWS); s3-region=,\n"
       "                       s3-addressing=path|virtual; keys from AWS_ACCESS_KEY_ID etc.\n"
+      "                       or ~/.aws/credentials (AWS_PROFILE)\n"
       "  idle-timeout=SECONDS a directory of images: close an image this long after the\n"
       "                       last close of its view (default {4})\n"
+      "  status-file=FILE     remote images' statistics as JSON, rewritten every 5 s and\n"
+      "                       on SIGUSR1 (which also logs them)\n"
       "  log=FILE             once mounted, append messages (I/O errors, corruption) to\n"
       "                       FILE instead of syslog (without -f and without /dev/log\n"
       "                       they are otherwise lost)\n"

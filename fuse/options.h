@@ -72,6 +72,9 @@ struct Options {
   // idle-timeout=SECONDS: a directory of images (catalogue mount) closes an
   // image this long after the last close of its view.
   std::chrono::milliseconds idle_timeout{kDefaultIdleTimeout};
+  // status-file=PATH: the remote images' statistics as JSON, rewritten at
+  // mount, on SIGUSR1 and every few seconds (fuse/remote_status.h).
+  std::string status_file;
 };
 
 // Parses argv without the program name. --help and --version set their flags

@@ -157,7 +157,8 @@ Status refuse_if_mounted(const std::string& mountpoint) {
   return st;
 }
 
-Server::Server(Options opts) : opts_(std::move(opts)) {}
+Server::Server(Options opts)
+    : opts_(std::move(opts)), status_(opts_.image, opts_.mountpoint, opts_.status_file) {}
 
 Server::~Server() {
   if (!shut_down_) {
@@ -174,6 +175,7 @@ Result<std::unique_ptr<Server>> Server::start(const Options& opts) {
   const bool catalogue = !io::is_remote_location(opts.image) && ::stat(opts.image.c_str(), &source) == 0 &&
                          S_ISDIR(source.st_mode);
   if (st) st = catalogue ? s->open_catalogue() : s->open_image();
+  if (st && s->status_.has_status_file()) st = s->status_.at_mount();
   if (st) st = catalogue ? s->build_catalogue() : s->build_filesystem();
   if (st) st = s->mount();
   if (st) st = s->start_loops();
@@ -193,6 +195,7 @@ Status Server::setup_signals() {
   sigset_t set;
   sigemptyset(&set);
   for (int sig : kShutdownSignals) sigaddset(&set, sig);
+  sigaddset(&set, SIGUSR1);
   if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return Status::error(EINVAL, "cannot block signals");
   ::signal(SIGPIPE, SIG_IGN);
   signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC));
@@ -490,32 +493,50 @@ void Server::close_idle_images() {
   next_close_ = io::run_sync(*main_engine_, catalogue_->close_idle());
 }
 
+// Waits on the signal fd, the end fd and (a catalogue) the idle fd; on
+// timeouts, the idle write-back or a catalogue's idle closes, and the status
+// file's rewrite. SIGUSR1 reports the statistics and goes on waiting.
 void Server::wait_for_end() {
   // idle_fd_ is -1 (ignored by poll) unless this is a catalogue.
   pollfd fds[3] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {idle_fd_.get(), POLLIN, 0}};
   for (;;) {
-    int n = ::poll(fds, 3, idle_timeout_ms());
-    const bool ended = (fds[0].revents | fds[1].revents) != 0;
-    if (n > 0 && !ended) {
+    int timeout = idle_timeout_ms();
+    if (status_.has_status_file()) timeout = timeout < 0 ? kStatusIntervalMs : std::min(timeout, kStatusIntervalMs);
+    int n = ::poll(fds, 3, timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (n == 0) {
+      if (catalogue_) close_idle_images();
+      else if (!driver_->read_only()) idle_writeback();
+      status_.refresh();
+      continue;
+    }
+    if (!(fds[0].revents | fds[1].revents)) {
       close_idle_images();  // a view's last user released it
       continue;
     }
-    if (n > 0) break;
-    if (n == 0 && catalogue_) close_idle_images();
-    else if (n == 0) idle_writeback();
-    else if (errno != EINTR) break;
-  }
-  if (fds[0].revents & POLLIN) {
+    if (!(fds[0].revents & POLLIN)) {
+      log::debug("{} was unmounted", opts_.mountpoint);
+      return;
+    }
     signalfd_siginfo info = {};
-    if (::read(signal_fd_.get(), &info, sizeof info) == sizeof info)
-      log::info("{}: unmounting {}", strsignal(static_cast<int>(info.ssi_signo)), opts_.mountpoint);
-  } else {
-    log::debug("{} was unmounted", opts_.mountpoint);
+    if (::read(signal_fd_.get(), &info, sizeof info) != sizeof info) continue;
+    if (info.ssi_signo == SIGUSR1) {
+      status_.on_signal();
+      continue;
+    }
+    log::info("{}: unmounting {}", strsignal(static_cast<int>(info.ssi_signo)), opts_.mountpoint);
+    return;
   }
 }
 
+void Server::log_remotes() { status_.log_identities(); }
+
 Status Server::run() {
   wait_for_end();
+  status_.refresh();  // the last numbers, before the files close
   QCOWFS_TRY(shutdown());
   std::lock_guard lk(end_mu_);
   return end_status_;

@@ -9,7 +9,8 @@
 // FUSE_INIT is answered and every loop's FUSE-over-io_uring ring is set up or
 // refused: start() returns only once the mount is usable or has failed (so a
 // daemonizing caller reports the truth). SIGINT/SIGTERM/SIGHUP are blocked
-// in every thread and read through a signalfd by run().
+// in every thread and read through a signalfd by run(); so is SIGUSR1, which
+// logs the remote images' statistics (fuse/remote_status.h).
 //
 // run(): waits for a signal or for the session to end (external unmount,
 // seen by a loop as ENODEV), then shuts down in this order:
@@ -40,6 +41,7 @@
 #include "fuse/filesystem.h"
 #include "fuse/options.h"
 #include "fuse/passthrough.h"
+#include "fuse/remote_status.h"
 #include "image/block_driver.h"
 #include "io/engine.h"
 #include "io/fd.h"
@@ -59,6 +61,8 @@ class Server {
 
   // Serves until a signal or an external unmount; ok after a clean shutdown.
   Status run();
+  // Logs each remote image file's size, identity and settings (once the log is routed).
+  void log_remotes();
 
  private:
   explicit Server(Options opts);
@@ -87,6 +91,7 @@ class Server {
   Status close_images();
 
   Options opts_;
+  RemoteStatusReporter status_;
   bool shut_down_ = false;
   io::UniqueFd signal_fd_;
   io::UniqueFd end_fd_;  // eventfd: a loop saw the session end

@@ -9,7 +9,7 @@ set -euo pipefail
 
 build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev libzstd-dev
             libfmt-dev libgtest-dev libgcrypt20-dev libcryptsetup-dev libjson-c-dev nettle-dev
-            libcurl4-openssl-dev libnbd-dev)
+            libcurl4-openssl-dev libnbd-dev libinih-dev)
 # cryptsetup-bin: cryptsetup (LUKS2 images, key dumps for the cipher tests); qemu-utils: qemu-img/qemu-io (the referee); qemu-system-common: qemu-storage-daemon (bench); python3-cryptography: the independent AES-XTS decryption that checks LUKS2 images;
 # util-linux: losetup; fdisk: sfdisk for the demo disk; e2fsprogs/dosfstools: filesystems on
 # mounted images; kmod: modprobe fuse/loop; file: file -s on partitions; clang and
@@ -21,12 +21,13 @@ build_pkgs=(cmake g++ make pkg-config libfuse3-dev fuse3 liburing-dev zlib1g-dev
 # reads the installed man page. nginx-light, openssl: test_remote.py serves images over
 # http(s) on loopback; qemu-block-extra: QEMU's curl driver, so QEMU reads an overlay whose
 # backing file is a URL; npm (only where no npm is on PATH: a machine's own Node.js, such as
-# NodeSource's nodejs, conflicts with Debian's npm): s3rver, the S3 server test_remote.py starts.
-# libnbd-bin: nbdinfo, which reads QEMU's view of a dirty bitmap from qemu-nbd (test_bitmaps.py).
+# NodeSource's nodejs, conflicts with Debian's npm): s3rver, the S3 server test_remote.py starts;
+# nbdkit: the second NBD server of test_remote.py; iproute2: ip/tc for bench/remote.sh's namespace.
+# python3-botocore: the independent SigV4 signature check of test_remote.py's mock S3 server.
 test_pkgs=(cryptsetup-bin python3-cryptography qemu-utils qemu-system-common fio python3 python3-pytest util-linux fdisk
            e2fsprogs dosfstools kmod file clang libclang-rt-14-dev rsync
            dpkg-dev build-essential debhelper bash-completion lintian man-db
-           nginx-light openssl qemu-block-extra curl libnbd-bin)
+           nginx-light openssl qemu-block-extra curl nbdkit iproute2 python3-botocore libnbd-bin)
 
 case "${1:-}" in
   --build) pkgs=("${build_pkgs[@]}" qemu-utils fdisk e2fsprogs) ;;  # run.sh builds a demo disk

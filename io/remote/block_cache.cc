@@ -36,6 +36,8 @@ void BlockCache::finish(const BlockPtr& b, Status st) {
     std::lock_guard lk(mu_);
     auto it = blocks_.find(b->index);
     const bool current = it != blocks_.end() && it->second == b;
+    readahead_in_flight_ -= b->readahead_reserved;
+    b->readahead_reserved = 0;
     if (st && b->generation == generation_ && current) {
       lru_.push_front(b->index);
       b->lru = lru_.begin();
@@ -89,7 +91,11 @@ std::vector<uint64_t> BlockCache::plan_readahead(uint64_t off, uint64_t end) {
   std::vector<uint64_t> out;
   const uint64_t ra_end = std::min(size_, end + window_);
   for (uint64_t i = (end + bs - 1) / bs; i * bs < ra_end; ++i) {
-    if (!blocks_.contains(i)) out.push_back(i);
+    if (blocks_.contains(i)) continue;
+    // The budget (at least one block) is taken: bounded memory, whatever the pattern.
+    if (readahead_in_flight_ != 0 && readahead_in_flight_ + bs > cfg_.readahead_max) break;
+    readahead_in_flight_ += bs;
+    out.push_back(i);
   }
   return out;
 }
@@ -111,9 +117,13 @@ Task<Result<size_t>> BlockCache::read(uint64_t off, std::span<std::byte> buf) {
   for (uint64_t i : plan_readahead(off, end)) {
     bool started = false;
     BlockPtr b = acquire(i, &started);
-    if (!started) continue;
     {
       std::lock_guard lk(mu_);
+      if (!started) {
+        readahead_in_flight_ -= bs;  // another reader started it: not ours to hold
+        continue;
+      }
+      b->readahead_reserved = bs;
       ++stats_.readahead;
     }
     start_fetch(b);

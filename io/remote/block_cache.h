@@ -11,7 +11,9 @@
 // dst. Waiters are resumed on their own engine (io::AsyncEvent).
 //
 // Memory: at most capacity bytes of finished blocks, plus the blocks being
-// fetched (the reads under way and one readahead window).
+// fetched: the reads under way, and blocks read ahead, which are never more
+// than readahead_max bytes (or one block) in flight at once, whatever the
+// access pattern (a readahead past that budget is left out, not queued).
 // Thread-safety: read() may be called concurrently from any event-loop thread;
 // done callbacks may come from any thread. The cache must outlive every fetch
 // it started (the owner stops its transfers before destroying it).
@@ -72,6 +74,7 @@ class BlockCache {
     AsyncEvent ready;
     std::list<uint64_t>::iterator lru;
     bool in_lru = false;
+    uint64_t readahead_reserved = 0;  // bytes of readahead_in_flight_ this fetch holds
   };
   using BlockPtr = std::shared_ptr<Block>;
 
@@ -81,7 +84,8 @@ class BlockCache {
   void start_fetch(const BlockPtr& b);
   void finish(const BlockPtr& b, Status st);
   void evict_locked();
-  // Blocks to read ahead after a read of [off, end), by the sequential pattern.
+  // Blocks to read ahead after a read of [off, end), by the sequential pattern,
+  // each with a block's worth of the readahead budget reserved.
   std::vector<uint64_t> plan_readahead(uint64_t off, uint64_t end);
 
   const uint64_t size_;
@@ -95,6 +99,7 @@ class BlockCache {
   uint64_t generation_ = 0;
   uint64_t last_end_ = UINT64_MAX;  // where the previous read ended
   uint64_t window_ = 0;             // current readahead in bytes
+  uint64_t readahead_in_flight_ = 0;  // bytes of read-ahead blocks being fetched (<= readahead_max or one block)
   BlockCacheStats stats_;
 };
 

@@ -9,6 +9,7 @@
 #include <future>
 
 #include "io/log.h"
+#include "io/remote/s3.h"
 
 namespace qcowfs::io {
 
@@ -28,6 +29,7 @@ struct HttpClient::Transfer {
   CURL* easy = nullptr;
   char errbuf[CURL_ERROR_SIZE] = {};
   std::string range;
+  std::string error_body;  // the start of a 4xx/5xx answer's body (an S3 error's XML)
 };
 
 namespace {
@@ -39,12 +41,17 @@ void init_curl_once() {
 
 std::string without_query(const std::string& url) { return url.substr(0, url.find('?')); }
 
-// The body of a 206 goes into the transfer's buffer; other bodies (error pages) are dropped.
+constexpr size_t kMaxErrorBody = 8192;
+
+// The body of a 206 goes into the transfer's buffer; of an error answer the
+// first kMaxErrorBody bytes are kept (for its message); other bodies are dropped.
 size_t http_write_body(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<HttpClient::Transfer*>(user);
   const size_t len = size * n;
   long code = 0;
   curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
+  if (code >= 400 && t->error_body.size() < kMaxErrorBody)
+    t->error_body.append(data, std::min(len, kMaxErrorBody - t->error_body.size()));
   if (code != 206) return len;
   if (t->received + len > t->dst.size()) {
     t->overflow = true;
@@ -156,6 +163,7 @@ void HttpClient::get_range(uint64_t off, std::span<std::byte> dst, Done done) {
 
 void HttpClient::submit(std::unique_ptr<Transfer> t) {
   t->deadline = Clock::now() + std::chrono::milliseconds(opts_.timeout_ms);
+  RemoteCounters::add(counters_.in_flight_bytes, t->dst.size());
   {
     std::lock_guard lk(mu_);
     if (!stopping_) {
@@ -164,7 +172,7 @@ void HttpClient::submit(std::unique_ptr<Transfer> t) {
     }
   }
   if (t) {
-    t->done(Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
+    deliver(*t, Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
     return;
   }
   curl_multi_wakeup(static_cast<CURLM*>(multi_));
@@ -174,10 +182,12 @@ void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t->deadline - Clock::now());
   CURL* e = curl_easy_init();
   if (!e) {
-    t->done(Status::errorf(ENOMEM, "{}: cannot make a curl handle", display_url_));
+    deliver(*t, Status::errorf(ENOMEM, "{}: cannot make a curl handle", display_url_));
     return;
   }
   ++t->attempts;
+  RemoteCounters::add(counters_.requests);
+  t->error_body.clear();
   t->received = 0;
   t->overflow = false;
   t->errbuf[0] = 0;
@@ -204,6 +214,7 @@ void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
   if (!opts_.aws_sigv4.empty()) {
     curl_easy_setopt(e, CURLOPT_AWS_SIGV4, opts_.aws_sigv4.c_str());
     curl_easy_setopt(e, CURLOPT_USERPWD, opts_.aws_userpwd.c_str());
+    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);  // a key's "." and ".." segments are its own (io/remote/s3.h)
   }
   active_.insert(t.get());
   curl_multi_add_handle(static_cast<CURLM*>(multi_), e);
@@ -216,9 +227,7 @@ Status HttpClient::check_response(Transfer& t, long code, bool* transient) {
     *transient = transient_http(code);
     if (code == 200) return Status::errorf(EIO, "{}: the server ignores range requests (HTTP 200)", display_url_);
     if (code == 412) return Status::errorf(EIO, "{}: the object changed on the server (HTTP 412)", display_url_);
-    if (!opts_.aws_sigv4.empty() && (code == 401 || code == 403))
-      return Status::errorf(EACCES, "{}: HTTP {}: the S3 server refused the credentials or the request "
-                            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, s3-region=)", display_url_, code);
+    if (!opts_.aws_sigv4.empty()) return s3_refusal(t, code);
     return Status::errorf(errno_of_http(code), "{}: HTTP {}", display_url_, code);
   }
   uint64_t first = 0, last = 0, total = 0;
@@ -250,6 +259,24 @@ Status HttpClient::check_response(Transfer& t, long code, bool* transient) {
   return Status::ok();
 }
 
+// An S3 server's refusal, with the code and message of its XML body.
+Status HttpClient::s3_refusal(const Transfer& t, long code) const {
+  std::string summary = s3_error_summary(t.error_body);
+  if (!summary.empty()) summary = " " + summary;
+  if (code == 401 || code == 403)
+    return Status::errorf(EACCES, "{}: HTTP {}{}: the S3 server refused the credentials or the request "
+                          "(keys from {}, region {})", display_url_, code, summary, opts_.aws_credential_source,
+                          opts_.s3_region);
+  return Status::errorf(errno_of_http(code), "{}: HTTP {}{}", display_url_, code, summary);
+}
+
+void HttpClient::deliver(Transfer& t, Status st) {
+  RemoteCounters::sub(counters_.in_flight_bytes, t.dst.size());
+  if (st) RemoteCounters::add(counters_.bytes_fetched, t.received);
+  else if (st.code() != ECANCELED) RemoteCounters::add(counters_.errors);
+  t.done(std::move(st));
+}
+
 void HttpClient::complete(Transfer* raw, int curl_code) {
   std::unique_ptr<Transfer> t(raw);
   active_.erase(raw);
@@ -268,13 +295,13 @@ void HttpClient::complete(Transfer* raw, int curl_code) {
   curl_easy_cleanup(t->easy);
   t->easy = nullptr;
   if (st) {
-    t->done(Status::ok());
+    deliver(*t, Status::ok());
     return;
   }
   const auto now = Clock::now();
   if (transient && now + backoff(t->attempts) < t->deadline) {
     log::debug("{}: retrying bytes {} after: {}", display_url_, t->range, st.message());
-    retries_.fetch_add(1, std::memory_order_relaxed);
+    RemoteCounters::add(counters_.retries);
     t->retry_at = now + backoff(t->attempts);
     t->last_error = std::move(st);
     waiting_retry_.push_back(std::move(t));
@@ -284,7 +311,7 @@ void HttpClient::complete(Transfer* raw, int curl_code) {
     st = Status::errorf(EIO, "{} (gave up after {} attempts in {} s)", st.message(), t->attempts,
                         opts_.timeout_ms / 1000);
   }
-  t->done(std::move(st));
+  deliver(*t, std::move(st));
 }
 
 void HttpClient::run() {
@@ -330,17 +357,17 @@ void HttpClient::fail_all(const Status& st) {
     std::unique_ptr<Transfer> t(raw);
     curl_multi_remove_handle(m, t->easy);
     curl_easy_cleanup(t->easy);
-    t->done(st);
+    deliver(*t, st);
   }
   active_.clear();
-  for (auto& t : waiting_retry_) t->done(st);
+  for (auto& t : waiting_retry_) deliver(*t, st);
   waiting_retry_.clear();
   std::deque<std::unique_ptr<Transfer>> rest;
   {
     std::lock_guard lk(mu_);
     rest.swap(incoming_);
   }
-  for (auto& t : rest) t->done(st);
+  for (auto& t : rest) deliver(*t, st);
 }
 
 }  // namespace qcowfs::io

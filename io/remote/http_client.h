@@ -11,7 +11,8 @@
 // Failures: connection errors, timeouts, truncated bodies and 5xx/408/429
 // answers are retried with exponential backoff until the request's deadline
 // (timeout_ms after it was made); then it fails with EIO. Other answers fail
-// at once (404: ENOENT, 401/403: EACCES, TLS errors: EIO with curl's reason).
+// at once (404: ENOENT, 401/403: EACCES, TLS errors: EIO with curl's reason;
+// an S3 server's answer adds the error code and message of its XML body).
 //
 // Thread-safety: get_range() may be called from any thread; `done` runs on
 // the network thread. The destructor fails transfers still under way with
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "io/remote/remote_options.h"
+#include "io/remote/remote_stats.h"
 #include "io/status.h"
 
 struct curl_slist;
@@ -63,7 +65,8 @@ class HttpClient {
   const HttpIdentity& identity() const { return identity_; }
   // The URL without its query (a presigned URL's signature stays out of logs).
   const std::string& display_url() const { return display_url_; }
-  uint64_t retries() const { return retries_.load(std::memory_order_relaxed); }
+  // Requests, retries, errors, bytes fetched and bytes in flight (io/remote/remote_stats.h).
+  const RemoteCounters& counters() const { return counters_; }
 
  private:
   HttpClient(std::string url, RemoteOptions opts);
@@ -73,14 +76,17 @@ class HttpClient {
   void start_attempt(std::unique_ptr<Transfer> t);
   void complete(Transfer* t, int curl_code);
   Status check_response(Transfer& t, long http_code, bool* transient);
+  Status s3_refusal(const Transfer& t, long http_code) const;
   void fail_all(const Status& st);
+  // Calls t's done once, after counting it.
+  void deliver(Transfer& t, Status st);
 
   const std::string url_;
   const std::string display_url_;
   const RemoteOptions opts_;
   HttpIdentity identity_;  // set by open() before any other request
   std::atomic<bool> change_logged_{false};
-  std::atomic<uint64_t> retries_{0};
+  RemoteCounters counters_;
 
   void* multi_ = nullptr;          // CURLM*, used on the network thread (and wakeup)
   ::curl_slist* headers_ = nullptr;

@@ -1,54 +1,87 @@
 #include "io/remote/http_file.h"
 
-#include <cstdlib>
+#include <algorithm>
 
 #include "io/log.h"
 #include "io/remote/cached_file.h"
 #include "io/remote/nbd_file.h"
+#include "io/remote/s3.h"
 
 namespace qcowfs::io {
 
 HttpFile::HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg,
-                   std::unique_ptr<DiskCache> disk)
-    : url_(std::move(url)), client_(std::move(client)), disk_(std::move(disk)) {
+                   std::unique_ptr<DiskCache> disk, std::string protocol, std::string settings)
+    : url_(std::move(url)),
+      client_(std::move(client)),
+      disk_(std::move(disk)),
+      protocol_(std::move(protocol)),
+      settings_(std::move(settings)) {
   HttpClient* c = client_.get();
   BlockCache::Fetch fetch = [c](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
     c->get_range(off, dst, std::move(done));
   };
   if (disk_) fetch = disk_->wrap(std::move(fetch));
   cache_ = std::make_unique<BlockCache>(c->identity().size, cfg, std::move(fetch));
+  registration_.emplace([this] { return describe(); });
 }
 
 HttpFile::~HttpFile() {
-  const BlockCacheStats s = cache_->stats();
-  log::debug("{}: {} block hits, {} misses, {} read ahead, {} bytes fetched, {} failed fetches, {} retries",
-             client_->display_url(), s.hits, s.misses, s.readahead, s.bytes_fetched, s.failures, client_->retries());
+  registration_.reset();
+  log::debug("{}", format_remote_counters(describe()));
   if (disk_) disk_->stop();  // serves its queued reads, writes the blocks it was given
   client_.reset();  // fails and finishes its transfers, which still reach cache_
   cache_.reset();
   disk_.reset();
 }
 
+RemoteStatsSnapshot HttpFile::describe() const {
+  RemoteStatsSnapshot s;
+  const HttpIdentity& id = client_->identity();
+  s.url = protocol_ == "s3" ? url_ : client_->display_url();
+  s.protocol = protocol_;
+  s.size = id.size;
+  s.etag = id.etag;
+  s.last_modified = id.last_modified;
+  s.settings = settings_;
+  client_->counters().fill(s);
+  const BlockCacheStats cs = cache_->stats();
+  s.cache_hits = cs.hits;
+  s.cache_misses = cs.misses;
+  s.readahead_blocks = cs.readahead;
+  s.readahead_bytes = cs.readahead * cache_->config().block_size;
+  return s;
+}
+
 Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const std::string& url,
                                                  const RemoteOptions& opts) {
-  const RemoteOptions* ro = &opts;
-  auto client = HttpClient::open(url, *ro);
+  auto client = HttpClient::open(url, opts);
   if (!client) return client.status().with_context("opening the remote image");
-  const HttpIdentity& id = (*client)->identity();
-  log::info("{}: {} bytes, ETag {}, Last-Modified {}; blocks of {} KiB, cache {} MiB, readahead up to {} KiB, "
-            "timeout {} s, {} connections",
-            (*client)->display_url(), id.size, id.etag.empty() ? "-" : id.etag,
-            id.last_modified.empty() ? "-" : id.last_modified, ro->block_size / 1024, ro->cache_size >> 20,
-            ro->readahead / 1024, ro->timeout_ms / 1000, ro->connections);
-  BlockCacheConfig cfg{ro->block_size, ro->cache_size, ro->readahead};
+  const bool s3 = name.starts_with("s3://");
+  // Read-ahead blocks must fit in the cache beside what is being read.
+  const uint64_t readahead = std::min(opts.readahead, opts.cache_size / 2);
+  std::string settings = fmt::format(
+      "blocks of {} KiB, cache {} MiB, readahead up to {} KiB, timeout {} s, {} connections", opts.block_size / 1024,
+      opts.cache_size >> 20, readahead / 1024, opts.timeout_ms / 1000, opts.connections);
+  if (url.starts_with("https://"))
+    settings += opts.ssl_verify ? fmt::format(", TLS verified{}", opts.ca_file.empty() ? "" : " with " + opts.ca_file)
+                                : ", TLS NOT verified (sslverify=off)";
+  if (!opts.headers.empty() && !s3) settings += fmt::format(", {} extra headers", opts.headers.size());
+  if (s3) settings += fmt::format(", S3 {} region {}, keys from {}", (*client)->display_url(), opts.s3_region,
+                                  opts.aws_credential_source);
+  BlockCacheConfig cfg{opts.block_size, opts.cache_size, readahead};
   std::unique_ptr<DiskCache> disk;
-  if (!ro->cache_dir.empty()) {
-    auto d = DiskCache::open(DiskCacheConfig{ro->cache_dir, ro->cache_dir_size, ro->block_size},
+  if (!opts.cache_dir.empty()) {
+    const HttpIdentity& id = (*client)->identity();
+    auto d = DiskCache::open(DiskCacheConfig{opts.cache_dir, opts.cache_dir_size, opts.block_size},
                              ObjectIdentity{url, id.size, id.etag, id.last_modified});
     if (!d) return d.status().with_context("remote-cache-dir");
     disk = std::move(*d);
+    settings += fmt::format(", disk cache in {} (up to {} MiB)", opts.cache_dir, opts.cache_dir_size >> 20);
   }
-  return std::unique_ptr<HttpFile>(new HttpFile(name, std::move(*client), cfg, std::move(disk)));
+  std::unique_ptr<HttpFile> f(
+      new HttpFile(name, std::move(*client), cfg, std::move(disk), s3 ? "s3" : "http", std::move(settings)));
+  log::debug("{}", format_remote_identity(f->describe()));
+  return f;
 }
 
 Status HttpFile::read_only() const {
@@ -81,33 +114,6 @@ Task<Status> HttpFile::truncate(uint64_t) { co_return read_only(); }
 Task<Result<uint64_t>> HttpFile::seek_data(uint64_t off) { co_return std::min(off, size()); }
 Task<Result<uint64_t>> HttpFile::seek_hole(uint64_t) { co_return size(); }
 
-namespace {
-
-// s3://bucket/key as the endpoint's https URL, with SigV4 signing set in ro.
-Result<std::string> s3_request_url(const std::string& name, RemoteOptions& ro) {
-  const std::string_view rest = std::string_view(name).substr(5);
-  const size_t slash = rest.find('/');
-  if (slash == 0 || slash == std::string_view::npos || slash + 1 == rest.size())
-    return Status::errorf(EINVAL, "{}: an S3 location is s3://BUCKET/KEY", name);
-  const std::string bucket(rest.substr(0, slash)), key(rest.substr(slash + 1));
-  const char* id = std::getenv("AWS_ACCESS_KEY_ID");
-  const char* secret = std::getenv("AWS_SECRET_ACCESS_KEY");
-  if (!id || !*id || !secret || !*secret)
-    return Status::errorf(EACCES, "{}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)", name);
-  ro.aws_sigv4 = fmt::format("aws:amz:{}:s3", ro.s3_region);
-  ro.aws_userpwd = fmt::format("{}:{}", id, secret);
-  ro.headers.push_back("x-amz-content-sha256: UNSIGNED-PAYLOAD");
-  if (const char* token = std::getenv("AWS_SESSION_TOKEN"); token && *token)
-    ro.headers.push_back(fmt::format("x-amz-security-token: {}", token));
-  const std::string endpoint =
-      ro.s3_endpoint.empty() ? fmt::format("https://s3.{}.amazonaws.com", ro.s3_region) : ro.s3_endpoint;
-  const bool virtual_hosted = ro.s3_addressing.empty() ? ro.s3_endpoint.empty() : ro.s3_addressing == "virtual";
-  if (!virtual_hosted) return fmt::format("{}/{}/{}", endpoint, bucket, key);
-  const size_t host = endpoint.find("://") + 3;
-  return fmt::format("{}{}.{}/{}", endpoint.substr(0, host), bucket, endpoint.substr(host), key);
-}
-
-}  // namespace
 
 Result<std::unique_ptr<HostFile>> open_remote_file(const std::string& url, const OpenOptions& opts) {
   if (url.starts_with("http://") || url.starts_with("https://") || url.starts_with("s3://")) {

@@ -3,18 +3,22 @@
 // blocks are ranged GETs of an HttpClient (io/remote/http_client.h), which
 // pins the object's identity at open and fails reads of a changed object.
 // Writes, discards and truncates fail with EROFS; everything reads as data.
+// Its identity, settings and counters are registered for the daemon's
+// statistics (io/remote/remote_stats.h) while it is open.
 //
 // open_remote_file() is what open_host_file() calls for a URL.
 // Thread-safety: as HostFile: all methods from any event-loop thread.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "io/host_file.h"
 #include "io/remote/block_cache.h"
 #include "io/remote/disk_cache.h"
 #include "io/remote/http_client.h"
+#include "io/remote/remote_stats.h"
 
 namespace qcowfs::io {
 
@@ -47,16 +51,21 @@ class HttpFile final : public HostFile {
   const std::string& path() const override { return url_; }
 
   BlockCacheStats stats() const { return cache_->stats(); }
+  // Identity, settings and counters (as remote_stats_snapshot() lists them).
+  RemoteStatsSnapshot describe() const;
 
  private:
-  HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg,
-           std::unique_ptr<DiskCache> disk);
+  HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg, std::unique_ptr<DiskCache> disk,
+           std::string protocol, std::string settings);
   Status read_only() const;
 
   std::string url_;
   std::unique_ptr<HttpClient> client_;
   std::unique_ptr<DiskCache> disk_;  // remote-cache-dir=; under cache_, stopped before client_ goes
   std::unique_ptr<BlockCache> cache_;
+  const std::string protocol_;  // "http" or "s3"
+  const std::string settings_;
+  std::optional<RemoteStatsRegistration> registration_;  // reset first in the destructor
 };
 
 // Opens a URL (io::is_remote_location) as a HostFile: http(s) and s3 (SigV4

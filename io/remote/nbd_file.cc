@@ -42,19 +42,34 @@ constexpr uint64_t kNbdMaxStatusSpan = 1u << 30;   // block status asked per com
 }  // namespace
 
 NbdFile::NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms)
-    : uri_(std::move(uri)), h_(h), wake_(std::move(wake)), size_(size), writable_(writable), timeout_(timeout_ms) {
+    : uri_(std::move(uri)), wake_(std::move(wake)), size_(size), writable_(writable), timeout_(timeout_ms), h_(h) {
   can_flush_ = nbd_can_flush(h_) == 1;
   can_trim_ = nbd_can_trim(h_) == 1;
   can_zero_ = nbd_can_zero(h_) == 1;
   can_status_ = nbd_can_meta_context(h_, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
   thread_ = std::thread([this] { run(); });
+  registration_.emplace([this] { return describe(); });
 }
 
 NbdFile::~NbdFile() {
+  registration_.reset();
+  log::debug("{}", format_remote_counters(describe()));
   stopping_.store(true);
   wake();
   thread_.join();
-  nbd_close(h_);
+  if (h_) nbd_close(h_);
+}
+
+RemoteStatsSnapshot NbdFile::describe() const {
+  RemoteStatsSnapshot s;
+  s.url = uri_;
+  s.protocol = "nbd";
+  s.size = size_;
+  s.settings = fmt::format("{}, timeout {} s, server offers flush {}, trim {}, write zeroes {}, block status {}",
+                           writable_ ? "read-write" : "read-only", timeout_.count() / 1000, can_flush_ ? "yes" : "no",
+                           can_trim_ ? "yes" : "no", can_zero_ ? "yes" : "no", can_status_ ? "yes" : "no");
+  counters_.fill(s);
+  return s;
 }
 
 Result<std::unique_ptr<NbdFile>> NbdFile::open(const std::string& uri, const OpenOptions& opts) {
@@ -74,9 +89,10 @@ Result<std::unique_ptr<NbdFile>> NbdFile::open(const std::string& uri, const Ope
   if (opts.writable && nbd_is_read_only(h) == 1) return fail(EROFS, "the server exports it read-only");
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return fail(errno, "eventfd");
-  log::info("{}: {} bytes over NBD, {}", uri, size, opts.writable ? "read-write" : "read-only");
-  return std::unique_ptr<NbdFile>(
+  std::unique_ptr<NbdFile> f(
       new NbdFile(uri, h, std::move(wake), static_cast<uint64_t>(size), opts.writable, ro->timeout_ms));
+  log::debug("{}", format_remote_identity(f->describe()));
+  return f;
 }
 
 void NbdFile::wake() {
@@ -86,26 +102,40 @@ void NbdFile::wake() {
 
 void NbdFile::run() {
   while (!stopping_.load()) {
-    const int fd = nbd_aio_get_fd(h_);
-    const unsigned dir = nbd_aio_get_direction(h_);
-    pollfd p[2] = {{fd, 0, 0}, {wake_.get(), POLLIN, 0}};
-    if (dir & LIBNBD_AIO_DIRECTION_READ) p[0].events |= POLLIN;
-    if (dir & LIBNBD_AIO_DIRECTION_WRITE) p[0].events |= POLLOUT;
-    if (::poll(p, 2, 1000) < 0) continue;
-    if (fd >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-      nbd_aio_notify_read(h_);
-    } else if (fd >= 0 && (p[0].revents & POLLOUT)) {
-      nbd_aio_notify_write(h_);
+    nbd_handle* h;
+    {
+      std::lock_guard lk(mu_);
+      h = connected_ ? h_ : nullptr;  // h_ changes only on this thread
     }
-    if (p[1].revents & POLLIN) {
-      uint64_t v;
-      [[maybe_unused]] auto n = ::read(wake_.get(), &v, sizeof v);
+    if (!h) {
+      if (!reconnect()) sleep_until(next_attempt_);
+      continue;
     }
-    check_deadlines();
+    serve_connection(h);
+    check_deadlines(h);
+    if (nbd_aio_is_dead(h) == 1 || nbd_aio_is_closed(h) == 1) drop_connection(h);
   }
 }
 
-void NbdFile::check_deadlines() {
+void NbdFile::serve_connection(nbd_handle* h) {
+  const int fd = nbd_aio_get_fd(h);
+  const unsigned dir = nbd_aio_get_direction(h);
+  pollfd p[2] = {{fd, 0, 0}, {wake_.get(), POLLIN, 0}};
+  if (dir & LIBNBD_AIO_DIRECTION_READ) p[0].events |= POLLIN;
+  if (dir & LIBNBD_AIO_DIRECTION_WRITE) p[0].events |= POLLOUT;
+  if (::poll(p, 2, 1000) < 0) return;
+  if (fd >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+    nbd_aio_notify_read(h);
+  } else if (fd >= 0 && (p[0].revents & POLLOUT)) {
+    nbd_aio_notify_write(h);
+  }
+  if (p[1].revents & POLLIN) {
+    uint64_t v;
+    [[maybe_unused]] auto n = ::read(wake_.get(), &v, sizeof v);
+  }
+}
+
+void NbdFile::check_deadlines(nbd_handle* h) {
   std::chrono::steady_clock::time_point oldest;
   {
     std::lock_guard lk(mu_);
@@ -114,12 +144,102 @@ void NbdFile::check_deadlines() {
                               [](const auto& a, const auto& b) { return a.second < b.second; })->second;
   }
   if (std::chrono::steady_clock::now() - oldest < timeout_) return;
-  log::error("{}: the server did not answer within {} s; dropping the connection (its reads and writes fail "
-             "with EIO from now on)", uri_, timeout_.count() / 1000);
+  log::error("{}: the server did not answer within {} s; dropping the connection (reads and writes fail "
+             "with EIO until it is made again)", uri_, timeout_.count() / 1000);
   timed_out_.store(true);
   // libnbd sees the end of the connection and fails every command in flight.
-  const int fd = nbd_aio_get_fd(h_);
+  const int fd = nbd_aio_get_fd(h);
   if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
+void NbdFile::drop_connection(nbd_handle* h) {
+  if (!timed_out_.load()) {
+    const char* why = nbd_get_error();
+    log::error("{}: the connection to the server was lost ({}); reads and writes fail with EIO until it is "
+               "made again", uri_, why ? why : "closed");
+  }
+  {
+    std::lock_guard lk(mu_);
+    connected_ = false;
+    h_ = nullptr;
+  }
+  nbd_close(h);  // dead: libnbd already failed its commands
+  backoff_ = std::chrono::milliseconds(0);
+  next_attempt_ = std::chrono::steady_clock::now();
+  reconnect_failure_logged_ = false;
+}
+
+void NbdFile::sleep_until(std::chrono::steady_clock::time_point t) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::steady_clock::now());
+  if (left.count() <= 0 || stopping_.load()) return;
+  pollfd p{wake_.get(), POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(left.count())) > 0) {
+    uint64_t v;
+    [[maybe_unused]] auto n = ::read(wake_.get(), &v, sizeof v);
+  }
+}
+
+nbd_handle* NbdFile::connect_once(std::string* why) {
+  nbd_handle* h = nbd_create();
+  if (!h) {
+    *why = nbd_get_error() ? nbd_get_error() : "nbd_create failed";
+    return nullptr;
+  }
+  nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION);
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  if (nbd_aio_connect_uri(h, uri_.c_str()) == 0) {
+    while (!stopping_.load() && nbd_aio_is_ready(h) != 1 && nbd_aio_is_dead(h) != 1 && nbd_aio_is_closed(h) != 1) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      const int fd = nbd_aio_get_fd(h);
+      const unsigned dir = nbd_aio_get_direction(h);
+      pollfd p[2] = {{fd, 0, 0}, {wake_.get(), POLLIN, 0}};
+      if (dir & LIBNBD_AIO_DIRECTION_READ) p[0].events |= POLLIN;
+      if (dir & LIBNBD_AIO_DIRECTION_WRITE) p[0].events |= POLLOUT;
+      if (::poll(p, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0) continue;
+      if (fd >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) nbd_aio_notify_read(h);
+      else if (fd >= 0 && (p[0].revents & POLLOUT)) nbd_aio_notify_write(h);
+      if (p[1].revents & POLLIN) {
+        uint64_t v;
+        [[maybe_unused]] auto n = ::read(wake_.get(), &v, sizeof v);
+      }
+    }
+  }
+  if (nbd_aio_is_ready(h) == 1) {
+    const int64_t size = nbd_get_size(h);
+    if (size >= 0 && static_cast<uint64_t>(size) == size_ && !(writable_ && nbd_is_read_only(h) == 1)) return h;
+    *why = size < 0 ? std::string(nbd_get_error() ? nbd_get_error() : "no size")
+                    : fmt::format("the export is now {} bytes{} (it was {})", size,
+                                  writable_ && nbd_is_read_only(h) == 1 ? " and read-only" : "", size_);
+  } else {
+    *why = nbd_get_error() ? nbd_get_error() : "no answer within the timeout";
+  }
+  nbd_close(h);
+  return nullptr;
+}
+
+bool NbdFile::reconnect() {
+  if (std::chrono::steady_clock::now() < next_attempt_) return false;
+  std::string why;
+  nbd_handle* h = connect_once(&why);
+  if (!h) {
+    if (!reconnect_failure_logged_ && !stopping_.load())
+      log::warn("{}: cannot connect again yet ({}); retrying with back-off", uri_, why);
+    reconnect_failure_logged_ = true;
+    backoff_ = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(2000),
+                                                   backoff_.count() ? backoff_ * 2 : std::chrono::milliseconds(100));
+    next_attempt_ = std::chrono::steady_clock::now() + backoff_;
+    return false;
+  }
+  {
+    std::lock_guard lk(mu_);
+    h_ = h;
+    connected_ = true;
+    timed_out_.store(false);
+  }
+  RemoteCounters::add(counters_.reconnects);
+  log::info("{}: connected to the server again", uri_);
+  return true;
 }
 
 Status NbdFile::error(std::string_view what, uint64_t off, int err) const {
@@ -136,18 +256,33 @@ template <typename Submit>
 Task<Status> NbdFile::command_with(std::string_view what, uint64_t off, Op& op, Submit submit) {
   nbd_completion_callback cb{&Op::on_done, &op, nullptr};
   uint64_t id;
+  int64_t cookie = -1;
+  int err = 0;
+  std::string why;
+  bool lost = false;
   {
+    // Under mu_ so the network thread cannot close the handle meanwhile.
     std::lock_guard lk(mu_);
+    lost = !connected_;
     id = next_id_++;
-    in_flight_.emplace(id, std::chrono::steady_clock::now());
-  }
-  if (submit(cb, op) < 0) {
-    const int err = timed_out_.load() ? EIO : nbd_get_errno();
-    std::string why = nbd_get_error() ? nbd_get_error() : "";
-    {
-      std::lock_guard lk(mu_);
+    if (!lost) {
+      in_flight_.emplace(id, std::chrono::steady_clock::now());
+      RemoteCounters::add(counters_.requests);
+      cookie = submit(h_, cb, op);
+    }
+    if (!lost && cookie < 0) {
+      err = timed_out_.load() ? EIO : nbd_get_errno();
+      why = nbd_get_error() ? nbd_get_error() : "";
       in_flight_.erase(id);
     }
+  }
+  if (lost) {
+    RemoteCounters::add(counters_.errors);
+    co_return Status::errorf(EIO, "{}: {} at {}: the connection to the server is lost (connecting again)", uri_,
+                             what, off);
+  }
+  if (cookie < 0) {
+    RemoteCounters::add(counters_.errors);
     co_return Status::errorf(err ? err : EIO, "{}: {} at {}: {}", uri_, what, off, why);
   }
   wake();
@@ -156,7 +291,13 @@ Task<Status> NbdFile::command_with(std::string_view what, uint64_t off, Op& op, 
     std::lock_guard lk(mu_);
     in_flight_.erase(id);
   }
-  if (op.err) co_return error(what, off, timed_out_.load() ? EIO : op.err);
+  if (op.err) {
+    RemoteCounters::add(counters_.errors);
+    // A lost connection is EIO to the reader, as a failing disk is.
+    const bool lost_now = timed_out_.load() || op.err == ENOTCONN || op.err == ESHUTDOWN || op.err == ECONNRESET ||
+                          op.err == EPIPE;
+    co_return error(what, off, lost_now ? EIO : op.err);
+  }
   co_return Status::ok();
 }
 
@@ -167,9 +308,13 @@ Task<Result<size_t>> NbdFile::read(uint64_t off, std::span<std::byte> buf) {
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, kNbdMaxRequest));
     std::byte* dst = buf.data() + done;
     const uint64_t at = off + done;
-    QCOWFS_CO_TRY(co_await command("read", at, [&](nbd_completion_callback cb, Op&) {
-      return nbd_aio_pread(h_, dst, chunk, at, cb, 0);
-    }));
+    RemoteCounters::add(counters_.in_flight_bytes, chunk);
+    Status st = co_await command("read", at, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
+      return nbd_aio_pread(h, dst, chunk, at, cb, 0);
+    });
+    RemoteCounters::sub(counters_.in_flight_bytes, chunk);
+    if (!st) co_return st;
+    RemoteCounters::add(counters_.bytes_fetched, chunk);
     done += chunk;
   }
   co_return n;
@@ -195,9 +340,10 @@ Task<Status> NbdFile::write(uint64_t off, std::span<const std::byte> buf) {
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(buf.size() - done, kNbdMaxRequest));
     const std::byte* src = buf.data() + done;
     const uint64_t at = off + done;
-    QCOWFS_CO_TRY(co_await command("write", at, [&](nbd_completion_callback cb, Op&) {
-      return nbd_aio_pwrite(h_, src, chunk, at, cb, 0);
+    QCOWFS_CO_TRY(co_await command("write", at, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
+      return nbd_aio_pwrite(h, src, chunk, at, cb, 0);
     }));
+    RemoteCounters::add(counters_.bytes_written, chunk);
     done += chunk;
   }
   co_return Status::ok();
@@ -214,7 +360,7 @@ Task<Status> NbdFile::writev(uint64_t off, std::span<const iovec> iov) {
 
 Task<Status> NbdFile::flush() {
   if (!writable_ || !can_flush_) co_return Status::ok();
-  co_return co_await command("flush", 0, [&](nbd_completion_callback cb, Op&) { return nbd_aio_flush(h_, cb, 0); });
+  co_return co_await command("flush", 0, [&](nbd_handle* h, nbd_completion_callback cb, Op&) { return nbd_aio_flush(h, cb, 0); });
 }
 
 Task<Status> NbdFile::discard(uint64_t off, uint64_t len) {
@@ -224,8 +370,8 @@ Task<Status> NbdFile::discard(uint64_t off, uint64_t len) {
   for (uint64_t done = 0; done < len;) {
     const uint64_t chunk = std::min(len - done, kNbdMaxStatusSpan);
     const uint64_t at = off + done;
-    QCOWFS_CO_TRY(co_await command("trim", at, [&](nbd_completion_callback cb, Op&) {
-      return nbd_aio_trim(h_, chunk, at, cb, 0);
+    QCOWFS_CO_TRY(co_await command("trim", at, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
+      return nbd_aio_trim(h, chunk, at, cb, 0);
     }));
     done += chunk;
   }
@@ -239,8 +385,8 @@ Task<Status> NbdFile::write_zeroes(uint64_t off, uint64_t len) {
     const uint64_t chunk = std::min(len - done, can_zero_ ? kNbdMaxStatusSpan : kNbdMaxRequest);
     const uint64_t at = off + done;
     if (can_zero_) {
-      QCOWFS_CO_TRY(co_await command("write zeroes", at, [&](nbd_completion_callback cb, Op&) {
-        return nbd_aio_zero(h_, chunk, at, cb, 0);
+      QCOWFS_CO_TRY(co_await command("write zeroes", at, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
+        return nbd_aio_zero(h, chunk, at, cb, 0);
       }));
     } else {
       std::vector<std::byte> zeros(chunk);
@@ -262,9 +408,9 @@ Task<Result<uint64_t>> NbdFile::seek(uint64_t off, bool want_data) {
   while (pos < size_) {
     const uint64_t count = std::min(size_ - pos, kNbdMaxStatusSpan);
     Op op;
-    QCOWFS_CO_TRY(co_await command_with("block status", pos, op, [&](nbd_completion_callback cb, Op& o) {
+    QCOWFS_CO_TRY(co_await command_with("block status", pos, op, [&](nbd_handle* h, nbd_completion_callback cb, Op& o) {
       nbd_extent_callback ecb{&Op::on_extents, &o, nullptr};
-      return nbd_aio_block_status(h_, count, pos, ecb, cb, 0);
+      return nbd_aio_block_status(h, count, pos, ecb, cb, 0);
     }));
     if (op.extents.empty()) break;  // the server said nothing: treat the rest as data
     for (const auto& [len, hole] : op.extents) {

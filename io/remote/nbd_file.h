@@ -9,8 +9,14 @@
 // write-zeroes map onto the NBD commands; the size is fixed (truncate fails
 // with EINVAL, as on a block device). SEEK_DATA/SEEK_HOLE come from the
 // server's base:allocation block status when it offers it, else all is data.
-// A command unanswered after remote-timeout drops the connection: every
-// command fails with EIO from then on (a log line says why), never a hang.
+// A command unanswered after remote-timeout drops the connection, and so does
+// the server closing it: the commands in flight fail with EIO (a log line
+// says why), never a hang. The network thread then connects again, with
+// back-off (100 ms doubling up to 2 s, each attempt bounded by the timeout);
+// meanwhile commands fail with EIO at once. A server that comes back with an
+// export of another size is refused (everything keeps failing, logged once).
+// Identity, settings and counters are registered for the daemon's statistics
+// (io/remote/remote_stats.h) while the file is open.
 // Thread-safety: as HostFile: all methods from any event-loop thread.
 #pragma once
 
@@ -19,11 +25,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "io/fd.h"
 #include "io/host_file.h"
+#include "io/remote/remote_stats.h"
 
 struct nbd_handle;
 
@@ -54,12 +62,25 @@ class NbdFile final : public HostFile {
   CacheMode cache_mode() const override { return CacheMode::writeback; }
   const std::string& path() const override { return uri_; }
 
+  // Identity, settings and counters (as remote_stats_snapshot() lists them).
+  RemoteStatsSnapshot describe() const;
+
  private:
   struct Op;
   NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms);
   void run();
+  // Drives the connection for one poll round.
+  void serve_connection(nbd_handle* h);
   // Drops the connection when a command has waited past the timeout.
-  void check_deadlines();
+  void check_deadlines(nbd_handle* h);
+  // Closes a dead connection (its commands have failed); reconnect() follows.
+  void drop_connection(nbd_handle* h);
+  // One attempt to connect again (after the back-off delay); true when connected.
+  bool reconnect();
+  // A new connection to uri_, or nullptr (the reason in *why); bounded by the timeout.
+  nbd_handle* connect_once(std::string* why);
+  // Waits on the wake fd until the deadline or a wake-up (stop).
+  void sleep_until(std::chrono::steady_clock::time_point t);
   void wake();
   // Awaits a command started by submit(cb) (which returns its cookie or -1).
   template <typename Submit>
@@ -70,18 +91,25 @@ class NbdFile final : public HostFile {
   Status error(std::string_view what, uint64_t off, int err) const;
 
   const std::string uri_;
-  nbd_handle* h_;
   UniqueFd wake_;  // eventfd: a command was queued, or stop
   const uint64_t size_;
   const bool writable_;
   bool can_flush_ = false, can_trim_ = false, can_zero_ = false, can_status_ = false;
   const std::chrono::milliseconds timeout_;
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> timed_out_{false};
-  std::mutex mu_;  // guards in_flight_ and next_id_
+  std::atomic<bool> timed_out_{false};  // the current connection was dropped for a timeout
+  mutable std::mutex mu_;  // guards h_, connected_, in_flight_ and next_id_
+  nbd_handle* h_;          // replaced by the network thread when it reconnects
+  bool connected_ = true;
   std::map<uint64_t, std::chrono::steady_clock::time_point> in_flight_;  // id -> when issued
   uint64_t next_id_ = 0;
+  // Network thread only.
+  std::chrono::milliseconds backoff_{0};
+  std::chrono::steady_clock::time_point next_attempt_;
+  bool reconnect_failure_logged_ = false;
+  RemoteCounters counters_;
   std::thread thread_;
+  std::optional<RemoteStatsRegistration> registration_;  // reset first in the destructor
 };
 
 }  // namespace qcowfs::io

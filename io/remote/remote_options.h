@@ -31,17 +31,19 @@ struct RemoteOptions {
   std::string ca_file;                     // cafile=: CA certificates to verify the server with
   std::vector<std::string> headers;        // header-file= (one "Name: value" a line), token-file= (a bearer token)
   // s3://bucket/key: s3-endpoint= (default AWS: https://s3.REGION.amazonaws.com),
-  // s3-region= (default us-east-1), s3-addressing=path|virtual (default: path with
-  // an endpoint, virtual-hosted without). Credentials come from AWS_ACCESS_KEY_ID,
-  // AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN; requests are signed with SigV4.
+  // s3-region= (default: AWS_REGION, AWS_DEFAULT_REGION, the profile's, us-east-1),
+  // s3-addressing=path|virtual (default: path with an endpoint, virtual-hosted
+  // without). Credentials as the AWS CLI finds them (io/remote/s3.h); requests
+  // are signed with SigV4.
   std::string s3_endpoint;
-  std::string s3_region = "us-east-1";
+  std::string s3_region;
   std::string s3_addressing;  // "", "path" or "virtual"
   bool set_by_user = false;                // any of the above given explicitly
   // Set when an s3:// name is opened (not options): curl's SigV4 provider
   // string and "KEY:SECRET".
   std::string aws_sigv4;
   std::string aws_userpwd;
+  std::string aws_credential_source;  // where the keys came from, for messages
 };
 
 // Applies one KEY=VALUE option; false when key is not a remote option. Files

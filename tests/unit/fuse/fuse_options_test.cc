@@ -263,7 +263,7 @@ TEST(FuseOptions, UsageListsEveryOption) {
   std::string u = usage_text("qcowfs");
   for (const char* opt : {"ro", "rw", "cache=", "aio=", "queues=", "format=", "discard=", "snapshot=",
                           "l2_cache_size=", "table_cache_size=", "fuse_uring=", "passthrough=", "allow_other", "uid=", "gid=", "umask=",
-                          "fmask=", "dmask=", "-f", "-d", "--help", "--version", "throwaway", "idle-timeout=", "SRCDIR"})
+                          "fmask=", "dmask=", "-f", "-d", "--help", "--version", "throwaway", "status-file=", "idle-timeout=", "SRCDIR"})
     EXPECT_NE(u.find(opt), std::string::npos) << opt;
 }
 
@@ -278,6 +278,15 @@ TEST(FuseOptions, IdleTimeoutInSecondsWithFractions) {
     auto b = parse({"-o", bad, "dir", "/mnt"});
     EXPECT_FALSE(b) << bad;
   }
+}
+
+TEST(FuseOptions, StatusFile) {
+  std::vector<std::string> args = {"https://h/a.qcow2", "/mnt", "-o", "status-file=/run/a.json"};
+  auto o = parse_command_line(args);
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_EQ(o->status_file, "/run/a.json");
+  std::vector<std::string> empty = {"https://h/a.qcow2", "/mnt", "-o", "status-file="};
+  EXPECT_FALSE(parse_command_line(empty).is_ok());
 }
 
 TEST(MountHelperOptions, FstabAtimeFlagsAreAccepted) {
