@@ -100,6 +100,17 @@ std::vector<uint64_t> BlockCache::plan_readahead(uint64_t off, uint64_t end) {
   return out;
 }
 
+Task<Result<size_t>> BlockCache::readv(uint64_t off, std::span<const iovec> iov) {
+  size_t total = 0;
+  for (const iovec& v : iov) {
+    auto n = co_await read(off + total, std::span(static_cast<std::byte*>(v.iov_base), v.iov_len));
+    if (!n) co_return n.status();
+    total += *n;
+    if (*n < v.iov_len) break;
+  }
+  co_return total;
+}
+
 Task<Result<size_t>> BlockCache::read(uint64_t off, std::span<std::byte> buf) {
   if (off >= size_ || buf.empty()) co_return size_t{0};
   const uint64_t end = std::min<uint64_t>(size_, off + buf.size());

@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <sys/uio.h>
 #include <unordered_map>
 #include <vector>
 
@@ -59,6 +60,8 @@ class BlockCache {
 
   // Reads up to buf.size() bytes at off (fewer only at the object's end).
   Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf);
+  // The same into several buffers, one after another from off.
+  Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov);
   // Drops every finished block (a writer changed the object); blocks being
   // fetched are dropped when they finish.
   void invalidate_all();

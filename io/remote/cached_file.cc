@@ -41,14 +41,7 @@ Task<Result<size_t>> CachedFile::read(uint64_t off, std::span<std::byte> buf) {
 }
 
 Task<Result<size_t>> CachedFile::readv(uint64_t off, std::span<const iovec> iov) {
-  size_t total = 0;
-  for (const iovec& v : iov) {
-    auto n = co_await cache_->read(off + total, std::span(static_cast<std::byte*>(v.iov_base), v.iov_len));
-    if (!n) co_return n.status();
-    total += *n;
-    if (*n < v.iov_len) break;
-  }
-  co_return total;
+  co_return co_await cache_->readv(off, iov);
 }
 
 Task<Status> CachedFile::write(uint64_t, std::span<const std::byte>) { co_return read_only(); }
