@@ -650,12 +650,13 @@ Task<Status> Catalogue::refresh_name(Ino dir_ino, std::string name) {
   }
   const std::string dir_path = rel.empty() ? settings_.srcdir : settings_.srcdir + "/" + rel;
   struct stat st;
+  if (!file_name.empty()) {  // a listed entry stands while its file does, whatever else changed
+    if (::stat((dir_path + "/" + file_name).c_str(), &st) == 0 && unchanged(st, item_st)) co_return Status::ok();
+    co_return co_await rescan(dir_ino);  // removed, renamed, replaced or rewritten in place
+  }
   if (!read_mtime || ::stat(dir_path.c_str(), &st) != 0 || !same_time(st.st_mtim, *read_mtime))
     co_return co_await rescan(dir_ino);  // entries were added, removed or renamed since
-  if (file_name.empty()) co_return Status::ok();  // no such entry, and none appeared
-  if (::stat((dir_path + "/" + file_name).c_str(), &st) != 0 || !unchanged(st, item_st))
-    co_return co_await rescan(dir_ino);  // rewritten in place: its size may have changed
-  co_return Status::ok();
+  co_return Status::ok();  // no such entry, and none appeared
 }
 
 Task<std::optional<Catalogue::Clock::time_point>> Catalogue::close_idle() {

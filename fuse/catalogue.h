@@ -26,8 +26,9 @@
 // nodes of <name>.d follow its view's, as directory mode's follow the view.
 //
 // Live: a directory is re-read (readdir and one fstatat per entry; probes only
-// for new or changed files) on every opendir, and on a lookup when the
-// directory's mtime changed since it was read or the name's file changed. An
+// for new or changed files) on every opendir; on a lookup of a listed name
+// (<name>.raw or <name>.d) only when its file changed (one stat), of any other
+// name when the directory's mtime changed since it was read. An
 // entry keeps its inode while its file keeps (st_dev, st_ino); a removed or
 // renamed file disappears from the listing, but its node (and an opened
 // image) lives on, so an open view keeps working.
