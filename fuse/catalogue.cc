@@ -476,7 +476,8 @@ Task<Status> Catalogue::refresh_image_dir(Ino dir) {
   }
   ImageFile& image = *d->item->node.file;
   Status st = co_await image.acquire();  // the image's open logs why it fails
-  if (!st) co_return st.with_context(fmt::format("listing {}/{}", d->dnode.name, partitions ? "partitions" : "snapshots"));
+  if (!st)
+    co_return st.with_context(fmt::format("listing {}/{}", d->dnode.name, partitions ? "partitions" : "snapshots"));
   struct stat fst;
   std::optional<struct stat> read_st;
   if (::stat(d->path.c_str(), &fst) == 0) read_st = fst;
