@@ -3,7 +3,7 @@
 # overlays of one base (`qcowfs SRCDIR MOUNTDIR`, issue 35), beside one daemon
 # per image. Prints one "metric value" line per measure, then a Markdown table:
 #   mount              seconds until `qcowfs SRCDIR MNT` returns (mounted)
-#   ls -l              seconds for `ls -l MNT` (N entries; the first listing)
+#   ls -l              seconds for `ls -l MNT` (N views and their N <name>.d; the first listing)
 #   RSS idle           the daemon's VmRSS with nothing open
 #   RSS 100 open       VmRSS with OPEN views open, each read (READ_MIB MiB)
 #   first open         median seconds of open() of a view not opened before
@@ -54,7 +54,7 @@ rss_idle=$(rss_kib "$pid")
 python3 - "$MNT" "$OPEN" "$READ_MIB" "$WORK/first_open" <<'PY' &
 import os, signal, statistics, sys, time
 mnt, n, mib, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-views = sorted(v for v in os.listdir(mnt) if v.startswith("vm"))[:n]
+views = sorted(v for v in os.listdir(mnt) if v.startswith("vm") and v.endswith(".raw"))[:n]
 fds, times = [], []
 for v in views:
     t = time.perf_counter()
@@ -81,7 +81,7 @@ fio_jobs() {  # fio_jobs FILE... : OPEN jobs, one file each, 4 KiB randread QD1;
       --time_based --group_reporting --output-format=json "${args[@]}" |
     python3 -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))'
 }
-mapfile -t views < <(ls "$MNT" | grep '^vm' | head -n "$OPEN")
+mapfile -t views < <(ls "$MNT" | grep '^vm.*\.raw$' | head -n "$OPEN")
 iops_cat=$(fio_jobs "${views[@]/#/$MNT/}")
 
 # Idle: every view closed; after the idle delay nothing may run.

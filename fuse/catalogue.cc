@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "image/describe.h"
 #include "image/format.h"
 #include "image/probe.h"
+#include "image/views/window.h"
 #include "io/log.h"
 
 namespace qcowfs::fuse {
@@ -41,6 +43,49 @@ struct DirCloser {
   void operator()(DIR* d) const { ::closedir(d); }
 };
 
+// A partition window or a snapshot of a catalogue image, holding the image
+// (one user of its ImageFile) until it is closed: the image stays open, and
+// its driver valid, while the view is. Everything else is forwarded.
+class ImageHoldingDriver final : public image::BlockDriver {
+ public:
+  // image: acquired by the caller; released on close() (or destruction).
+  ImageHoldingDriver(std::unique_ptr<image::BlockDriver> inner, ImageFile& image)
+      : inner_(std::move(inner)), image_(&image) {}
+  ~ImageHoldingDriver() override {
+    inner_.reset();  // a snapshot borrows the image's files: gone before the image may close
+    give_back();
+  }
+
+  std::string_view format_name() const override { return inner_->format_name(); }
+  uint64_t size() const override { return inner_->size(); }
+  bool read_only() const override { return inner_->read_only(); }
+  size_t mem_align() const override { return inner_->mem_align(); }
+  Task<Status> read(uint64_t off, std::span<std::byte> buf) override { return inner_->read(off, buf); }
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override { return inner_->write(off, buf); }
+  Task<Status> flush() override { return inner_->flush(); }
+  Task<Status> discard(uint64_t off, uint64_t len) override { return inner_->discard(off, len); }
+  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override {
+    return inner_->write_zeroes(off, len, may_unmap);
+  }
+  Task<Status> truncate(uint64_t new_size) override { return inner_->truncate(new_size); }
+  Task<Result<image::BlockStatus>> block_status(uint64_t off, uint64_t len) override {
+    return inner_->block_status(off, len);
+  }
+  uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
+  Task<Status> close() override {
+    Status st = co_await inner_->close();
+    give_back();
+    co_return st;
+  }
+
+ private:
+  void give_back() {
+    if (ImageFile* image = std::exchange(image_, nullptr)) image->release();
+  }
+  std::unique_ptr<image::BlockDriver> inner_;
+  ImageFile* image_;
+};
+
 }  // namespace
 
 struct Catalogue::Found {
@@ -52,12 +97,40 @@ struct Catalogue::Probe {
   bool is_image = false;
   uint64_t size = 0;
   uint64_t allocated = 0;
+  bool has_snapshots = false;
+};
+
+// A view in <name>.d/partitions/ or <name>.d/snapshots/. Its node, key and
+// ImageFile never change once made.
+struct Catalogue::SubView {
+  Node node;
+  bool snapshot = false;
+  image::Partition partition;  // a partition: where it is
+  image::SnapshotInfo info;    // a snapshot: which
+};
+
+// <name>.d beside an image view, with partitions/ and snapshots/. The
+// listings, has_snapshots and the *_read stats are guarded by mu_.
+struct Catalogue::ImageDir {
+  Item* item = nullptr;
+  std::string path;  // the image file (absolute), as named when its view was made
+  Node dnode;        // <name>.d
+  Node parts;        // <name>.d/partitions
+  Node snaps;        // <name>.d/snapshots
+  bool has_snapshots = false;  // the header (or the opened image) lists snapshots: snapshots/ is shown
+  std::vector<std::unique_ptr<SubView>> all;  // every view ever made
+  std::vector<SubView*> partitions;           // the listings
+  std::vector<SubView*> snapshots;
+  // The image file's stat when partitions/ or snapshots/ was last read (nullopt: never).
+  std::optional<struct stat> parts_read;
+  std::optional<struct stat> snaps_read;
 };
 
 struct Catalogue::Item {
   Node node;
   std::string file_name;  // in its directory
   struct stat st = {};    // what the attributes were read from
+  std::unique_ptr<ImageDir> sub;  // image views: <name>.d (nullptr: its name was taken)
 };
 
 struct Catalogue::Dir {
@@ -91,44 +164,78 @@ Catalogue::~Catalogue() = default;
 
 bool Catalogue::has_directory(Ino dir) const {
   std::lock_guard lk(mu_);
-  return dirs_.contains(dir);
+  return dirs_.contains(dir) || image_dirs_.contains(dir);
 }
 
 const Node* Catalogue::get(Ino ino) const {
   std::lock_guard lk(mu_);
-  auto it = items_.find(ino);
-  return it == items_.end() ? nullptr : &it->second->node;
+  if (auto it = items_.find(ino); it != items_.end()) return &it->second->node;
+  auto it = sub_nodes_.find(ino);
+  return it == sub_nodes_.end() ? nullptr : it->second;
 }
 
 const Node* Catalogue::lookup(Ino dir, std::string_view name) const {
   std::lock_guard lk(mu_);
-  auto it = dirs_.find(dir);
-  if (it == dirs_.end()) return nullptr;
-  for (const Item* item : it->second->listing)
-    if (item->node.name == name) return &item->node;
+  if (auto it = dirs_.find(dir); it != dirs_.end()) {
+    for (const Item* item : it->second->listing) {
+      if (item->node.name == name) return &item->node;
+      if (item->sub && item->sub->dnode.name == name) return &item->sub->dnode;
+    }
+    return nullptr;
+  }
+  auto it = image_dirs_.find(dir);
+  if (it == image_dirs_.end()) return nullptr;
+  const ImageDir& d = *it->second;
+  if (dir == d.dnode.ino) {
+    if (name == d.parts.name) return &d.parts;
+    if (name == d.snaps.name && d.has_snapshots) return &d.snaps;
+    return nullptr;
+  }
+  for (const SubView* v : dir == d.parts.ino ? d.partitions : d.snapshots)
+    if (v->node.name == name) return &v->node;
   return nullptr;
 }
 
 std::vector<Ino> Catalogue::children(Ino dir) const {
   std::lock_guard lk(mu_);
   std::vector<Ino> out;
-  auto it = dirs_.find(dir);
-  if (it == dirs_.end()) return out;
-  for (const Item* item : it->second->listing) out.push_back(item->node.ino);
+  if (auto it = dirs_.find(dir); it != dirs_.end()) {
+    for (const Item* item : it->second->listing) {
+      out.push_back(item->node.ino);
+      if (item->sub) out.push_back(item->sub->dnode.ino);
+    }
+    return out;
+  }
+  auto it = image_dirs_.find(dir);
+  if (it == image_dirs_.end()) return out;
+  const ImageDir& d = *it->second;
+  if (dir == d.dnode.ino) {
+    out.push_back(d.parts.ino);
+    if (d.has_snapshots) out.push_back(d.snaps.ino);
+    return out;
+  }
+  for (const SubView* v : dir == d.parts.ino ? d.partitions : d.snapshots) out.push_back(v->node.ino);
   return out;
 }
 
+// Partition and snapshot views first: each holds its image, and a shutdown
+// closes the files in this order.
 std::vector<ImageFile*> Catalogue::image_files() const {
   std::lock_guard lk(mu_);
   std::vector<ImageFile*> out;
+  for (const auto& [ino, item] : items_)
+    if (item->sub)
+      for (const auto& v : item->sub->all) out.push_back(v->node.file.get());
   for (const auto& [ino, item] : items_)
     if (item->node.file) out.push_back(item->node.file.get());
   return out;
 }
 
 size_t Catalogue::open_images() const {
+  std::lock_guard lk(mu_);
   size_t n = 0;
-  for (ImageFile* f : image_files()) n += f->is_open() ? 1 : 0;
+  for (const auto& [ino, item] : items_)
+    if (item->node.file && item->node.file->is_open()) ++n;  // is_open() takes only the file's own lock
   return n;
 }
 
@@ -186,6 +293,7 @@ Task<Catalogue::Probe> Catalogue::probe(std::string path, std::string file_name,
   }
   out.size = desc->virtual_size;
   out.allocated = desc->actual_size;
+  out.has_snapshots = !desc->snapshots.empty();
   co_return out;
 }
 
@@ -209,6 +317,7 @@ Catalogue::Item* Catalogue::make_item(Dir& dir, const Found& f, std::string view
   n.parent = dir.ino;
   n.name = std::move(view_name);
   n.access = std::make_shared<ViewAccess>(initial_view_attrs(f.st, settings_.access));
+  n.own_access = !S_ISDIR(f.st.st_mode);
   if (S_ISDIR(f.st.st_mode)) {
     n.kind = NodeKind::directory;
     auto sub = std::make_unique<Dir>();
@@ -232,7 +341,174 @@ Catalogue::Item* Catalogue::make_item(Dir& dir, const Found& f, std::string view
   return raw;
 }
 
+Node Catalogue::make_sub_node(const Item& item, Ino parent, NodeKind kind, std::string name) {
+  Node n;
+  n.ino = next_ino_++;
+  n.parent = parent;
+  n.kind = kind;
+  n.name = std::move(name);
+  n.access = item.node.access;  // follows the image view's owner and mode
+  return n;
+}
+
+void Catalogue::make_image_dir(Item& item, std::string d_name, std::string path) {
+  auto d = std::make_unique<ImageDir>();
+  d->item = &item;
+  d->path = std::move(path);
+  d->dnode = make_sub_node(item, item.node.parent, NodeKind::directory, std::move(d_name));
+  d->parts = make_sub_node(item, d->dnode.ino, NodeKind::directory, "partitions");
+  d->snaps = make_sub_node(item, d->dnode.ino, NodeKind::directory, "snapshots");
+  for (const Node* n : {&d->dnode, &d->parts, &d->snaps}) {
+    sub_nodes_.emplace(n->ino, n);
+    image_dirs_.emplace(n->ino, d.get());
+  }
+  item.sub = std::move(d);
+}
+
+Catalogue::SubView* Catalogue::find_or_make_partition(ImageDir& d, const image::Partition& p) {
+  for (const auto& v : d.all)
+    if (!v->snapshot && v->partition.number == p.number && v->partition.offset == p.offset &&
+        v->partition.size == p.size)
+      return v.get();
+  auto v = std::make_unique<SubView>();
+  v->partition = p;
+  v->node = make_sub_node(*d.item, d.parts.ino, NodeKind::image, fmt::format("p{}.raw", p.number));
+  // A partition of a read-write image is read-write, as in directory mode.
+  v->node.file = std::make_unique<ImageFile>([this, dp = &d, vp = v.get()] { return open_sub_view(dp, vp); },
+                                             d.item->node.file->writable());
+  v->node.file->set_closed_attributes(p.size, 0);
+  v->node.file->set_on_idle([this] {
+    if (on_idle_) on_idle_();
+  });
+  sub_nodes_.emplace(v->node.ino, &v->node);
+  d.all.push_back(std::move(v));
+  return d.all.back().get();
+}
+
+Catalogue::SubView* Catalogue::find_or_make_snapshot(ImageDir& d, const image::SnapshotInfo& s, std::string name) {
+  for (const auto& v : d.all)
+    if (v->snapshot && v->info.id == s.id && v->info.name == s.name && v->info.disk_size == s.disk_size &&
+        v->node.name == name)
+      return v.get();
+  auto v = std::make_unique<SubView>();
+  v->snapshot = true;
+  v->info = s;
+  v->node = make_sub_node(*d.item, d.snaps.ino, NodeKind::image, std::move(name));
+  v->node.file = std::make_unique<ImageFile>([this, dp = &d, vp = v.get()] { return open_sub_view(dp, vp); },
+                                             false);  // a snapshot is read-only
+  v->node.file->set_closed_attributes(s.disk_size, 0);
+  v->node.file->set_on_idle([this] {
+    if (on_idle_) on_idle_();
+  });
+  sub_nodes_.emplace(v->node.ino, &v->node);
+  d.all.push_back(std::move(v));
+  return d.all.back().get();
+}
+
+// The first open of a partition or snapshot view: its image is acquired
+// (opened if closed, with its locks and mode) and held by the view's driver
+// until the view closes. Failures are the view's alone: EIO, logged.
+Task<Result<std::unique_ptr<image::BlockDriver>>> Catalogue::open_sub_view(ImageDir* d, SubView* v) const {
+  const std::string view = fmt::format("{}/{}/{}", d->dnode.name, v->snapshot ? "snapshots" : "partitions",
+                                       v->node.name);
+  ImageFile& image = *d->item->node.file;
+  Status st = co_await image.acquire();
+  if (!st) {  // the image's own open has logged why
+    log::error("{}: its image {} cannot be opened", view, d->path);
+    co_return Status::errorf(EIO, "{}: {}", view, st.message());
+  }
+  image::BlockDriver* disk = image.driver();
+  std::unique_ptr<image::BlockDriver> inner;
+  if (v->snapshot) {
+    auto snap = co_await disk->open_snapshot(v->info.id);
+    if (!snap) {
+      image.release();
+      log::error("{}: cannot open snapshot {} of {}: {}", view, v->info.id, d->path, snap.status().to_string());
+      co_return Status::errorf(EIO, "{}: {}", view, snap.status().message());
+    }
+    inner = std::move(*snap);
+  } else {
+    const image::Partition& p = v->partition;
+    if (p.offset > disk->size() || p.size > disk->size() - p.offset) {
+      image.release();
+      log::error("{}: the partition no longer fits the disk of {} (its table changed)", view, d->path);
+      co_return Status::errorf(EIO, "{}: the partition is outside the disk", view);
+    }
+    inner = std::make_unique<image::WindowDriver>(disk, p.offset, p.size);
+  }
+  co_return std::unique_ptr<image::BlockDriver>(std::make_unique<ImageHoldingDriver>(std::move(inner), image));
+}
+
+bool Catalogue::has_image_dir(Ino dir) const {
+  std::lock_guard lk(mu_);
+  return image_dirs_.contains(dir);
+}
+
+// partitions/ or snapshots/ is re-read when it never was, when the image file
+// changed since (not while we hold it: the lock keeps writers out), or always
+// for a read-write image (a write through the mount may not show in the
+// file's stat yet).
+bool Catalogue::image_dir_stale(Ino dir) const {
+  std::optional<struct stat> read;
+  std::string path;
+  {
+    std::lock_guard lk(mu_);
+    auto it = image_dirs_.find(dir);
+    if (it == image_dirs_.end() || dir == it->second->dnode.ino) return false;
+    const ImageDir& d = *it->second;
+    if (d.item->node.file->writable()) return true;
+    read = dir == d.parts.ino ? d.parts_read : d.snaps_read;
+    path = d.path;
+  }
+  struct stat st;
+  return !read || ::stat(path.c_str(), &st) != 0 || !unchanged(*read, st);
+}
+
+Task<Status> Catalogue::refresh_image_dir(Ino dir) {
+  ImageDir* d = nullptr;
+  bool partitions = false;
+  {
+    std::lock_guard lk(mu_);
+    auto it = image_dirs_.find(dir);
+    if (it == image_dirs_.end() || dir == it->second->dnode.ino) co_return Status::ok();  // <name>.d: fixed
+    d = it->second;
+    partitions = dir == d->parts.ino;
+  }
+  ImageFile& image = *d->item->node.file;
+  Status st = co_await image.acquire();  // the image's open logs why it fails
+  if (!st)
+    co_return st.with_context(fmt::format("listing {}/{}", d->dnode.name, partitions ? "partitions" : "snapshots"));
+  struct stat fst;
+  std::optional<struct stat> read_st;
+  if (::stat(d->path.c_str(), &fst) == 0) read_st = fst;
+  image::BlockDriver& disk = *image.driver();
+  if (partitions) {
+    auto table = co_await image::read_partition_table(disk);
+    image.release();
+    if (!table) co_return table.status().with_context(fmt::format("the partition table of {}", d->path));
+    std::lock_guard lk(mu_);
+    d->partitions.clear();
+    for (const image::Partition& p : table->partitions) d->partitions.push_back(find_or_make_partition(*d, p));
+    d->parts_read = read_st;
+    co_return Status::ok();
+  }
+  const std::vector<image::SnapshotInfo> snaps = disk.snapshots();
+  image.release();
+  std::lock_guard lk(mu_);
+  d->snapshots.clear();
+  std::vector<std::string> taken;
+  for (const image::SnapshotInfo& s : snaps) {
+    std::string name = snapshot_file_name(s.name, s.id, taken);
+    taken.push_back(name);
+    d->snapshots.push_back(find_or_make_snapshot(*d, s, std::move(name)));
+  }
+  d->has_snapshots = !snaps.empty();
+  d->snaps_read = read_st;
+  co_return Status::ok();
+}
+
 Task<Status> Catalogue::refresh(Ino dir) {
+  if (has_image_dir(dir)) co_return co_await refresh_image_dir(dir);
   auto guard = co_await refresh_mu_.lock();
   co_return co_await rescan(dir);
 }
@@ -246,6 +522,7 @@ struct Catalogue::Plan {
   bool is_image = false;
   uint64_t size = 0;
   uint64_t allocated = 0;
+  bool has_snapshots = false;
 };
 
 Task<Status> Catalogue::rescan(Ino dir_ino) {
@@ -289,13 +566,17 @@ Task<Status> Catalogue::rescan(Ino dir_ino) {
     p.is_image = r.is_image;
     p.size = r.size;
     p.allocated = r.allocated;
+    p.has_snapshots = r.has_snapshots;
   }
 
   std::lock_guard lk(mu_);
   Dir& d = *dirs_.at(dir_ino);
   std::set<std::string> taken;
   for (const Plan& p : plans)
-    if (p.existing) taken.insert(p.existing->node.name);
+    if (p.existing) {
+      taken.insert(p.existing->node.name);
+      if (p.existing->sub) taken.insert(p.existing->sub->dnode.name);
+    }
   std::vector<Item*> listing;
   for (const Plan& p : plans) {
     const Found& f = (*found)[p.found];
@@ -315,11 +596,28 @@ Task<Status> Catalogue::rescan(Ino dir_ino) {
         continue;
       }
       taken.insert(name);
+      // <name>.d beside <name>.raw (the view name's stem; a directory has none).
+      std::string d_name = is_dir ? std::string() : name.substr(0, name.size() - 4) + ".d";
       item = make_item(d, f, std::move(name));
+      if (!d_name.empty() && taken.contains(d_name)) {
+        log::warn("{}: the name {} is taken; its partitions and snapshots are not shown", join_path(rel, f.name),
+                  d_name);
+      } else if (!d_name.empty()) {
+        taken.insert(d_name);
+        make_image_dir(*item, std::move(d_name), path_of(d, f.name));
+      }
     }
-    const ViewAttrs a = initial_view_attrs(f.st, settings_.access);
-    item->node.access->change(AccessChange{a.mode, a.uid, a.gid});
-    if (p.probe) item->node.file->set_closed_attributes(p.size, p.allocated);
+    // Owner and mode follow the file's own; a chmod/chown through the mount
+    // holds until they change.
+    if (!p.existing || f.st.st_mode != item->st.st_mode || f.st.st_uid != item->st.st_uid ||
+        f.st.st_gid != item->st.st_gid) {
+      const ViewAttrs a = initial_view_attrs(f.st, settings_.access);
+      item->node.access->change(AccessChange{a.mode, a.uid, a.gid});
+    }
+    if (p.probe) {
+      item->node.file->set_closed_attributes(p.size, p.allocated);
+      if (item->sub) item->sub->has_snapshots = p.has_snapshots;
+    }
     item->st = f.st;
     listing.push_back(item);
   }
@@ -331,6 +629,10 @@ Task<Status> Catalogue::rescan(Ino dir_ino) {
 }
 
 Task<Status> Catalogue::refresh_name(Ino dir_ino, std::string name) {
+  if (has_image_dir(dir_ino)) {
+    if (image_dir_stale(dir_ino)) co_return co_await refresh_image_dir(dir_ino);
+    co_return Status::ok();
+  }
   auto guard = co_await refresh_mu_.lock();
   std::string rel, file_name;
   std::optional<timespec> read_mtime;
@@ -342,19 +644,20 @@ Task<Status> Catalogue::refresh_name(Ino dir_ino, std::string name) {
     rel = it->second->rel;
     read_mtime = it->second->read_mtime;
     for (const Item* item : it->second->listing)
-      if (item->node.name == name) {
+      if (item->node.name == name || (item->sub && item->sub->dnode.name == name)) {  // <name>.d: its image's
         file_name = item->file_name;
         item_st = item->st;
       }
   }
   const std::string dir_path = rel.empty() ? settings_.srcdir : settings_.srcdir + "/" + rel;
   struct stat st;
+  if (!file_name.empty()) {  // a listed entry stands while its file does, whatever else changed
+    if (::stat((dir_path + "/" + file_name).c_str(), &st) == 0 && unchanged(st, item_st)) co_return Status::ok();
+    co_return co_await rescan(dir_ino);  // removed, renamed, replaced or rewritten in place
+  }
   if (!read_mtime || ::stat(dir_path.c_str(), &st) != 0 || !same_time(st.st_mtim, *read_mtime))
     co_return co_await rescan(dir_ino);  // entries were added, removed or renamed since
-  if (file_name.empty()) co_return Status::ok();  // no such entry, and none appeared
-  if (::stat((dir_path + "/" + file_name).c_str(), &st) != 0 || !unchanged(st, item_st))
-    co_return co_await rescan(dir_ino);  // rewritten in place: its size may have changed
-  co_return Status::ok();
+  co_return Status::ok();  // no such entry, and none appeared
 }
 
 Task<std::optional<Catalogue::Clock::time_point>> Catalogue::close_idle() {

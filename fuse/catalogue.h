@@ -6,6 +6,10 @@
 //                            (image/probe.h; a file that probes as raw counts
 //                            only with a disk suffix, .raw .img .iso .bin, or
 //                            format= in the options file);
+//   MOUNTDIR/<name>.d/       beside every image view: partitions/pN.raw (the
+//                            partition windows of directory mode) and, when
+//                            the header lists internal snapshots,
+//                            snapshots/<snapshot>.raw (read-only);
 //   MOUNTDIR/<subdir>/       the same for SRCDIR/<subdir>/, to any depth.
 // Names follow directory mode (fuse/inode_table.h raw_view_name()); when two
 // files would get one name, the one seen later is shown as <file name>.raw.
@@ -16,11 +20,15 @@
 // and without its backing file (image/describe.h: the virtual size, the host
 // allocation), redone only when the image file's (st_dev, st_ino), mtime or
 // size change, and not at all while the image is open (its driver knows).
-// Owner, group and mode are each image file's (uid=/gid=/umask= override).
+// Owner, group and mode are each image file's (uid=/gid=/umask= override);
+// chmod/chown of a view (by the mounting user or root) change them for the
+// life of the mount, until the image file's own owner or mode change; the
+// nodes of <name>.d follow its view's, as directory mode's follow the view.
 //
 // Live: a directory is re-read (readdir and one fstatat per entry; probes only
-// for new or changed files) on every opendir, and on a lookup when the
-// directory's mtime changed since it was read or the name's file changed. An
+// for new or changed files) on every opendir; on a lookup of a listed name
+// (<name>.raw or <name>.d) only when its file changed (one stat), of any other
+// name when the directory's mtime changed since it was read. An
 // entry keeps its inode while its file keeps (st_dev, st_ino); a removed or
 // renamed file disappears from the listing, but its node (and an opened
 // image) lives on, so an open view keeps working.
@@ -31,6 +39,13 @@
 // opened through one image::SharedImages, so overlays of one base share it.
 // An image that cannot be opened fails only its own opens (EIO, the reason
 // logged).
+//
+// <name>.d: listing it opens nothing; listing partitions/ or snapshots/ (or a
+// lookup there when the image file changed since they were read, or the image
+// is read-write) holds the image while its table is read. A partition or
+// snapshot view holds its image (acquire(): opened, locked, counted as a user)
+// from its own first open until its own idle close, so the image closes one
+// idle delay after its last view of any kind.
 //
 // Thread-safety: every method may be called concurrently from any event-loop
 // thread. mu_ guards the directories and items; refreshes are serialised by
@@ -54,6 +69,7 @@
 #include "fuse/catalogue_config.h"
 #include "fuse/inode_table.h"
 #include "image/shared_images.h"
+#include "image/views/partition.h"
 #include "io/sync.h"
 
 namespace qcowfs::fuse {
@@ -92,7 +108,8 @@ class Catalogue final : public DynamicDirectory {
   // Closes every image unused for the idle delay; returns when the next one
   // may be (nullopt: none is open and unused). Close errors are logged.
   Task<std::optional<Clock::time_point>> close_idle();
-  // Images open now (main images, not counting shared backing files).
+  // Images open now (main images, not counting shared backing files or
+  // partition and snapshot views).
   size_t open_images() const;
   image::SharedImages& shared_backing() { return *shared_; }
 
@@ -102,6 +119,8 @@ class Catalogue final : public DynamicDirectory {
   struct Found;  // one entry of a directory as read from the host
   struct Probe;  // what a file's header says
   struct Plan;   // what a re-read does with one entry
+  struct SubView;   // a partition or snapshot view in <name>.d
+  struct ImageDir;  // <name>.d and its two directories
 
   Task<Status> rescan(Ino dir);
   Result<std::vector<Found>> read_directory(const std::string& rel) const;
@@ -109,6 +128,14 @@ class Catalogue final : public DynamicDirectory {
   Task<Result<std::unique_ptr<image::BlockDriver>>> open_view(std::string path, std::string view,
                                                               image::ImageOptions opts) const;
   Item* make_item(Dir& dir, const Found& f, std::string view_name);  // mu_ held
+  void make_image_dir(Item& item, std::string d_name, std::string path);  // mu_ held
+  bool has_image_dir(Ino dir) const;
+  Task<Status> refresh_image_dir(Ino dir);
+  bool image_dir_stale(Ino dir) const;
+  Task<Result<std::unique_ptr<image::BlockDriver>>> open_sub_view(ImageDir* d, SubView* v) const;
+  SubView* find_or_make_partition(ImageDir& d, const image::Partition& p);        // mu_ held
+  SubView* find_or_make_snapshot(ImageDir& d, const image::SnapshotInfo& s, std::string name);  // mu_ held
+  Node make_sub_node(const Item& item, Ino parent, NodeKind kind, std::string name);  // mu_ held
   std::string path_of(const Dir& dir, const std::string& file_name) const;
 
   const CatalogueSettings settings_;
@@ -118,6 +145,8 @@ class Catalogue final : public DynamicDirectory {
   mutable std::mutex mu_;                       // guards everything below
   std::map<Ino, std::unique_ptr<Dir>> dirs_;    // by the directory's inode (the root: kRootIno)
   std::map<Ino, std::unique_ptr<Item>> items_;  // every item ever made, by inode
+  std::map<Ino, ImageDir*> image_dirs_;         // <name>.d and its directories, by inode
+  std::map<Ino, const Node*> sub_nodes_;        // every node of a <name>.d, by inode
   Ino next_ino_ = kCatalogueInoBase;
 };
 

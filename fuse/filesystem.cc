@@ -580,12 +580,14 @@ AttrContext Filesystem::attr_context() const {
 }
 
 Status Filesystem::change_access(Ino ino, uid_t caller, const AccessChange& change) {
-  if (ino != view_)
+  const Node* node = ino == view_ ? nullptr : table_.get(ino);
+  if (ino != view_ && !(node && node->own_access && node->access))
     return Status::error(EPERM, "only the raw view's owner and mode can change; the other files follow it");
   if (!may_change_access(caller, mounter_))
     return Status::errorf(EPERM, "uid {} may not change the view's owner or mode (only the mounting user and root)",
                           caller);
-  access_.change(change);
+  if (node) node->access->change(change);  // a catalogue's view
+  else access_.change(change);
   return Status::ok();
 }
 

@@ -40,8 +40,9 @@ class Filesystem {
   // The view's current access with the mount's constant parts.
   AttrContext attr_context() const;
 
-  // chmod/chown of inode `ino` by `caller`: changes the view's access; EPERM
-  // for any other node (its access follows the view) or any other caller.
+  // chmod/chown of inode `ino` by `caller`: changes the view's access (or a
+  // catalogue view's own, Node::own_access); EPERM for any other node (its
+  // access follows a view) or any other caller.
   Status change_access(Ino ino, uid_t caller, const AccessChange& change);
 
  private:

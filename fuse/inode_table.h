@@ -42,6 +42,9 @@ struct Node {
   // The node's own owner, group and mode (a catalogue's images: each image
   // file's); nullptr: the view's (AttrContext::view).
   std::shared_ptr<ViewAccess> access;
+  // chmod/chown of this node change `access` (a catalogue's image views; the
+  // nodes that share it follow).
+  bool own_access = false;
 };
 
 // What every node's stat derives from: the view's current owner, group and

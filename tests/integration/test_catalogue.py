@@ -9,15 +9,21 @@ convert -O raw` does; an image made read-write by the options file takes fio
 removed and renamed while mounted; the lock of an open view refuses qemu-io
 writers while qemu-img info still works, and is gone after the idle delay; a
 listing opens and locks nothing; a corrupt image, one with a missing backing
-file and one with the wrong key fail only their own view, with EIO.
-Images are a few MiB; the idle delay is 0.3 s, waited for with a 10 s bound
+file and one with the wrong key fail only their own view, with EIO. Beside
+each view, <name>.d/partitions/pN.raw read as the partition's bytes of
+`qemu-img convert -O raw` and <name>.d/snapshots/<snap>.raw as `qemu-img
+convert -l snapshot.name=<snap>`; listing them opens nothing until
+partitions/ or snapshots/ is listed, and an open snapshot view holds its
+image's lock until its idle close. Images are a few MiB; the idle delay is 0.3 s, waited for with a 10 s bound
 (the machine is loaded)."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import time
@@ -103,9 +109,14 @@ def open_error(view: Path) -> int:
     return 0
 
 
-def qemu_io_write(image: Path, fmt: str = "qcow2") -> subprocess.CompletedProcess:
+def qemu_io_write(image: Path, fmt: str = "qcow2", offset: int = 0) -> subprocess.CompletedProcess:
     """qemu-io opening image read-write (as a VM would) and writing zeros where it reads as zeros."""
-    return helpers.run(["qemu-io", "-f", fmt, "-c", "write -P 0 0 4k", image], check=False, timeout=60)
+    return helpers.run(["qemu-io", "-f", fmt, "-c", f"write -P 0 {offset} 4k", image], check=False, timeout=60)
+
+
+def with_dirs(*views: str) -> list[str]:
+    """A catalogue listing: each <name>.raw view with its <name>.d beside it, sorted."""
+    return sorted([*views, *(v[:-len(".raw")] + ".d" for v in views if v.endswith(".raw"))])
 
 
 def lock_refused(proc: subprocess.CompletedProcess) -> bool:
@@ -145,10 +156,10 @@ def test_mixed_directory_reads_like_qemu_and_fails_alone(workdir):
     refs_by_view["enc.raw"] = enc_ref
 
     with helpers.mounted(src, mnt) as m:
-        assert sorted(os.listdir(mnt)) == sorted(
-            ["base.raw", "vm1.raw", "vm2.raw", "disk.raw", "win.raw", "vbox.raw", "enc.raw", "enc-wrongkey.raw",
-             "corrupt.raw", "orphan.raw", "sub"])
-        assert os.listdir(mnt / "sub") == ["plain.raw"]
+        assert sorted(os.listdir(mnt)) == with_dirs(
+            "base.raw", "vm1.raw", "vm2.raw", "disk.raw", "win.raw", "vbox.raw", "enc.raw", "enc-wrongkey.raw",
+            "corrupt.raw", "orphan.raw", "sub")
+        assert sorted(os.listdir(mnt / "sub")) == with_dirs("plain.raw")
         # Listing (and stat) opened nothing: no image is locked.
         for view, ref in refs_by_view.items():
             assert (mnt / view).stat().st_size == ref.stat().st_size, view
@@ -186,7 +197,7 @@ def test_live_directory_lock_idle_close_and_rw(workdir):
     ro_ref = raw_ref(ro, workdir / "before", "qcow2")
 
     with helpers.mounted(src, mnt, [f"idle-timeout={IDLE}"]) as m:
-        assert sorted(os.listdir(mnt)) == ["ro.raw", "rw.raw"]
+        assert sorted(os.listdir(mnt)) == with_dirs("ro.raw", "rw.raw")
         # An open read-only view: readers share it, writers are refused by the lock.
         with open(mnt / "ro.raw", "rb") as f:
             assert f.read(4096) == ro_ref.read_bytes()[:4096]
@@ -196,7 +207,7 @@ def test_live_directory_lock_idle_close_and_rw(workdir):
             os.rename(ro, src / "moved.qcow2")
             f.seek(128 * 1024)
             assert f.read(64 * 1024) == ro_ref.read_bytes()[128 * 1024:192 * 1024]
-            assert sorted(os.listdir(mnt)) == ["moved.raw", "rw.raw"]
+            assert sorted(os.listdir(mnt)) == with_dirs("moved.raw", "rw.raw")
         # After the idle delay the image is closed: the lock is gone.
         deadline = time.monotonic() + IDLE_BOUND_S
         while lock_refused(proc := qemu_io_write(src / "moved.qcow2")) and time.monotonic() < deadline:
@@ -209,7 +220,7 @@ def test_live_directory_lock_idle_close_and_rw(workdir):
         assert "new.raw" in os.listdir(mnt)
         (src / "new.qcow2").unlink()
         assert not (mnt / "new.raw").exists()
-        assert sorted(os.listdir(mnt)) == ["moved.raw", "rw.raw"]
+        assert sorted(os.listdir(mnt)) == with_dirs("moved.raw", "rw.raw")
 
         # The read-write image (from .qcowfs.conf): fio writes and verifies.
         assert os.stat(mnt / "moved.raw").st_mode & 0o222 == 0
@@ -234,3 +245,94 @@ def test_bad_options_file_is_refused_at_mount(workdir):
     (src / ".qcowfs.conf").write_text("*.qcow2 rw\n*.vmdk writeback=yes\n")
     code, text = helpers.mount_fails(src, mnt)
     assert ".qcowfs.conf:2" in text and "writeback=yes" in text, text
+
+
+def partition_layout(disk: Path) -> dict[int, tuple[int, int]]:
+    """{partition number: (offset, size)} as sfdisk reads them."""
+    table = json.loads(helpers.run(["sfdisk", "-J", disk]).stdout)["partitiontable"]
+    return {int(p["node"].rsplit(disk.name, 1)[1].lstrip("p")): (p["start"] * 512, p["size"] * 512)
+            for p in table["partitions"]}
+
+
+def test_partitions_and_snapshots_beside_each_view(workdir):
+    src, mnt = workdir / "src", workdir / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    # An MBR-partitioned disk made as a raw file, converted to qcow2; snapshot s1, then the
+    # current state made to differ from it.
+    raw = workdir / "parted.img"
+    qemu_img("create", "-q", "-f", "raw", raw, "8M")
+    helpers.run(["sfdisk", "-q", "--no-reread", "--no-tell-kernel", raw], input=b"label: dos\n2048,4096,L\n,,L\n")
+    layout = partition_layout(raw)
+    assert sorted(layout) == [1, 2]
+    helpers.qemu_io(raw, "write -q -P 0x11 1M 64k", "write -q -P 0x22 3M 64k", fmt="raw")
+    disk = src / "disk.qcow2"
+    qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, disk)
+    qemu_img("snapshot", "-c", "s1", disk)
+    helpers.qemu_io(disk, "write -q -P 0x33 1M 64k", fmt="qcow2")
+    make_qcow2(src / "plain.qcow2", 2)
+    corrupt_qcow2(src / "corrupt.qcow2")
+    (src / ".qcowfs.conf").write_text("disk.qcow2 rw\n")
+    full = helpers.convert_to_raw(disk, workdir / "disk.ref", fmt="qcow2").read_bytes()
+    s1 = helpers.convert_to_raw(disk, workdir / "s1.ref", fmt="qcow2", snapshot="s1")
+    assert s1.read_bytes() != full  # the snapshot view must not pass by showing the current disk
+    part = mnt / "disk.d" / "partitions"
+    snap = mnt / "disk.d" / "snapshots" / "s1.raw"
+
+    with helpers.mounted(src, mnt, [f"idle-timeout={IDLE}"]) as m:
+        assert sorted(os.listdir(mnt)) == with_dirs("corrupt.raw", "disk.raw", "plain.raw")
+        assert sorted(os.listdir(mnt / "disk.d")) == ["partitions", "snapshots"]  # s1 is in the header
+        assert os.listdir(mnt / "plain.d") == ["partitions"]
+        assert stat.S_ISDIR(os.stat(mnt / "disk.d").st_mode)
+        assert "corrupt.qcow2" not in m.stderr(), m.stderr()
+        # Listing MOUNTDIR and <name>.d opened nothing: no lock is held (zeros written over zeros).
+        proc = qemu_io_write(disk, offset=6 * MiB)
+        assert proc.returncode == 0 and not lock_refused(proc), proc.stderr.decode(errors="replace")
+
+        assert sorted(os.listdir(part)) == ["p1.raw", "p2.raw"]
+        assert os.listdir(mnt / "plain.d" / "partitions") == []
+        assert os.listdir(mnt / "corrupt.d" / "partitions") == []  # its failure is its own
+        assert "corrupt.qcow2" in m.stderr(), m.stderr()
+        for n, (offset, size) in layout.items():
+            assert (part / f"p{n}.raw").stat().st_size == size
+            with open(part / f"p{n}.raw", "rb") as f:
+                assert f.read() == full[offset:offset + size], f"p{n}.raw differs from qemu-img convert"
+        assert os.listdir(mnt / "disk.d" / "snapshots") == ["s1.raw"]
+        assert helpers.files_equal(snap, s1)
+        # A snapshot is read-only in a read-write image; its partitions follow the image.
+        assert os.stat(snap).st_mode & 0o222 == 0 and os.stat(part / "p1.raw").st_mode & 0o200
+        try:
+            open(snap, "r+b").close()
+            raise AssertionError("a snapshot view opened for writing")
+        except OSError as e:
+            assert e.errno == errno.EROFS, e
+        # chmod/chown of a view as directory mode allows it; its <name>.d follows; others refuse.
+        os.chmod(mnt / "disk.raw", 0o600)
+        os.listdir(mnt)  # a re-read keeps it: the image file's own mode did not change
+        assert os.stat(mnt / "disk.raw").st_mode & 0o777 == 0o600
+        assert os.stat(part / "p1.raw").st_mode & 0o777 == 0o600
+        try:
+            os.chmod(part / "p1.raw", 0o644)
+            raise AssertionError("chmod of a partition view succeeded")
+        except OSError as e:
+            assert e.errno == errno.EPERM, e
+
+        # A write through a partition view lands at the partition's offset of the image.
+        offset2 = layout[2][0]
+        with open(part / "p2.raw", "r+b") as f:
+            f.seek(128 * 1024)
+            f.write(b"\x5a" * 4096)
+        # An open snapshot view holds its image (locked); after its idle close and the image's,
+        # the lock is gone.
+        with open(snap, "rb") as f:
+            assert f.read(4096) == s1.read_bytes()[:4096]
+            assert lock_refused(qemu_io_write(disk, offset=6 * MiB))
+        deadline = time.monotonic() + IDLE_BOUND_S
+        while lock_refused(proc := qemu_io_write(disk, offset=6 * MiB)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.returncode == 0 and not lock_refused(proc), proc.stderr.decode(errors="replace")
+    helpers.qemu_img_check(disk)
+    after = helpers.convert_to_raw(disk, workdir / "after.ref", fmt="qcow2").read_bytes()
+    expected = bytearray(full)
+    expected[offset2 + 128 * 1024:offset2 + 132 * 1024] = b"\x5a" * 4096
+    assert after == bytes(expected)
