@@ -8,12 +8,14 @@ reads the snapshot.
 
 "As the disk was at the snapshot" is checkable because a writer stamps every
 4 KiB block it writes with a sequence number (and the block's index, 256
-times over), round robin over the disk, while `snapshot -c` runs. The
-snapshot must then hold a prefix of the writes: with P its highest stamp,
-every block holds the last write to it numbered <= P (nothing older, nothing
-newer, nothing torn), and P lies between the last write acknowledged before
-the command started and the last acknowledged when it returned (+1: the
-writer notes an acknowledgement just after the write returns).
+times over), round robin over its own quarter of the disk, four writers at
+once (so up to four writes are in flight when the mount quiesces), while
+`snapshot -c` runs. The snapshot must then hold a prefix of each writer's
+writes: with P its highest stamp there, each of its blocks holds its last
+write to it numbered <= P (nothing older, nothing newer, nothing torn), and P
+lies between its last write acknowledged before the command started and its
+last acknowledged when it returned (+1: a writer notes an acknowledgement just
+after the write returns).
 
 `--external` is checked the same way on the old top, read by qemu-img (check,
 convert, compare) while the mount goes on writing into the new overlay.
@@ -65,15 +67,23 @@ def stamp(seq: int, block: int) -> bytes:
     return struct.pack("<QQ", seq, block) * (BLOCK // 16)
 
 
-class Writer(threading.Thread):
-    """Writes stamp(seq, seq % BLOCKS) at block seq % BLOCKS, seq = 1, 2, ..."""
+WRITERS = 4  # threads, each with its own blocks and numbering: up to 4 writes in flight
+SPAN = BLOCKS // WRITERS  # blocks per writer: writer k owns blocks k, k + WRITERS, ...
 
-    def __init__(self, path: Path):
+
+class Writer(threading.Thread):
+    """Writer k: its write seq (1, 2, ...) goes to its block (seq % SPAN)."""
+
+    def __init__(self, path: Path, k: int):
         super().__init__(daemon=True)
         self.path = path
+        self.k = k
         self.acked = 0  # the last seq whose pwrite returned
         self.error: BaseException | None = None
         self.stop = threading.Event()
+
+    def block(self, seq: int) -> int:
+        return self.k + WRITERS * (seq % SPAN)
 
     def run(self) -> None:
         try:
@@ -82,27 +92,50 @@ class Writer(threading.Thread):
                 seq = 0
                 while not self.stop.is_set():
                     seq += 1
-                    block = seq % BLOCKS
-                    assert os.pwrite(fd, stamp(seq, block), block * BLOCK) == BLOCK
+                    b = self.block(seq)
+                    assert os.pwrite(fd, stamp(seq, b), b * BLOCK) == BLOCK
                     self.acked = seq
             finally:
                 os.close(fd)
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
 
-    def wait_for(self, n: int) -> None:
+
+class Writers:
+    def __init__(self, path: Path):
+        self.threads = [Writer(path, k) for k in range(WRITERS)]
+
+    def __enter__(self) -> "Writers":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for t in self.threads:
+            t.stop.set()
+        for t in self.threads:
+            t.join()
+        self.check()
+
+    def check(self) -> None:
+        for t in self.threads:
+            assert t.error is None, t.error
+
+    def acked(self) -> list[int]:
+        return [t.acked for t in self.threads]
+
+    def wait_for(self, counts: list[int]) -> None:
         deadline = time.monotonic() + 30
-        while self.acked < n and self.error is None:
-            assert time.monotonic() < deadline, "the writer made no progress"
+        while any(t.acked < n for t, n in zip(self.threads, counts)):
+            self.check()
+            assert time.monotonic() < deadline, "the writers made no progress"
             time.sleep(0.01)
-        assert self.error is None, self.error
+        self.check()
 
 
-def last_write(block: int, upto: int) -> int:
-    """The seq of the last write to block numbered <= upto (0: none)."""
-    if upto < block and block != 0:
-        return 0
-    seq = upto - ((upto - block) % BLOCKS)
+def last_write(j: int, upto: int) -> int:
+    """The seq of a writer's last write numbered <= upto to its j-th block (0: none)."""
+    seq = upto - ((upto - j) % SPAN)
     return seq if seq > 0 else 0
 
 
@@ -122,12 +155,25 @@ def stamps(raw: Path) -> list[int]:
     return out
 
 
-def assert_prefix(seqs: list[int], low: int, high: int) -> None:
-    """seqs is the disk after writes 1..P exactly, for some low <= P <= high."""
-    p = max(seqs)
-    assert low <= p <= high, f"snapshot at write {p}, not within [{low}, {high}]"
-    wrong = [b for b in range(BLOCKS) if seqs[b] != last_write(b, p)]
-    assert not wrong, f"blocks {wrong[:8]} do not hold the last write <= {p}"
+def writer_blocks(seqs: list[int], k: int) -> list[int]:
+    """Writer k's blocks, j = 0 .. SPAN-1."""
+    return [seqs[k + WRITERS * j] for j in range(SPAN)]
+
+
+def assert_prefix(seqs: list[int], low: list[int], high: list[int]) -> None:
+    """Each writer's blocks are the disk after its writes 1..P exactly, for
+    some low <= P <= high (its acknowledged writes at the two moments)."""
+    for k in range(WRITERS):
+        mine = writer_blocks(seqs, k)
+        p = max(mine)
+        assert low[k] <= p <= high[k], f"writer {k}: snapshot at write {p}, not within [{low[k]}, {high[k]}]"
+        wrong = [j for j in range(SPAN) if mine[j] != last_write(j, p)]
+        assert not wrong, f"writer {k}: blocks {wrong[:8]} do not hold the last write <= {p}"
+
+
+def assert_final(seqs: list[int], final: list[int]) -> None:
+    for k in range(WRITERS):
+        assert writer_blocks(seqs, k) == [last_write(j, final[k]) for j in range(SPAN)], f"writer {k}"
 
 
 def test_live_internal_snapshot_while_writing(workdir):
@@ -140,20 +186,14 @@ def test_live_internal_snapshot_while_writing(workdir):
     os.chmod(workdir, 0o755)
     os.chmod(image, 0o666)
     with helpers.mounted(image, workdir / "view", ["rw"]) as m:
-        writer = Writer(m.path)
-        writer.start()
-        try:
-            writer.wait_for(2 * BLOCKS)  # every block written, some twice
-            low = writer.acked
+        with Writers(m.path) as w:
+            w.wait_for([2 * SPAN] * WRITERS)  # every block written, some twice
+            low = w.acked()
             r = qcowfs_snapshot("-c", "s1", image)
-            high = writer.acked + 1
+            high = [n + 1 for n in w.acked()]
             assert r.returncode == 0, r.stderr.decode()
-            writer.wait_for(high + BLOCKS)  # it goes on writing after the snapshot
-        finally:
-            writer.stop.set()
-            writer.join()
-        assert writer.error is None, writer.error
-        final = writer.acked
+            w.wait_for([n + SPAN for n in high])  # they go on writing after the snapshot
+        final = w.acked()
 
         listing = qcowfs_snapshot("-l", image)
         assert listing.returncode == 0 and " s1 " in listing.stdout.decode(), listing.stderr.decode()
@@ -173,8 +213,7 @@ def test_live_internal_snapshot_while_writing(workdir):
     snap = workdir / "s1.raw"
     helpers.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-l", "snapshot.name=s1", image, snap])
     assert_prefix(stamps(snap), low, high)
-    active = helpers.convert_to_raw(image, workdir / "active.raw")
-    assert stamps(Path(active)) == [last_write(b, final) for b in range(BLOCKS)]
+    assert_final(stamps(helpers.convert_to_raw(image, workdir / "active.raw")), final)
 
     # Offline again: a stale socket is skipped (and removed), the image opened.
     stale_socket(sock)
@@ -195,32 +234,25 @@ def test_live_external_snapshot_while_writing(workdir):
     helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
     overlay = workdir / "new.qcow2"
     with helpers.mounted(image, workdir / "view", ["rw"]) as m:
-        writer = Writer(m.path)
-        writer.start()
-        try:
-            writer.wait_for(2 * BLOCKS)
-            low = writer.acked
+        with Writers(m.path) as w:
+            w.wait_for([2 * SPAN] * WRITERS)
+            low = w.acked()
             r = qcowfs_snapshot("--external", overlay, image)
-            high = writer.acked + 1
+            high = [n + 1 for n in w.acked()]
             assert r.returncode == 0, r.stderr.decode()
-            writer.wait_for(high + BLOCKS)
+            w.wait_for([n + SPAN for n in high])
             # The mount writes on into the overlay; the old top is a stable
             # image QEMU reads with its own (shared) locks meanwhile.
             helpers.qemu_img_check(image)
             old = helpers.convert_to_raw(image, workdir / "old.raw", fmt="qcow2")
             r = helpers.run(["qemu-img", "compare", "-f", "qcow2", "-F", "raw", image, old], check=False)
             assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
-            writer.wait_for(writer.acked + BLOCKS)
-        finally:
-            writer.stop.set()
-            writer.join()
-        assert writer.error is None, writer.error
-        final = writer.acked
+            w.wait_for([n + SPAN for n in w.acked()])
+        final = w.acked()
         assert control_socket(overlay).is_socket() and not control_socket(image).exists()
     assert_prefix(stamps(old), low, high)
     info = helpers.qemu_img_info(overlay)
     assert info["backing-filename"] == str(image) and info["backing-filename-format"] == "qcow2", info
     helpers.qemu_img_check(overlay)
     helpers.qemu_img_check(image)
-    active = helpers.convert_to_raw(overlay, workdir / "active.raw")
-    assert stamps(active) == [last_write(b, final) for b in range(BLOCKS)]
+    assert_final(stamps(helpers.convert_to_raw(overlay, workdir / "active.raw")), final)
