@@ -203,6 +203,16 @@ def test_live_internal_snapshot_while_writing(workdir):
         assert r.returncode == 1 and "unmount it first" in r.stderr.decode(), r.stderr.decode()
         r = qcowfs_snapshot("-c", "x", image, user=True)
         assert r.returncode == 1 and "only the mount's owner and root" in r.stderr.decode(), r.stderr.decode()
+        # With the directory and socket opened up, the daemon's SO_PEERCRED
+        # check still refuses the other user.
+        os.chmod(sock.parent, 0o711)
+        os.chmod(sock, 0o666)
+        try:
+            r = qcowfs_snapshot("-c", "x", image, user=True)
+        finally:
+            os.chmod(sock, 0o600)
+            os.chmod(sock.parent, 0o700)
+        assert r.returncode == 1 and "only that user and root may use" in r.stderr.decode(), r.stderr.decode()
         assert qcowfs_snapshot("-c", "s2", image).returncode == 0
         r = qcowfs_snapshot("-d", "s2", image)
         assert r.returncode == 0, r.stderr.decode()
