@@ -61,6 +61,8 @@ class ImageFile {
   ImageFile(const ImageFile&) = delete;
   ImageFile& operator=(const ImageFile&) = delete;
 
+  // The snapshot this view shows (snapshots/), "" for any other view.
+  const std::string& snapshot_id() const { return snapshot_id_; }
   // Opens the snapshot on first use; a no-op for the main view.
   Task<Status> ensure_open();
   // The driver, or nullptr for a snapshot not opened yet.

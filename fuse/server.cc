@@ -19,6 +19,7 @@
 
 #include "fuse/partitions_dir.h"
 #include "image/views/throwaway.h"
+#include "io/forwarding_file.h"
 #include "io/log.h"
 #include "io/remote/remote_options.h"
 #include "io/run_sync.h"
@@ -177,6 +178,7 @@ Result<std::unique_ptr<Server>> Server::start(const Options& opts) {
   if (st) st = catalogue ? s->open_catalogue() : s->open_image();
   if (st && s->status_.has_status_file()) st = s->status_.at_mount();
   if (st) st = catalogue ? s->build_catalogue() : s->build_filesystem();
+  if (st) st = s->start_control();  // before the mount: a client that sees the mount finds the socket
   if (st) st = s->mount();
   if (st) st = s->start_loops();
   if (st) st = s->wait_until_ready();
@@ -215,6 +217,24 @@ Status Server::open_image() {
   // (image/backing.h): what the overlay holds is served, the rest fails with EIO.
   image::ImageOptions image_options = opts_.image_options;
   image_options.defer_remote_backing = true;
+  if (!opts_.throwaway && !io::is_remote_location(opts_.image)) {
+    // The file stays open (and locked) across live snapshots' reopens.
+    auto file = io::open_host_file(opts_.image, image_options.file);
+    if (!file) return file.status();
+    live_files_.image = opts_.image;
+    live_files_.top = std::move(*file);
+    image_options_ = image_options;
+    auto lent = std::make_unique<io::ForwardingFile>(*live_files_.top);
+    auto driver =
+        io::run_sync(*main_engine_, image::open_image_file(std::move(lent), opts_.image, std::move(image_options)));
+    if (!driver) return driver.status();
+    auto live = std::make_unique<LiveDriver>(std::move(*driver));
+    live_ = live.get();
+    driver_ = std::move(live);
+    log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
+               driver_->read_only() ? "read-only" : "read-write");
+    return Status::ok();
+  }
   auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, std::move(image_options)));
   if (!driver) return driver.status();
   if (opts_.throwaway) {
@@ -274,6 +294,36 @@ Status Server::build_catalogue() {
   table.set_dynamic(std::move(pending_catalogue_));
   fs_ = std::make_unique<Filesystem>(std::move(table), *ctx, Ino{0}, ::getuid());  // no view to chmod
   return Status::ok();
+}
+
+// The control socket of a local single image (none for a catalogue, a URL or
+// a throwaway mount). One that cannot be made only loses live snapshots.
+Status Server::start_control() {
+  if (!live_) return Status::ok();
+  LiveSnapshots::Config c;
+  c.mountpoint = opts_.mountpoint;
+  c.options = image_options_;
+  c.files = &live_files_;
+  c.driver = live_;
+  c.writable = writable_mount();
+  c.owner = ::getuid();
+  c.open_snapshot_views = [this] { return open_snapshot_views(); };
+  auto control = LiveSnapshots::start(std::move(c));
+  if (!control) {
+    log::warn("no control socket for {} (no live snapshots): {}", opts_.image, control.status().to_string());
+    return Status::ok();
+  }
+  control_ = std::move(*control);
+  log::debug("control socket {}", control_->socket_path());
+  return Status::ok();
+}
+
+std::vector<std::string> Server::open_snapshot_views() const {
+  std::vector<std::string> ids;
+  if (!fs_) return ids;
+  for (const ImageFile* f : fs_->table().image_files())
+    if (!f->snapshot_id().empty() && f->driver()) ids.push_back(f->snapshot_id());
+  return ids;
 }
 
 bool Server::writable_mount() const {
@@ -497,12 +547,15 @@ void Server::close_idle_images() {
 // timeouts, the idle write-back or a catalogue's idle closes, and the status
 // file's rewrite. SIGUSR1 reports the statistics and goes on waiting.
 void Server::wait_for_end() {
-  // idle_fd_ is -1 (ignored by poll) unless this is a catalogue.
-  pollfd fds[3] = {{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {idle_fd_.get(), POLLIN, 0}};
+  // idle_fd_ is -1 (ignored by poll) unless this is a catalogue; so is the
+  // control socket's without one.
+  pollfd fds[4] = {
+      {signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {idle_fd_.get(), POLLIN, 0}, {-1, POLLIN, 0}};
   for (;;) {
+    fds[3].fd = control_ ? control_->fd() : -1;  // an external snapshot moves it to the new overlay's
     int timeout = idle_timeout_ms();
     if (status_.has_status_file()) timeout = timeout < 0 ? kStatusIntervalMs : std::min(timeout, kStatusIntervalMs);
-    int n = ::poll(fds, 3, timeout);
+    int n = ::poll(fds, 4, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
       break;
@@ -512,6 +565,10 @@ void Server::wait_for_end() {
       else if (!driver_->read_only()) idle_writeback();
       status_.refresh();
       continue;
+    }
+    if (fds[3].revents) {
+      control_->serve_one(*main_engine_);  // a live snapshot request
+      if (!(fds[0].revents | fds[1].revents | fds[2].revents)) continue;
     }
     if (!(fds[0].revents | fds[1].revents)) {
       close_idle_images();  // a view's last user released it
@@ -544,6 +601,7 @@ Status Server::run() {
 
 Status Server::shutdown() {
   shut_down_ = true;
+  control_.reset();  // no more requests: the socket file goes
   for (auto& loop : loops_) loop->request_stop();
   for (auto& loop : loops_) loop->join();
   {

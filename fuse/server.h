@@ -39,6 +39,7 @@
 #include "fuse/catalogue.h"
 #include "fuse/event_loop.h"
 #include "fuse/filesystem.h"
+#include "fuse/live_snapshot.h"
 #include "fuse/options.h"
 #include "fuse/passthrough.h"
 #include "fuse/remote_status.h"
@@ -68,6 +69,8 @@ class Server {
   explicit Server(Options opts);
   Status setup_signals();
   Status open_image();
+  Status start_control();
+  std::vector<std::string> open_snapshot_views() const;
   Status open_catalogue();
   Status build_filesystem();
   Status build_catalogue();
@@ -105,10 +108,17 @@ class Server {
   // filesystem it points to, the filesystem (snapshot views) before the image.
   std::unique_ptr<io::Engine> main_engine_;
   unsigned idle_failures_ = 0;  // consecutive failed idle write-backs (main thread only)
+  // A local image: its host file, opened (and locked) here and lent to the
+  // driver, so that a live snapshot can close and reopen the driver on it
+  // (fuse/live_snapshot.h); driver_ is then a LiveDriver (live_).
+  LiveFiles live_files_;
+  image::ImageOptions image_options_;  // as driver_ was opened
   std::unique_ptr<image::BlockDriver> driver_;
+  LiveDriver* live_ = nullptr;
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<MountedSession> session_;
   ImageFile* main_view_ = nullptr;  // owned by fs_
+  std::unique_ptr<LiveSnapshots> control_;  // the control socket, once mounted
   // A catalogue mount: the catalogue (built by open_catalogue(), then owned
   // by fs_'s table), the eventfd its idle views write to, and when the next
   // idle image may be closed.

@@ -1,0 +1,161 @@
+#include "fuse/live_driver.h"
+
+#include "io/buffer.h"
+
+namespace qcowfs::fuse {
+
+// Counts one admitted call out when the call is done.
+class LiveDriver::Admission {
+ public:
+  explicit Admission(LiveDriver& d) : d_(d) {}
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+  ~Admission() { d_.leave(); }
+
+ private:
+  LiveDriver& d_;
+};
+
+struct LiveDriver::EnterAwaiter {
+  LiveDriver& d;
+  bool await_ready() const noexcept {
+    d.admitted_.fetch_add(1);
+    if (!d.paused_.load()) return true;  // the common case: no lock
+    d.leave();                           // paused: back out, then queue
+    return false;
+  }
+  bool await_suspend(std::coroutine_handle<> h) {
+    std::lock_guard lk(d.mu_);
+    if (!d.paused_.load()) {  // resumed meanwhile
+      d.admitted_.fetch_add(1);
+      return false;
+    }
+    d.queued_.push_back(io::Waiter{h, io::Engine::current()});  // counted in by resume()
+    return true;
+  }
+  void await_resume() const noexcept {}
+};
+
+struct LiveDriver::DrainAwaiter {
+  LiveDriver& d;
+  bool await_ready() const noexcept { return false; }
+  bool await_suspend(std::coroutine_handle<> h) {
+    std::lock_guard lk(d.mu_);
+    d.paused_.store(true);
+    if (d.admitted_.load() == 0) return false;
+    d.drainer_ = io::Waiter{h, io::Engine::current()};
+    return true;
+  }
+  void await_resume() const noexcept {}
+};
+
+LiveDriver::LiveDriver(std::unique_ptr<image::BlockDriver> driver) {
+  current_.store(driver.get(), std::memory_order_release);
+  drivers_.push_back(std::move(driver));
+}
+
+LiveDriver::EnterAwaiter LiveDriver::enter() { return EnterAwaiter{*this}; }
+
+void LiveDriver::leave() {
+  if (admitted_.fetch_sub(1) != 1 || !paused_.load()) return;
+  std::optional<io::Waiter> drainer;
+  {
+    std::lock_guard lk(mu_);
+    if (admitted_.load() == 0 && drainer_) drainer = std::exchange(drainer_, std::nullopt);
+  }
+  if (drainer) drainer->wake();
+}
+
+Task<void> LiveDriver::pause() { co_await DrainAwaiter{*this}; }
+
+void LiveDriver::resume() {
+  std::vector<io::Waiter> queued;
+  {
+    std::lock_guard lk(mu_);
+    admitted_.fetch_add(queued_.size());
+    paused_.store(false);
+    queued.swap(queued_);
+  }
+  for (const io::Waiter& w : queued) w.wake();
+}
+
+void LiveDriver::replace(std::unique_ptr<image::BlockDriver> driver, Status why) {
+  broken_ = driver ? Status::ok() : (why.is_ok() ? Status::error(EIO, "the image could not be reopened") : why);
+  current_.store(driver.get(), std::memory_order_release);
+  if (driver) drivers_.push_back(std::move(driver));
+}
+
+Result<image::BlockDriver*> LiveDriver::admitted_driver() const {
+  image::BlockDriver* d = current();
+  if (!d) return Status::error(EIO, broken_.message());
+  return d;
+}
+
+std::string_view LiveDriver::format_name() const {
+  auto* d = current();
+  return d ? d->format_name() : "none";
+}
+uint64_t LiveDriver::size() const {
+  auto* d = current();
+  return d ? d->size() : 0;
+}
+bool LiveDriver::read_only() const {
+  auto* d = current();
+  return d ? d->read_only() : true;
+}
+size_t LiveDriver::mem_align() const {
+  auto* d = current();
+  return d ? d->mem_align() : io::kMinMemAlign;
+}
+uint64_t LiveDriver::allocated_bytes() const {
+  auto* d = current();
+  return d ? d->allocated_bytes() : 0;
+}
+io::HostFile* LiveDriver::identity_file() {
+  auto* d = current();
+  return d ? d->identity_file() : nullptr;
+}
+image::ImageDetails LiveDriver::details() const {
+  auto* d = current();
+  return d ? d->details() : image::ImageDetails{};
+}
+std::vector<image::SnapshotInfo> LiveDriver::snapshots() const {
+  auto* d = current();
+  return d ? d->snapshots() : std::vector<image::SnapshotInfo>{};
+}
+
+// Each call: admitted through the gate, then run on the current driver.
+#define QCOWFS_LIVE_CALL(call)                  \
+  co_await enter();                             \
+  Admission admission(*this);                   \
+  auto d = admitted_driver();                   \
+  if (!d) co_return d.status();                 \
+  co_return co_await (*d)->call
+
+Task<Status> LiveDriver::read(uint64_t off, std::span<std::byte> buf) { QCOWFS_LIVE_CALL(read(off, buf)); }
+Task<Status> LiveDriver::write(uint64_t off, std::span<const std::byte> buf) { QCOWFS_LIVE_CALL(write(off, buf)); }
+Task<Status> LiveDriver::flush() { QCOWFS_LIVE_CALL(flush()); }
+Task<Status> LiveDriver::discard(uint64_t off, uint64_t len) { QCOWFS_LIVE_CALL(discard(off, len)); }
+Task<Status> LiveDriver::write_zeroes(uint64_t off, uint64_t len, bool may_unmap) {
+  QCOWFS_LIVE_CALL(write_zeroes(off, len, may_unmap));
+}
+Task<Status> LiveDriver::truncate(uint64_t new_size) { QCOWFS_LIVE_CALL(truncate(new_size)); }
+Task<Result<image::BlockStatus>> LiveDriver::block_status(uint64_t off, uint64_t len) {
+  QCOWFS_LIVE_CALL(block_status(off, len));
+}
+Task<Status> LiveDriver::idle_writeback() { QCOWFS_LIVE_CALL(idle_writeback()); }
+Task<Result<std::unique_ptr<image::BlockDriver>>> LiveDriver::open_snapshot(std::string id_or_name) {
+  QCOWFS_LIVE_CALL(open_snapshot(std::move(id_or_name)));
+}
+#undef QCOWFS_LIVE_CALL
+
+// The last call: a driver that could not be reopened has nothing to close.
+Task<Status> LiveDriver::close() {
+  co_await enter();
+  Admission admission(*this);
+  image::BlockDriver* d = current();
+  if (!d) co_return Status::ok();
+  co_return co_await d->close();
+}
+
+}  // namespace qcowfs::fuse

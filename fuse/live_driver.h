@@ -1,0 +1,91 @@
+// LiveDriver: the driver a single-image mount serves, standing in front of the
+// image's real driver so that the control socket (fuse/live_snapshot.h) can
+// quiesce the image and put a reopened driver in its place while the mount
+// stays up.
+//
+// Every asynchronous call (read, write, flush, discard, write_zeroes,
+// truncate, block_status, idle_writeback, close) passes a gate: while the gate
+// is open it counts itself in and runs on the current driver; once pause() has
+// closed it, new calls wait in a queue (they do not fail) and pause() returns
+// when the calls already admitted have finished. The paused owner may then
+// replace() the driver; resume() lets the queued calls in, onto the new one.
+// The synchronous getters (size(), read_only(), ...) read whichever driver is
+// current, without a lock; so that one never reads a freed driver, a replaced
+// driver (closed) is kept until the LiveDriver goes, at unmount. Snapshots are
+// rare: each costs the closed driver's memory (mostly its caches' buffers).
+//
+// Thread-safety: as BlockDriver; pause(), replace() and resume() are called by
+// one owner at a time (the server's main thread), pause() on a thread with an
+// Engine (it may wait).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "image/block_driver.h"
+#include "io/sync.h"
+
+namespace qcowfs::fuse {
+
+class LiveDriver final : public image::BlockDriver {
+ public:
+  explicit LiveDriver(std::unique_ptr<image::BlockDriver> driver);
+
+  // Stops admitting calls and waits for the admitted ones to finish.
+  Task<void> pause();
+  // Lets the queued calls and every later one in.
+  void resume();
+  // While paused: the driver calls go to from now on (the previous one,
+  // closed by the caller, is kept). Null: every call fails with `why` (EIO).
+  void replace(std::unique_ptr<image::BlockDriver> driver, Status why = {});
+  // Why there is no current driver (the owner's thread only).
+  Status broken() const { return broken_; }
+  // The current driver (null after a failed reopen).
+  image::BlockDriver* current() const { return current_.load(std::memory_order_acquire); }
+
+  std::string_view format_name() const override;
+  uint64_t size() const override;
+  bool read_only() const override;
+  size_t mem_align() const override;
+  Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
+  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
+  Task<Status> flush() override;
+  Task<Status> discard(uint64_t off, uint64_t len) override;
+  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override;
+  Task<Status> truncate(uint64_t new_size) override;
+  Task<Result<image::BlockStatus>> block_status(uint64_t off, uint64_t len) override;
+  uint64_t allocated_bytes() const override;
+  Task<Status> close() override;
+  Task<Status> idle_writeback() override;
+  io::HostFile* identity_file() override;
+  image::ImageDetails details() const override;
+  std::vector<image::SnapshotInfo> snapshots() const override;
+  Task<Result<std::unique_ptr<image::BlockDriver>>> open_snapshot(std::string id_or_name) override;
+
+ private:
+  class Admission;  // one admitted call: counted out on destruction
+  struct EnterAwaiter;
+  struct DrainAwaiter;
+  EnterAwaiter enter();
+  void leave();
+  // The current driver for an admitted call, or why there is none.
+  Result<image::BlockDriver*> admitted_driver() const;
+
+  std::atomic<image::BlockDriver*> current_{nullptr};
+  std::vector<std::unique_ptr<image::BlockDriver>> drivers_;  // current and replaced; changed only while paused
+  Status broken_;  // why current_ is null; written only while paused
+
+  // The gate. A call counts itself in (admitted_) and goes on unless paused_
+  // is set (both seq_cst: either pause() sees the count or the call sees the
+  // flag, backs out and queues under mu_). queued_ and drainer_ under mu_.
+  std::atomic<uint64_t> admitted_{0};
+  std::atomic<bool> paused_{false};
+  std::mutex mu_;
+  std::vector<io::Waiter> queued_;
+  std::optional<io::Waiter> drainer_;
+};
+
+}  // namespace qcowfs::fuse
