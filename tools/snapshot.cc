@@ -178,8 +178,12 @@ class LiveTarget final : public SnapshotTarget {
     auto fd = io::connect_control(socket_);
     if (!fd) return fd.status();
     const auto deadline = io::ControlClock::now() + kLiveReplyTimeout;
-    QCOWFS_TRY(io::write_control_text(fd->get(), image::encode_request(request) + "\n", deadline));
+    // A daemon that refuses the peer (SO_PEERCRED) replies and closes before
+    // reading: the send may then fail (EPIPE) with the refusal already waiting
+    // to be read, so the reply is read either way and wins over the send error.
+    Status sent = io::write_control_text(fd->get(), image::encode_request(request) + "\n", deadline);
     auto line = io::read_control_line(fd->get(), deadline, 16u << 20);
+    if (!line && !sent) return sent;
     if (!line) return line.status().with_context(fmt::format("the qcowfs daemon at {}", socket_));
     auto reply = image::decode_reply(*line);
     if (!reply) return reply.status();
