@@ -4,8 +4,11 @@
 #   qcowfs-http  qcowfs over http:// (nginx)               qsd-curl  qemu-storage-daemon's FUSE export
 #   qcowfs-nbd   qcowfs over nbd:// (qemu-nbd, raw bytes)   qsd-nbd   over its curl / nbd driver, qcow2 on top
 #   curl         `curl -o /dev/null` of the whole file (sequential only: the download to beat)
-# with fio (bench/fio-suite.sh, O_DIRECT): seqread1m (1 MiB, QD8), randread4k-qd1 (psync),
-# randread4k (QD32), RUNTIME seconds each, the median of ROUNDS runs; and the time from starting
+# with fio (bench/fio-suite.sh, O_DIRECT): seqread1m (1 MiB, QD8), seqread1m-qd1 (psync),
+# randread4k-qd1 (psync), randread4k (QD32), RUNTIME seconds each, the median of ROUNDS runs; a
+# run without an answer in RUNTIME+30 s is a `hangs` cell (the daemon is killed and mounted again
+# for the next run: qsd over curl hangs with 2 or more requests in flight, see bench/RESULTS.md,
+# so seqread1m-qd1 is its sequential figure); and the time from starting
 # the mount command to the end of a first 4 KiB O_DIRECT read of the view (median of 3; the same
 # helper starts every system and polls for its mount, so all are timed alike). One markdown table
 # row per system and round-trip time, with the measured TCP connect time (one round trip).
