@@ -4,6 +4,7 @@
 # at QD32 with fio and reports the daemon's task-clock and context switches per request
 # (perf stat), and /dev/fuse read() calls per request and their EAGAIN share (strace -c).
 # Env: IOS (requests, default 100000), QUEUES (-o queues=N, default: the binary's default),
+#      OPTS (more -o options, e.g. fuse_uring=off),
 #      FMT (raw, qcow2, qcow2-enc: LUKS aes-256-xts, or vmdk vhdx vdi qed vpc parallels: the
 #      fully written qcow2 converted by qemu-img; default raw).
 set -euo pipefail
@@ -36,7 +37,7 @@ else
   qemu-img convert -O "$fmt" $copts "$work/full" "$work/img" && rm -f "$work/full"
 fi
 : > "$work/mnt"
-opts="ro,cache=none,passthrough=off,format=$fmt$keyopt${QUEUES:+,queues=$QUEUES}"
+opts="ro,cache=none,passthrough=off,format=$fmt$keyopt${QUEUES:+,queues=$QUEUES}${OPTS:+,$OPTS}"
 "$bin" -f -o "$opts" "$work/img" "$work/mnt" & pid=$!
 for _ in $(seq 100); do grep -q " $work/mnt " /proc/self/mountinfo && break; sleep 0.1; done
 run_fio() {

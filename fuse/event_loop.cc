@@ -2,8 +2,6 @@
 
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -39,27 +37,12 @@ EventLoop::~EventLoop() {
 
 EventLoop* EventLoop::current() { return t_current; }
 
-Status EventLoop::make_wake_fds() {
-  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-  if (!epoll_.valid()) return Status::from_errno(errno, "epoll_create1");
-  wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake_.valid()) return Status::from_errno(errno, "eventfd");
-  for (int fd : {cfg_.fuse_fd, wake_.get()}) {
-    epoll_event ev = {};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return Status::from_errno(errno, "epoll_ctl");
-  }
-  return Status::ok();
-}
-
 void EventLoop::start_ring() {
   std::lock_guard lk(engine_mu_);
   if (engine_) engine_->post([this] { start_ring_here(); });
 }
 
 Status EventLoop::start() {
-  QCOWFS_TRY(make_wake_fds());
   std::promise<Status> started;
   auto result = started.get_future();
   thread_ = std::thread([this, &started] { thread_main(&started); });
@@ -68,12 +51,17 @@ Status EventLoop::start() {
   return st;
 }
 
+// The flag first: a reader that has not armed its poll yet sees it (the
+// mutex orders it before the loop's engine_ assignment); one that has is woken
+// by the cancel, which runs on the loop thread.
 void EventLoop::request_stop() {
   stop_.store(true, std::memory_order_release);
-  if (!wake_.valid()) return;
-  uint64_t one = 1;
-  ssize_t n = ::write(wake_.get(), &one, sizeof one);
-  (void)n;  // EAGAIN only when the counter is already saturated: the loop is awake anyway
+  std::lock_guard lk(engine_mu_);
+  if (engine_) engine_->post([this] { cancel_reader_wait(); });
+}
+
+void EventLoop::cancel_reader_wait() {
+  if (reader_wait_) io::Engine::current()->cancel(reader_wait_);
 }
 
 void EventLoop::join() {
@@ -225,12 +213,27 @@ ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
   return ::writev(fd, patched, 2);
 }
 
+// The poll is exclusive (see the header): with FUSE's wake_up() only one
+// waiting loop wakes per request. No request is left unread: a loop re-arms
+// its poll after every drain, and a poll armed on a readable /dev/fuse
+// completes at once. A kernel that refuses exclusive polls (EINVAL) gets
+// plain ones, which wake every loop.
 Task<void> EventLoop::reader() {
+  bool exclusive = true;
   while (!stop_requested()) {
     io::IoRequest poll;
     poll.op = io::IoRequest::Op::poll_in;
-    poll.fd = epoll_.get();
-    int64_t r = co_await io::async(std::move(poll));
+    poll.fd = cfg_.fuse_fd;
+    poll.poll_exclusive = exclusive;
+    io::IoAwaiter waiting = io::async(std::move(poll));
+    reader_wait_ = &waiting.req;
+    int64_t r = co_await waiting;
+    reader_wait_ = nullptr;
+    if (r == -ECANCELED) continue;  // request_stop()
+    if (r == -EINVAL && exclusive) {
+      exclusive = false;
+      continue;
+    }
     if (r < 0 && r != -EINTR) {
       cfg_.on_session_end(Status::from_errno(static_cast<int>(-r), "waiting for /dev/fuse"));
       co_return;

@@ -7,9 +7,11 @@
 // spawn_request(); the Task replies when its I/O completes, so the thread is
 // never blocked on host I/O.
 //
-// The reader polls an epoll instance holding the /dev/fuse fd and a private
-// eventfd, so request_stop() can wake it from any thread. Stopping: the
-// reader stops reading, in-flight requests finish and reply, the thread ends.
+// The reader polls /dev/fuse itself as an exclusive waiter (io_uring's
+// EPOLLEXCLUSIVE poll): FUSE wakes one exclusive waiter per queued request, so
+// a request wakes one loop, not all of them. request_stop() posts to the loop
+// a cancel of that poll. Stopping: the reader stops reading, in-flight
+// requests finish and reply, the thread ends.
 // A read() of /dev/fuse failing with ENODEV means the filesystem was unmounted
 // externally; the loop reports it through Config::on_session_end.
 //
@@ -131,15 +133,13 @@ class EventLoop {
   void dispatch(std::span<std::byte> message);
   void note_init(const fuse_buf& buf);
   ssize_t write_init_reply(int fd, iovec* iov, int count);
-  Status make_wake_fds();
+  void cancel_reader_wait();
   Task<void> reader();
   // Reads and dispatches up to kReadBatch requests; false when the session ended.
   bool drain();
   bool stop_requested() const { return stop_.load(std::memory_order_acquire); }
 
   Config cfg_;
-  io::UniqueFd epoll_;
-  io::UniqueFd wake_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::mutex engine_mu_;
@@ -147,6 +147,7 @@ class EventLoop {
 
   // Loop-thread state.
   size_t inflight_ = 0;
+  io::IoRequest* reader_wait_ = nullptr;  // the reader's pending /dev/fuse poll
   io::AlignedBuffer current_;  // the buffer the next request is read into
   BufferPool request_pool_;
   SizedBufferPool read_pool_;

@@ -3,6 +3,7 @@
 #include <linux/fuse.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -59,7 +60,7 @@ Status FuseRing::start() {
       entries_.push_back(std::move(e));
     }
   }
-  in_userspace_.reserve(entries_.size() * 2);
+  in_userspace_.reserve(entries_.size());
   for (auto& e : entries_) submit(*e, uring_abi::kCmdRegister, 0);
   return Status::ok();
 }
@@ -140,7 +141,7 @@ void FuseRing::deliver(Entry& e) {
   std::byte* msg = e.payload() - op_bytes - sizeof in;
   std::memcpy(msg, &in, sizeof in);
   std::memcpy(msg + sizeof in, h->op_in, op_bytes);
-  in_userspace_[in.unique] = &e;
+  in_userspace_.push_back(Held{in.unique, &e});
   ++served_;
   dispatching_ = &e;
   cfg_.dispatch(std::span<std::byte>(msg, in.len));
@@ -180,10 +181,12 @@ std::optional<ssize_t> FuseRing::reply(const iovec* iov, int count) {
   if (count < 1 || iov[0].iov_len < sizeof(fuse_out_header)) return std::nullopt;
   fuse_out_header out;
   std::memcpy(&out, iov[0].iov_base, sizeof out);
-  auto it = in_userspace_.find(out.unique);
+  auto it = std::find_if(in_userspace_.begin(), in_userspace_.end(),
+                         [&out](const Held& h) { return h.unique == out.unique; });
   if (it == in_userspace_.end()) return std::nullopt;
-  Entry& e = *it->second;
-  in_userspace_.erase(it);
+  Entry& e = *it->entry;
+  *it = in_userspace_.back();
+  in_userspace_.pop_back();
   if (e.huge_on_reply) use_huge_payload(e);  // a WRITE's payload is no longer needed
 
   // Gather the reply's arguments into the payload buffer; a READ reply built

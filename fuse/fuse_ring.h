@@ -35,7 +35,6 @@
 #include <memory>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "io/buffer.h"
@@ -137,7 +136,13 @@ class FuseRing {
 
   Config cfg_;
   std::vector<std::unique_ptr<Entry>> entries_;
-  std::unordered_map<uint64_t, Entry*> in_userspace_;  // unique -> entry holding that request
+  struct Held {
+    uint64_t unique;
+    Entry* entry;
+  };
+  // The requests being served and their entries: at most one per entry, few
+  // at a time, searched linearly; no allocation per request.
+  std::vector<Held> in_userspace_;
   Entry* dispatching_ = nullptr;
   uint64_t served_ = 0;
   unsigned huge_entries_ = 0;  // entries whose payload was moved to a huge page

@@ -38,7 +38,7 @@ struct IoRequest {
     fsync,      // fsync(fd)
     fdatasync,  // fdatasync(fd)
     fallocate,  // fallocate(fd, mode, offset, length)
-    poll_in,    // wait until fd is readable (one-shot)
+    poll_in,    // wait until fd is readable (one-shot); see poll_exclusive
     call,       // run `call` on a worker thread (blocking syscalls, CPU work)
     uring_cmd,  // IORING_OP_URING_CMD on fd: cmd_op, the command bytes in buf/length
                 // (at most kUringCmdBytes), iov/iovcnt as the SQE's addr/len;
@@ -55,6 +55,11 @@ struct IoRequest {
   unsigned iovcnt = 0;
   int mode = 0;  // fallocate mode
   uint32_t cmd_op = 0;  // uring_cmd: the driver's command code
+  // poll_in: wait as an exclusive waiter (EPOLLEXCLUSIVE): a wake-up of fd's
+  // waiters that wakes one (a FUSE request, an eventfd write) wakes only one
+  // of the exclusive pollers, where a plain poll wakes them all. io_uring
+  // only; other engines poll as usual (every poller wakes).
+  bool poll_exclusive = false;
   std::function<int64_t()> call;  // Op::call: returns >= 0 or -errno
 
   int64_t result = 0;  // >= 0 on success (bytes for read/write), -errno on failure
@@ -105,6 +110,12 @@ class Engine {
   virtual void run_once(int timeout_ms) = 0;
   // Runs fn on this engine's thread soon. Thread-safe; wakes run_once().
   virtual void post(std::function<void()> fn) = 0;
+  // Ends req early: it completes with -ECANCELED in a later run_once(). req
+  // must be one enqueued on this engine whose waiter has not been resumed yet;
+  // if it completed meanwhile (its result is waiting to be delivered) it keeps
+  // its result. Works for poll_in and timeout requests on every engine (on
+  // io_uring for any request the kernel can cancel).
+  virtual void cancel(IoRequest* req) = 0;
   virtual std::string_view name() const = 0;
   // Whether Op::uring_cmd works (an io_uring engine made with uring_cmd).
   virtual bool supports_uring_cmd() const { return false; }

@@ -65,10 +65,30 @@ void ThreadEngine::post(std::function<void()> fn) {
 
 void ThreadEngine::run_once(int timeout_ms) {
   submit_queued();
-  wait(mailbox_->has_work() ? 0 : timeout_ms);
-  for (IoRequest* req : ready_) req->finish();
-  ready_.clear();
+  wait(mailbox_->has_work() || !ready_.empty() ? 0 : timeout_ms);
+  // finish() may enqueue or cancel: those land in queued_/ready_ for the next round.
+  finishing_.swap(ready_);
+  for (IoRequest* req : finishing_) req->finish();
+  finishing_.clear();
   run_posted();
+}
+
+void ThreadEngine::cancel(IoRequest* req) {
+  auto settle = [this, req] {
+    req->result = -ECANCELED;
+    ready_.push_back(req);
+  };
+  if (auto it = std::find(queued_.begin(), queued_.end(), req); it != queued_.end()) {
+    queued_.erase(it);
+    settle();
+  } else if (auto p = std::find(polling_.begin(), polling_.end(), req); p != polling_.end()) {
+    polling_.erase(p);
+    settle();
+  } else if (auto t = std::find_if(timers_.begin(), timers_.end(), [req](const Timer& x) { return x.req == req; });
+             t != timers_.end()) {
+    timers_.erase(t);
+    settle();
+  }
 }
 
 void ThreadEngine::submit_queued() {

@@ -3,7 +3,9 @@
 // ThreadPool::shared(), whose workers run the blocking syscall (pread, pwritev,
 // fdatasync, fallocate, ...) and post the completion back; it then waits in
 // ppoll(2) on the mailbox eventfd plus the fds of pending Op::poll_in requests,
-// no longer than until the first pending Op::timeout is due.
+// no longer than until the first pending Op::timeout is due. Op::poll_in
+// ignores poll_exclusive (ppoll has no exclusive waiters); cancel() ends
+// queued, polling and timer requests, not those running on a worker.
 //
 // Thread-safety: as Engine: only post() may be called from other threads.
 #pragma once
@@ -28,6 +30,7 @@ class ThreadEngine final : public Engine {
   void enqueue(IoRequest* req) override;
   void run_once(int timeout_ms) override;
   void post(std::function<void()> fn) override;
+  void cancel(IoRequest* req) override;
   std::string_view name() const override { return "threads"; }
 
  private:
@@ -46,7 +49,8 @@ class ThreadEngine final : public Engine {
   std::vector<IoRequest*> queued_;   // enqueued since the last run_once
   std::vector<IoRequest*> polling_;  // Op::poll_in requests waiting for readability
   std::vector<Timer> timers_;        // Op::timeout requests not yet due
-  std::vector<IoRequest*> ready_;    // poll_in requests that fired, timers that ran out, this round
+  std::vector<IoRequest*> ready_;    // poll_in requests that fired, timers that ran out, cancelled ones
+  std::vector<IoRequest*> finishing_; // ready_ of the round being finished (kept for its capacity)
   std::vector<pollfd> pollfds_;      // wait()'s poll set, kept for its capacity
 };
 

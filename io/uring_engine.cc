@@ -1,6 +1,7 @@
 #include "io/uring_engine.h"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -19,9 +20,13 @@ namespace {
 // Tags CQEs of the mailbox eventfd poll; requests are tagged with their
 // (aligned, so never 1) address.
 constexpr uint64_t kWakeupTag = 1;
+// Tags CQEs of cancel() requests (their target completes on its own CQE).
+constexpr uint64_t kCancelTag = 2;
 // The kernel transfers at most this much per read/write call (MAX_RW_COUNT);
 // longer requests simply complete short and HostFile continues them.
 constexpr uint64_t kMaxRwCount = INT_MAX & ~uint64_t{4095};
+
+constexpr unsigned kPollInExclusive = unsigned{POLLIN} | static_cast<unsigned>(EPOLLEXCLUSIVE);
 
 unsigned clamp_len(uint64_t len) { return static_cast<unsigned>(std::min(len, kMaxRwCount)); }
 
@@ -108,15 +113,42 @@ void UringEngine::enqueue(IoRequest* req) {
   if (!backlog_.empty() || !try_prepare(req)) backlog_.push_back(req);
 }
 
-bool UringEngine::try_prepare(IoRequest* req) {
+io_uring_sqe* UringEngine::get_sqe() {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   if (!sqe && started_) {  // SQ full: push what is queued to the kernel, then retry
     io_uring_submit(&ring_);
     sqe = io_uring_get_sqe(&ring_);
   }
+  return sqe;
+}
+
+bool UringEngine::try_prepare(IoRequest* req) {
+  io_uring_sqe* sqe = get_sqe();
   if (!sqe) return false;
   prepare_sqe(sqe, req);
   return true;
+}
+
+// Not yet in the kernel (backlog) or completed but not yet resumed: settled
+// here. Otherwise an ASYNC_CANCEL keyed by the request's user_data; if the
+// request completes first, the cancel finds nothing (-ENOENT, ignored).
+void UringEngine::cancel(IoRequest* req) {
+  if (auto it = std::find(backlog_.begin(), backlog_.end(), req); it != backlog_.end()) {
+    backlog_.erase(it);
+    req->result = -ECANCELED;
+    done_.push_back(req);
+    return;
+  }
+  if (std::find(done_.begin(), done_.end(), req) != done_.end()) return;
+  if (std::find(resuming_.begin() + static_cast<ptrdiff_t>(resumed_), resuming_.end(), req) != resuming_.end())
+    return;
+  io_uring_sqe* sqe = get_sqe();
+  if (!sqe) {
+    cancels_.push_back(req);  // retried by the next run_once()
+    return;
+  }
+  io_uring_prep_cancel(sqe, req, 0);
+  io_uring_sqe_set_data64(sqe, kCancelTag);
 }
 
 void UringEngine::prepare_sqe(io_uring_sqe* sqe, IoRequest* req) {
@@ -132,7 +164,10 @@ void UringEngine::prepare_sqe(io_uring_sqe* sqe, IoRequest* req) {
       io_uring_prep_fallocate(sqe, req->fd, req->mode, static_cast<off_t>(req->offset),
                               static_cast<off_t>(req->length));
       break;
-    case Op::poll_in: io_uring_prep_poll_add(sqe, req->fd, POLLIN); break;
+    case Op::poll_in:
+      // EPOLLEXCLUSIVE: io_uring queues the waiter with add_wait_queue_exclusive().
+      io_uring_prep_poll_add(sqe, req->fd, req->poll_exclusive ? kPollInExclusive : unsigned{POLLIN});
+      break;
     case Op::uring_cmd: prepare_uring_cmd(sqe, req); break;
     case Op::timeout: io_uring_prep_timeout(sqe, static_cast<__kernel_timespec*>(req->buf), 0, 0); break;
     case Op::call: break;  // never reaches the ring (see enqueue)
@@ -171,6 +206,11 @@ void UringEngine::post(std::function<void()> fn) {
 void UringEngine::run_once(int timeout_ms) {
   start_on_this_thread();
   refill_from_backlog();
+  if (!cancels_.empty()) {
+    std::vector<IoRequest*> retry;
+    retry.swap(cancels_);
+    for (IoRequest* req : retry) cancel(req);
+  }
   if (!wakeup_armed_) arm_wakeup_poll();
   wait(mailbox_->has_work() || !done_.empty() ? 0 : timeout_ms);
   reap();
@@ -209,14 +249,16 @@ void UringEngine::reap() {
       wakeup_armed_ = false;
       continue;
     }
+    if (cqe->user_data == kCancelTag) continue;
     complete(static_cast<IoRequest*>(io_uring_cqe_get_data(cqe)), cqe->res);
   }
   io_uring_cq_advance(&ring_, seen);
   if (!wakeup_armed_) arm_wakeup_poll();
   // Resumed coroutines may enqueue more; they land in the SQ for the next round.
   resuming_.swap(done_);
-  for (IoRequest* req : resuming_) req->finish();
+  for (resumed_ = 0; resumed_ < resuming_.size();) resuming_[resumed_++]->finish();
   resuming_.clear();
+  resumed_ = 0;
 }
 
 void UringEngine::complete(IoRequest* req, int res) {

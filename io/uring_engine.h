@@ -2,7 +2,8 @@
 // submits all of them and waits in one io_uring_enter, then reaps every CQE,
 // resumes the completed requests' coroutines and runs posted functions.
 // Cross-thread post() goes through a Mailbox whose eventfd the ring polls (a
-// poll SQE stays armed on it). Op::call runs on ThreadPool::shared() and
+// poll SQE stays armed on it). cancel() queues an IORING_OP_ASYNC_CANCEL keyed
+// by the request's address (its user_data). Op::call runs on ThreadPool::shared() and
 // completes through post().
 //
 // The ring is created disabled and enabled on first use, so the thread that
@@ -35,6 +36,7 @@ class UringEngine final : public Engine {
   void enqueue(IoRequest* req) override;
   void run_once(int timeout_ms) override;
   void post(std::function<void()> fn) override;
+  void cancel(IoRequest* req) override;
   std::string_view name() const override { return "io_uring"; }
   bool supports_uring_cmd() const override { return (setup_flags_ & IORING_SETUP_SQE128) != 0; }
 
@@ -45,6 +47,7 @@ class UringEngine final : public Engine {
   void prepare_sqe(io_uring_sqe* sqe, IoRequest* req);
   void prepare_uring_cmd(io_uring_sqe* sqe, const IoRequest* req);
   void arm_wakeup_poll();
+  io_uring_sqe* get_sqe();
   void refill_from_backlog();
   void wait(int timeout_ms);
   void reap();
@@ -60,6 +63,8 @@ class UringEngine final : public Engine {
   std::deque<IoRequest*> backlog_;   // requests that found the SQ full twice
   std::vector<IoRequest*> done_;     // reaped this round, resumed after the CQ advance
   std::vector<IoRequest*> resuming_; // done_ of the round being resumed (kept for its capacity)
+  size_t resumed_ = 0;               // how many of resuming_ have been resumed
+  std::vector<IoRequest*> cancels_;  // requests to cancel that found no SQE (rare)
 };
 
 }  // namespace qcowfs::io
