@@ -8,7 +8,7 @@ pass or fail.
 The package is built in $QCOWFS_BUILD_DIR/deb when set (ctest sets it), and
 build-deb.sh keeps its CMake object directory there, so reruns recompile only
 what changed; else in a pytest temporary directory (a full build).
-Both tests share one build; each installs the package and purges it.
+Both tests share one build and one installation; the package is purged after them.
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return deb
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def package(built_deb: Path) -> Path:
+    """The package installed for this file's tests, purged after the last of them."""
     assert not installed(), "qcowfs is already installed on this system: refusing to replace it"
     deb = built_deb
     try:
