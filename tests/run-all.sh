@@ -10,6 +10,10 @@
 #   4. builds build-asan/ (clang, ASan+UBSan, libFuzzer coverage: CMakePresets.json
 #      "asan") and runs the unit tests, some mounts and a short fuzz of every
 #      libFuzzer target there.
+# Steps 2 and 3 leave CPU time unused (the integration files run one at a time
+# and wait on FUSE, the disk and QEMU's tools much of it): the Debian package
+# test_package.py builds and step 4's tree compile in the background meanwhile,
+# at idle CPU priority (SCHED_IDLE: only CPU time no test wants).
 # Needs root (or sudo) for apt, FUSE mounts and loop devices. Ends with one
 # "run-all: N passed, N failed" line; exits non-zero if anything failed.
 set -euo pipefail
@@ -24,7 +28,9 @@ log_dir=$(mktemp -d /var/tmp/qcowfs-run-all.XXXXXX)
 # set_fuse_uring switches it for the runs below, and the old value comes back at exit.
 uring_param=/sys/module/fuse/parameters/enable_uring
 uring_old=$(cat "$uring_param" 2>/dev/null || true)
+bg_pid=
 restore() {
+  if [ -n "$bg_pid" ]; then kill -- -"$bg_pid" 2>/dev/null || true; fi
   rm -rf "$log_dir"
   if [ -n "$uring_old" ]; then echo "$uring_old" > "$uring_param" 2>/dev/null || true; fi
 }
@@ -92,6 +98,26 @@ modprobe fuse 2>/dev/null || true
 # allows it); the tiny-cache rerun of the qcow2 tests goes over /dev/fuse, so
 # both transports carry the whole qcow2 matrix.
 build build
+
+# In the background, at idle priority, in a process group of its own (setsid):
+# the package test_package.py builds (tests/support/build-test-deb.sh, the same
+# script and flags, into the same build/deb: the test's own run then compiles
+# nothing, or waits on the script's lock while this one finishes), then the
+# sanitizer tree of step 4. Their output goes to a log printed after step 3.
+bg_log="$log_dir/background-builds.log"
+idle=(chrt --idle 0)
+"${idle[@]}" true 2>/dev/null || idle=(nice -n 19)  # where SCHED_IDLE is not allowed
+echo "=== background, ${idle[*]}: the package in build/deb, then build-asan (at ${SECONDS}s)"
+setsid -w "${idle[@]}" bash -c '
+  echo "=== build the package in build/deb (tests/support/build-test-deb.sh)"
+  tests/support/build-test-deb.sh build/deb || echo "=== the package build failed (test_package.py builds it again and reports it)"
+  echo "=== configure and build build-asan (clang, ASan+UBSan, fuzz targets)"
+  rc=0
+  { cmake --preset asan && cmake --build build-asan -j"$1"; } || rc=$?
+  echo "$rc" > "$2"
+' bg-builds "$jobs" "$log_dir/asan-build.rc" > "$bg_log" 2>&1 &
+bg_pid=$!
+
 set_fuse_uring Y
 run_ctest main --test-dir build
 
@@ -107,8 +133,12 @@ set_fuse_uring Y
 # coverage instrumentation, so the library is compiled once for both.
 # The default stack is enough: Task's handoff (io/task.h) keeps synchronous
 # awaits from nesting even where sanitizers prevent tail calls.
-echo "=== configure and build build-asan (clang, ASan+UBSan, fuzz targets) (at ${SECONDS}s)"
-if cmake --preset asan && cmake --build build-asan -j"$jobs"; then
+echo "=== waiting for the background builds (at ${SECONDS}s)"
+wait "$bg_pid" || true
+bg_pid=
+cat "$bg_log"
+echo "=== background builds done (at ${SECONDS}s)"
+if [ "$(cat "$log_dir/asan-build.rc" 2>/dev/null)" = 0 ]; then
   run_ctest asan-unit --preset asan -E '^(fuzz|integration)\.'
   run_ctest asan-mounts --preset asan -R '^integration\.test_(hostile|locking|injection)$'
   run_ctest asan-fuzz --preset asan -R '^fuzz\.short$'

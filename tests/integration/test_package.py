@@ -5,10 +5,12 @@ dpkg-buildpackage (-O2 from dpkg-buildflags, tests off) and lintian passes it wi
 fstab line) and runs the image commands; the package is purged afterwards,
 pass or fail.
 
-The package is built in $QCOWFS_BUILD_DIR/deb when set (ctest sets it), and
-build-deb.sh keeps its CMake object directory there, so reruns recompile only
-what changed; else in a pytest temporary directory (a full build).
-Both tests share one build; each installs the package and purges it.
+The package is built by tests/support/build-test-deb.sh in $QCOWFS_BUILD_DIR/deb
+when set (ctest sets it), and build-deb.sh keeps its CMake object directory
+there, so reruns recompile only what changed (tests/run-all.sh compiles it
+there in the background, at idle priority, before this file runs); else in a
+pytest temporary directory (a full build).
+Both tests share one build and one installation; the package is purged after them.
 """
 
 from __future__ import annotations
@@ -52,21 +54,12 @@ def purge() -> None:
 
 @pytest.fixture(scope="module")
 def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Builds and lints the package once for this file's tests."""
+    """Builds and lints the package once for this file's tests
+    (tests/support/build-test-deb.sh: build-deb.sh without -g and -dbgsym)."""
     assert not installed(), "qcowfs is already installed on this system: refusing to replace it"
-    mp = pytest.MonkeyPatch()
-    # Compile without -g and make no -dbgsym package: the .deb's binary is stripped
-    # anyway (and -g does not change GCC's code), and debug info is close to half the
-    # compile time of a from-scratch build, which CI pays on every run.
-    mp.setenv("DEB_CXXFLAGS_STRIP", "-g")
-    mp.setenv("DEB_CFLAGS_STRIP", "-g")
-    mp.setenv("DEB_BUILD_OPTIONS", "noautodbgsym")
     build_root = os.environ.get("QCOWFS_BUILD_DIR")
     out = Path(build_root) / "deb" if build_root else tmp_path_factory.mktemp("deb")
-    try:
-        proc = helpers.run([REPO / "packaging" / "build-deb.sh", out], timeout=BUILD_TIMEOUT_S)
-    finally:
-        mp.undo()
+    proc = helpers.run([REPO / "tests" / "support" / "build-test-deb.sh", out], timeout=BUILD_TIMEOUT_S)
     deb = Path(proc.stdout.decode().strip().splitlines()[-1])
     assert deb.is_file() and deb.name.startswith("qcowfs_") and deb.suffix == ".deb"
     # build-deb.sh fails on lintian errors itself; check the package independently of it.
@@ -79,8 +72,9 @@ def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return deb
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def package(built_deb: Path) -> Path:
+    """The package installed for this file's tests, purged after the last of them."""
     assert not installed(), "qcowfs is already installed on this system: refusing to replace it"
     deb = built_deb
     try:
