@@ -8,6 +8,8 @@ namespace qcowfs::fuse {
 
 ImageFile::ImageFile(image::BlockDriver* driver, bool writable) : writable_(writable), driver_(driver) {}
 
+ImageFile::ImageFile(std::unique_ptr<image::BlockDriver> view) : owned_(std::move(view)), driver_(owned_.get()) {}
+
 ImageFile::ImageFile(image::BlockDriver* parent, std::string snapshot_id, uint64_t snapshot_size)
     : parent_(parent), snapshot_id_(std::move(snapshot_id)), snapshot_size_(snapshot_size) {}
 

@@ -1,6 +1,7 @@
 // ImageFile: one raw view shown by the mount: the main image (opened before
-// mounting), an internal snapshot (opened read-only on first open(), since
-// most mounts never look at their snapshots), or an image of a catalogue
+// mounting), a persistent dirty bitmap of it (a view it owns), an internal
+// snapshot (opened read-only on first open(), since most mounts never look
+// at their snapshots), or an image of a catalogue
 // (fuse/catalogue.h: opened on the first open of its view, closed when it has
 // been unused for the idle delay). It answers the questions the FUSE handlers
 // ask about a file: its driver, size, allocation, access mode.
@@ -51,6 +52,9 @@ class ImageFile {
  public:
   // The main view over an opened driver (borrowed, must outlive this object).
   ImageFile(image::BlockDriver* driver, bool writable);
+  // A read-only view the file owns, open from the start (a bitmap of the
+  // main image: image/views/bitmap_view.h; it borrows the main driver).
+  explicit ImageFile(std::unique_ptr<image::BlockDriver> view);
   // A read-only snapshot of parent (borrowed), opened lazily by id.
   ImageFile(image::BlockDriver* parent, std::string snapshot_id, uint64_t snapshot_size);
   // A catalogue image, opened by `opener` on first acquire(); until then its
@@ -97,8 +101,8 @@ class ImageFile {
     if (watch_) watch_->note_write(watch_offset_ + off, len);
   }
 
-  // Closes a lazily opened snapshot or catalogue image; the main view's
-  // driver is closed by its owner.
+  // Closes a lazily opened snapshot or catalogue image, or an owned view; the
+  // main view's driver is closed by its owner.
   Task<Status> close();
 
   // ---- catalogue images ----
@@ -126,7 +130,7 @@ class ImageFile {
   uint64_t snapshot_size_ = 0;
   bool writable_ = false;
   io::AsyncMutex open_mu_;                         // guards owned_ during the lazy open
-  std::unique_ptr<image::BlockDriver> owned_;      // an opened snapshot
+  std::unique_ptr<image::BlockDriver> owned_;      // an opened snapshot, or an owned view
   std::atomic<image::BlockDriver*> driver_{nullptr};
   std::atomic<int32_t> backing_id_{-1};
   WriteWatch* watch_ = nullptr;

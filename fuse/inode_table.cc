@@ -4,7 +4,9 @@
 #include <array>
 
 #include "fuse/access.h"
+#include "image/views/bitmap_view.h"
 #include "io/align.h"
+#include "io/log.h"
 
 namespace qcowfs::fuse {
 
@@ -110,13 +112,40 @@ std::string raw_view_name(std::string_view image_path) {
   return std::string(name) + ".raw";
 }
 
-std::string snapshot_file_name(std::string_view name, std::string_view id,
-                               const std::vector<std::string>& taken) {
+namespace {
+
+// "<name>.raw" when that is a usable file name not taken already, else fallback.
+std::string view_file_name(std::string_view name, std::string fallback, const std::vector<std::string>& taken) {
   std::string candidate = std::string(name) + ".raw";
   bool usable = !name.empty() && name.find('/') == std::string_view::npos &&
                 name.find('\0') == std::string_view::npos && candidate.size() <= 255;
   if (usable && std::find(taken.begin(), taken.end(), candidate) == taken.end()) return candidate;
-  return fmt::format("snapshot-{}.raw", id);
+  return fallback;
+}
+
+}  // namespace
+
+std::string snapshot_file_name(std::string_view name, std::string_view id,
+                               const std::vector<std::string>& taken) {
+  return view_file_name(name, fmt::format("snapshot-{}.raw", id), taken);
+}
+
+void add_bitmap_directory(InodeTable& table, image::BlockDriver& driver) {
+  std::vector<image::BitmapInfo> bitmaps = driver.dirty_bitmaps();
+  Ino dir = 0;
+  std::vector<std::string> taken;
+  for (size_t i = 0; i < bitmaps.size(); ++i) {
+    const image::BitmapInfo& b = bitmaps[i];
+    if (b.inconsistent) {
+      log::warn("bitmap '{}' is inconsistent (it was in use when the image was last closed) and is not shown in "
+                "bitmaps/; remove it with qcowfs bitmap --remove", b.name);
+      continue;
+    }
+    if (dir == 0) dir = table.add_directory(kRootIno, "bitmaps");
+    std::string name = view_file_name(b.name, fmt::format("bitmap-{}.raw", i + 1), taken);
+    taken.push_back(name);
+    table.add_image(dir, std::move(name), std::make_unique<ImageFile>(image::make_bitmap_view(&driver, b.name)));
+  }
 }
 
 }  // namespace qcowfs::fuse

@@ -2,7 +2,8 @@
 //   file mode       the root inode is the raw view itself (mounted over a
 //                   regular file, as qemu-storage-daemon does);
 //   directory mode  the root is a directory holding <name>.raw and, when the
-//                   image has internal snapshots, snapshots/<snapshot>.raw.
+//                   image has internal snapshots, snapshots/<snapshot>.raw,
+//                   when it has persistent dirty bitmaps, bitmaps/<bitmap>.raw.
 // Later layouts (partitions) add directories and image nodes the same way:
 // add_directory() / add_image() under any directory.
 //
@@ -137,5 +138,13 @@ std::string raw_view_name(std::string_view image_path);
 // name and not taken already, else "snapshot-<id>.raw".
 std::string snapshot_file_name(std::string_view name, std::string_view id,
                                const std::vector<std::string>& taken);
+
+// DIR/bitmaps/: a read-only view (image/views/bitmap_view.h) of each
+// consistent persistent dirty bitmap of driver, enabled or disabled, named
+// "<bitmap>.raw" (or "bitmap-<n>.raw", n counting from 1 in the image's
+// order, when the name is not usable as a file name). An inconsistent bitmap
+// (in use at open) is left out with a warning, as qemu-nbd -B refuses it. No
+// bitmap to show: no directory. driver must outlive the table's views.
+void add_bitmap_directory(InodeTable& table, image::BlockDriver& driver);
 
 }  // namespace qcowfs::fuse

@@ -123,6 +123,18 @@ std::vector<image::SnapshotInfo> LiveDriver::snapshots() const {
   auto* d = current();
   return d ? d->snapshots() : std::vector<image::SnapshotInfo>{};
 }
+std::vector<image::BitmapInfo> LiveDriver::dirty_bitmaps() const {
+  auto* d = current();
+  return d ? d->dirty_bitmaps() : std::vector<image::BitmapInfo>{};
+}
+// Synchronous, as the getters: the current driver's live bits (a replaced
+// driver stays readable until unmount, so a run asked during a swap reads the
+// closed driver's last bits, never freed memory).
+Result<image::BitmapRun> LiveDriver::bitmap_run(std::string_view name, uint64_t off, uint64_t len) const {
+  auto* d = current();
+  if (!d) return Status::error(EIO, "the image could not be reopened after a live snapshot");
+  return d->bitmap_run(name, off, len);
+}
 
 // Each call: admitted through the gate, then run on the current driver.
 #define QCOWFS_LIVE_CALL(call)                  \

@@ -63,6 +63,8 @@ class LiveDriver final : public image::BlockDriver {
   io::HostFile* identity_file() override;
   image::ImageDetails details() const override;
   std::vector<image::SnapshotInfo> snapshots() const override;
+  std::vector<image::BitmapInfo> dirty_bitmaps() const override;
+  Result<image::BitmapRun> bitmap_run(std::string_view name, uint64_t off, uint64_t len) const override;
   Task<Result<std::unique_ptr<image::BlockDriver>>> open_snapshot(std::string id_or_name) override;
 
  private:

@@ -344,6 +344,7 @@ Status Server::build_filesystem() {
   } else if (S_ISDIR(st.st_mode)) {
     view = table.add_image(kRootIno, raw_view_name(opts_.image), std::move(main_view));
     add_snapshot_nodes(table, *driver_);
+    add_bitmap_directory(table, *driver_);
     add_partition_directory(table, *main_view_, *main_engine_);
   } else {
     return Status::errorf(ENOTDIR, "{}: the mount point must be a regular file or a directory", opts_.mountpoint);

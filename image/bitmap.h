@@ -26,6 +26,10 @@
 
 namespace qcowfs::image {
 
+namespace crypto {
+class KeyProvider;  // image/crypto/secret.h
+}
+
 enum class BitmapActionKind : uint8_t { add, remove, clear, enable, disable, merge };
 
 struct BitmapAction {
@@ -47,6 +51,8 @@ struct BitmapRequest {
   // merge sources read from another image (-b), one per merge action in order;
   // empty: the sources are bitmaps of this image.
   std::vector<BitmapBits> merge_sources;
+  // An encrypted image's passphrase (ImageOptions::keys); nullptr: the terminal's prompt.
+  std::shared_ptr<crypto::KeyProvider> keys;
 };
 
 // The text of an operation for messages: "add", "remove", ...

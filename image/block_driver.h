@@ -74,6 +74,24 @@ struct SnapshotInfo {
   uint64_t vm_clock_ns = 0;
 };
 
+// A persistent dirty bitmap of an open image (qcow2's; QEMU's query-block
+// "dirty-bitmaps" entry): what changed since the bitmap was made or cleared.
+struct BitmapInfo {
+  std::string name;
+  uint64_t granularity = 0;  // bytes per bit
+  bool enabled = false;      // writes through this driver set its bits (QEMU's "recording")
+  // Found in use at open (whoever had the image open did not store it): not
+  // loaded, and unusable, as QEMU's "inconsistent" bitmaps.
+  bool inconsistent = false;
+  uint64_t dirty_bytes = 0;  // disk bytes its dirty granules cover (QEMU's "count")
+};
+
+// A run of a bitmap's granules from an offset that are all dirty or all clean.
+struct BitmapRun {
+  uint64_t length = 0;  // bytes from the queried offset (> 0)
+  bool dirty = false;
+};
+
 class BlockDriver {
  public:
   virtual ~BlockDriver() = default;
@@ -119,6 +137,14 @@ class BlockDriver {
   // destroyed before this driver.
   virtual std::vector<SnapshotInfo> snapshots() const { return {}; }
   virtual Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name);
+
+  // Persistent dirty bitmaps (qcow2's active image, read-write or read-only;
+  // none for snapshot views and backing files). bitmap_run() answers from
+  // the bits as they are now (a writable image's change with every write):
+  // the run of bitmap `name` from off (< size()), up to len bytes (> 0);
+  // ENOENT for no such bitmap, EINVAL for an inconsistent one.
+  virtual std::vector<BitmapInfo> dirty_bitmaps() const { return {}; }
+  virtual Result<BitmapRun> bitmap_run(std::string_view name, uint64_t off, uint64_t len) const;
 };
 
 // An open image handed to a format as its backing file (ImageOptions::backing).

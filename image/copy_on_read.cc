@@ -38,6 +38,10 @@ class CopyOnReadDriver final : public BlockDriver {
   Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name) override {
     co_return co_await inner_->open_snapshot(std::move(id_or_name));
   }
+  std::vector<BitmapInfo> dirty_bitmaps() const override { return inner_->dirty_bitmaps(); }
+  Result<BitmapRun> bitmap_run(std::string_view name, uint64_t off, uint64_t len) const override {
+    return inner_->bitmap_run(name, off, len);
+  }
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override {

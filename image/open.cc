@@ -12,6 +12,10 @@ Task<Result<std::unique_ptr<BlockDriver>>> BlockDriver::open_snapshot(std::strin
   co_return Status::errorf(ENOENT, "{} images have no snapshot '{}'", format_name(), id_or_name);
 }
 
+Result<BitmapRun> BlockDriver::bitmap_run(std::string_view name, uint64_t, uint64_t) const {
+  return Status::errorf(ENOENT, "Dirty bitmap '{}' not found", name);
+}
+
 Task<Result<std::string>> choose_format(io::HostFile& file, const std::string& path, std::string_view named,
                                         std::string_view backing_of) {
   const FormatInfo* f = nullptr;

@@ -32,6 +32,10 @@ class SharedImageHandle final : public BlockDriver {
   Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name) override {
     return d_->open_snapshot(std::move(id_or_name));
   }
+  std::vector<BitmapInfo> dirty_bitmaps() const override { return d_->dirty_bitmaps(); }
+  Result<BitmapRun> bitmap_run(std::string_view name, uint64_t off, uint64_t len) const override {
+    return d_->bitmap_run(name, off, len);
+  }
 
  private:
   std::shared_ptr<BlockDriver> d_;

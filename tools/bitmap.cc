@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "image/create.h"
+#include "image/crypto/secret.h"
 #include "image/format.h"
 #include "tools/cmd.h"
 
@@ -21,6 +22,7 @@ struct BitmapArgs {
   std::string format;
   std::string source_file;
   std::string source_format;
+  std::string key_file;
   uint64_t granularity = 0;
   bool granularity_given = false;
   image::BitmapRequest request;
@@ -47,6 +49,7 @@ Result<bool> take_value_option(std::span<const std::string> args, size_t& i, Bit
   if (take_option(args, i, "--format", "-f", v)) return a.format = v, true;
   if (take_option(args, i, "--source-file", "-b", v)) return a.source_file = v, true;
   if (take_option(args, i, "--source-format", "-F", v)) return a.source_format = v, true;
+  if (take_option(args, i, "--key-file", "", v)) return a.key_file = v, true;
   if (take_option(args, i, "--granularity", "-g", v)) {
     auto n = image::parse_create_size("granularity", v);
     if (!n)
@@ -96,6 +99,7 @@ Result<BitmapArgs> parse_bitmap_args(std::span<const std::string> args) {
   a.image = positional[0];
   a.request.bitmap = positional[1];
   a.request.granularity = a.granularity;
+  if (!a.key_file.empty()) a.request.keys = image::crypto::KeyProvider::from_file(a.key_file);
   return a;
 }
 
@@ -143,7 +147,8 @@ Task<Status> bitmap(BitmapArgs a) {
 
 std::string_view bitmap_usage() {
   return "usage: qcowfs bitmap (--merge SOURCE | --add | --remove | --clear | --enable | --disable)...\n"
-         "                     [-b SOURCE_FILE [-F SOURCE_FMT]] [-g GRANULARITY] [-f FMT] IMAGE BITMAP\n"
+         "                     [-b SOURCE_FILE [-F SOURCE_FMT]] [-g GRANULARITY] [-f FMT]\n"
+         "                     [--key-file PATH] IMAGE BITMAP\n"
          "\n"
          "Changes the persistent dirty bitmaps of a qcow2 image, like qemu-img bitmap (same\n"
          "command line, messages and exit status: 0, or 1 on error). The actions run in the\n"
@@ -161,6 +166,8 @@ std::string_view bitmap_usage() {
          "  -g, --granularity=N  --add's granularity (power of 2, 512 B to 2 GiB; default:\n"
          "                       the cluster size within 4 KiB..64 KiB)\n"
          "  -f, --format=FMT     image format (default: probed)\n"
+         "  --key-file=PATH      passphrase of an encrypted image (the file's content, - for\n"
+         "                       standard input; default: asked on the terminal)\n"
          "  -h, --help           show this text\n";
 }
 

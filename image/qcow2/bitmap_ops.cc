@@ -65,6 +65,7 @@ Task<Status> run_bitmap_ops(std::unique_ptr<io::HostFile> file, std::string path
   opts.format = "qcow2";
   opts.file.writable = true;
   opts.no_backing = true;  // metadata only: the backing file is never read
+  opts.keys = req.keys;
   auto drv = co_await open_qcow2(std::move(file), path, opts);
   if (!drv) co_return drv.status();
   auto* q = static_cast<qcow2::Qcow2Driver*>(drv->get());
@@ -77,6 +78,7 @@ Task<Status> run_bitmap_ops(std::unique_ptr<io::HostFile> file, std::string path
   size_t next_source = 0;
   for (const BitmapAction& act : req.actions) {
     if (!st) break;
+    if (act.kind == BitmapActionKind::remove) co_await w->adopt_bitmap_table(req.bitmap);
     st = run_bitmap_action(w->bitmaps(), req, act, next_source, q->image().header);
     if (!st)
       st = Status::errorf(st.code(), "Operation {} on bitmap {} failed: {}", bitmap_action_name(act.kind), req.bitmap,

@@ -128,6 +128,21 @@ std::optional<std::vector<DirtyRange>> PersistentBitmaps::dirty_ranges(std::stri
   return std::nullopt;
 }
 
+std::optional<DirtyRun> PersistentBitmaps::run_at(std::string_view name, uint64_t guest, uint64_t len) const {
+  std::lock_guard lock(mu_);
+  for (const TrackedBitmap& t : bitmaps_)
+    if (t.entry.name == name && t.bits) return t.bits->run_at(guest, len);
+  return std::nullopt;
+}
+
+std::vector<BitmapSummary> PersistentBitmaps::summaries() const {
+  std::lock_guard lock(mu_);
+  std::vector<BitmapSummary> out;
+  for (const TrackedBitmap& t : bitmaps_)
+    out.push_back(BitmapSummary{t.entry, t.bits != nullptr, t.bits ? t.bits->dirty_bytes() : 0});
+  return out;
+}
+
 std::vector<BitmapDirEntry> PersistentBitmaps::mark_in_use() {
   std::lock_guard lock(mu_);
   std::vector<BitmapDirEntry> out;
@@ -199,12 +214,34 @@ Status PersistentBitmaps::remove(const std::string& name) {
   std::lock_guard lock(mu_);
   auto it = std::find_if(bitmaps_.begin(), bitmaps_.end(), [&](const TrackedBitmap& t) { return t.entry.name == name; });
   if (it == bitmaps_.end()) return Status::errorf(ENOENT, "Dirty bitmap '{}' not found", name);
-  // An inconsistent bitmap's table was never read (held is empty): its
-  // clusters stay leaked, for `qemu-img check -r leaks`.
+  // An inconsistent bitmap's clusters are freed when read_unloaded_table()
+  // could read its table (hold()), else they leak, as QEMU leaves them.
   removed_.insert(removed_.end(), it->held.begin(), it->held.end());
   bitmaps_.erase(it);
   modified_ = true;
   return Status::ok();
+}
+
+Task<Result<std::vector<BitmapHostRange>>> PersistentBitmaps::read_unloaded_table(io::HostFile& f, const Header& h,
+                                                                                  const std::string& name) const {
+  TrackedBitmap t;
+  {
+    std::lock_guard lock(mu_);
+    const TrackedBitmap* found = find(name);
+    if (!found || found->bits || !found->held.empty()) co_return std::vector<BitmapHostRange>{};
+    t.entry = found->entry;
+  }
+  auto table = co_await read_bitmap_table(f, h, t);
+  if (!table) co_return table.status();
+  std::vector<BitmapHostRange> all = held_ranges(h.cluster_size());
+  all.insert(all.end(), t.held.begin(), t.held.end());
+  QCOWFS_CO_TRY(check_bitmap_ranges_disjoint(std::move(all)));
+  co_return std::move(t.held);
+}
+
+void PersistentBitmaps::hold(const std::string& name, std::vector<BitmapHostRange> ranges) {
+  std::lock_guard lock(mu_);
+  if (TrackedBitmap* t = find(name)) t->held.insert(t->held.end(), ranges.begin(), ranges.end());
 }
 
 Status PersistentBitmaps::clear(const std::string& name) {

@@ -14,8 +14,10 @@
 // it is (info shows "in-use"; `qcowfs bitmap --remove` drops it). Disabled
 // bitmaps are loaded and stored again with the same bits, as QEMU does.
 //
-// dirty_ranges() is the query API for views of a bitmap (what changed since
-// the bitmap was made, in guest byte ranges).
+// dirty_ranges(), run_at() and summaries() are the query API for views of a
+// bitmap (what changed since the bitmap was made, in guest byte ranges). A
+// read-only open of the active image loads the bits too (QEMU loads them
+// read-only): they never change then.
 //
 // Thread-safety: every member function is safe to call concurrently (one
 // mutex, never held across I/O); load() is a plain factory.
@@ -49,6 +51,13 @@ struct TrackedBitmap {
   std::vector<BitmapHostRange> held;   // its table and data clusters on disk (freed when stored or removed)
 };
 
+// One bitmap as a view lists it.
+struct BitmapSummary {
+  BitmapDirEntry entry;
+  bool loaded = false;       // false: inconsistent (or its data not read)
+  uint64_t dirty_bytes = 0;  // disk bytes its dirty granules cover
+};
+
 // What the writer stores at close: copies taken under the mutex.
 struct BitmapStoreSet {
   std::vector<TrackedBitmap> bitmaps;  // directory order; bits are private copies
@@ -71,6 +80,10 @@ class PersistentBitmaps {
   void note_write(uint64_t guest, uint64_t len);
   // The dirty ranges of bitmap `name`; nullopt when there is no such loaded bitmap.
   std::optional<std::vector<DirtyRange>> dirty_ranges(std::string_view name) const;
+  // The run of loaded bitmap `name` from guest (DirtyBitmap::run_at); nullopt
+  // when there is no such loaded bitmap.
+  std::optional<DirtyRun> run_at(std::string_view name, uint64_t guest, uint64_t len) const;
+  std::vector<BitmapSummary> summaries() const;
 
   // Marks every loaded bitmap IN_USE in memory; returns the directory to write.
   std::vector<BitmapDirEntry> mark_in_use();
@@ -82,6 +95,14 @@ class PersistentBitmaps {
   // `qcowfs bitmap` operations (QEMU's block-dirty-bitmap-* semantics).
   Status add(const std::string& name, uint64_t granularity, bool enabled, uint64_t disk_size, uint32_t cluster_bits);
   Status remove(const std::string& name);
+  // QEMU's free_bitmap_clusters reads a removed bitmap's table then, in use or
+  // not: the table and data clusters of inconsistent bitmap `name` (never read
+  // at open), checked as at open and against the other bitmaps' clusters;
+  // empty when there is no such inconsistent bitmap. hold() records them for
+  // remove() to free.
+  Task<Result<std::vector<BitmapHostRange>>> read_unloaded_table(io::HostFile& f, const Header& h,
+                                                                 const std::string& name) const;
+  void hold(const std::string& name, std::vector<BitmapHostRange> ranges);
   Status clear(const std::string& name);
   Status set_enabled(const std::string& name, bool enabled);
   // dst |= src (src: a bitmap of this image, or bits from another image).

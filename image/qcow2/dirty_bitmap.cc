@@ -1,6 +1,7 @@
 #include "image/qcow2/dirty_bitmap.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "image/endian.h"
 #include "io/align.h"
@@ -81,6 +82,37 @@ std::vector<DirtyRange> DirtyBitmap::dirty_ranges() const {
     bit = end;
   }
   return out;
+}
+
+uint64_t DirtyBitmap::find_next(uint64_t bit, bool value, uint64_t end) const {
+  while (bit < end) {
+    uint64_t w = words_[static_cast<size_t>(bit / kBitmapWordBits)];
+    if (!value) w = ~w;
+    w &= ~uint64_t{0} << (bit % kBitmapWordBits);
+    if (w != 0) return std::min(end, bit - bit % kBitmapWordBits + static_cast<uint64_t>(std::countr_zero(w)));
+    bit += kBitmapWordBits - bit % kBitmapWordBits;
+  }
+  return end;
+}
+
+DirtyRun DirtyBitmap::run_at(uint64_t guest, uint64_t len) const {
+  if (guest >= disk_size_ || len == 0) return {};
+  const uint64_t stop = guest + std::min(len, disk_size_ - guest);
+  const uint64_t bit = guest >> granularity_bits_;
+  const bool dirty = test(bit);
+  const uint64_t stop_bit = std::min(bits_, div_round_up(stop, uint64_t{1} << granularity_bits_));
+  const uint64_t next = find_next(bit + 1, !dirty, stop_bit);
+  const uint64_t end = std::min(stop, next << granularity_bits_);
+  return DirtyRun{end - guest, dirty};
+}
+
+uint64_t DirtyBitmap::dirty_bytes() const {
+  uint64_t set = 0;
+  for (uint64_t w : words_) set += static_cast<uint64_t>(std::popcount(w));
+  uint64_t bytes = set << granularity_bits_;
+  // The last granule may end past the disk's end.
+  if (bits_ != 0 && test(bits_ - 1)) bytes -= (bits_ << granularity_bits_) - disk_size_;
+  return bytes;
 }
 
 bool DirtyBitmap::serialize_cluster(uint64_t index, std::span<std::byte> out) const {

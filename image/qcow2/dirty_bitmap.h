@@ -23,6 +23,12 @@ struct DirtyRange {
   bool operator==(const DirtyRange&) const = default;
 };
 
+// A run of granules in one state from a given guest offset.
+struct DirtyRun {
+  uint64_t length = 0;  // bytes (> 0 inside the disk)
+  bool dirty = false;
+};
+
 class DirtyBitmap {
  public:
   DirtyBitmap(uint64_t size, uint32_t gran_bits);
@@ -42,6 +48,12 @@ class DirtyBitmap {
   // The dirty ranges (granule-aligned, the last one clipped at the disk's end).
   std::vector<DirtyRange> dirty_ranges() const;
   bool empty() const;
+  // The run from guest (< disk_size) of granules all dirty or all clean, cut
+  // at guest + len and at the disk's end (QEMU's bdrv_dirty_bitmap_next_dirty
+  // and next_zero from one offset).
+  DirtyRun run_at(uint64_t guest, uint64_t len) const;
+  // Bytes of the disk the dirty granules cover (QEMU's "count").
+  uint64_t dirty_bytes() const;
 
   // Data cluster `index` of the on-disk form into out (cluster_size bytes);
   // false when it is all zeros (stored as a 0 table entry).
@@ -54,6 +66,8 @@ class DirtyBitmap {
 
  private:
   void set_bits(uint64_t first, uint64_t end);  // [first, end) within bits_
+  // The first bit in [bit, end) whose value is `value`, else end (end <= bits_).
+  uint64_t find_next(uint64_t bit, bool value, uint64_t end) const;
   void trim_tail();
 
   uint64_t disk_size_;

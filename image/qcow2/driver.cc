@@ -145,4 +145,33 @@ Task<Result<std::unique_ptr<BlockDriver>>> Qcow2Driver::open_snapshot(std::strin
   co_return d;
 }
 
+const PersistentBitmaps* Qcow2Driver::bitmaps() const {
+  if (writer_) return &writer_->bitmaps();
+  return ro_bitmaps_.get();
+}
+
+void Qcow2Driver::keep_bitmaps(std::unique_ptr<PersistentBitmaps> bitmaps) { ro_bitmaps_ = std::move(bitmaps); }
+
+std::vector<BitmapInfo> Qcow2Driver::dirty_bitmaps() const {
+  std::vector<BitmapInfo> out;
+  const PersistentBitmaps* b = bitmaps();
+  if (!b) return out;
+  for (const BitmapSummary& s : b->summaries())
+    out.push_back(BitmapInfo{s.entry.name, s.entry.granularity(), s.entry.enabled(), !s.loaded, s.dirty_bytes});
+  return out;
+}
+
+Result<BitmapRun> Qcow2Driver::bitmap_run(std::string_view name, uint64_t off, uint64_t len) const {
+  const PersistentBitmaps* b = bitmaps();
+  std::optional<DirtyRun> run;
+  if (b) run = b->run_at(name, off, len);
+  if (run && run->length != 0) return BitmapRun{run->length, run->dirty};
+  if (b)
+    for (const BitmapSummary& s : b->summaries())
+      if (s.entry.name == name && !s.loaded)
+        return Status::errorf(EINVAL, "Bitmap '{}' is inconsistent and cannot be used", name);
+  if (run) return Status::errorf(EINVAL, "bitmap '{}': offset {} is past the disk's end", name, off);
+  return Status::errorf(ENOENT, "Dirty bitmap '{}' not found", name);
+}
+
 }  // namespace qcowfs::image::qcow2

@@ -28,6 +28,7 @@
 
 namespace qcowfs::image::qcow2 {
 
+class PersistentBitmaps;
 class Qcow2Writer;
 
 class Qcow2Driver final : public BlockDriver {
@@ -58,6 +59,12 @@ class Qcow2Driver final : public BlockDriver {
   std::vector<SnapshotInfo> snapshots() const override;
   Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name) override;
 
+  // The persistent bitmaps: the writer's (live) on a writable image, else the
+  // ones a read-only open of the active image handed to keep_bitmaps().
+  std::vector<BitmapInfo> dirty_bitmaps() const override;
+  Result<BitmapRun> bitmap_run(std::string_view name, uint64_t off, uint64_t len) const override;
+  void keep_bitmaps(std::unique_ptr<PersistentBitmaps> bitmaps);
+
   const Qcow2Image& image() const { return *image_; }
   const L1Table& l1_table() const { return l1_; }
   Qcow2Writer* writer() { return writer_.get(); }
@@ -65,12 +72,14 @@ class Qcow2Driver final : public BlockDriver {
  private:
   Status refuse_write() const;  // EROFS or EIO: why this view takes no writes, or ok
   Task<Status> read_whole_sectors(uint64_t guest, std::span<std::byte> buf);
+  const PersistentBitmaps* bitmaps() const;
 
   std::shared_ptr<Qcow2Image> image_;
   L1Table l1_;
   uint64_t size_;
   ReadPath read_path_;  // reads l1_
   std::unique_ptr<Qcow2Writer> writer_;
+  std::unique_ptr<PersistentBitmaps> ro_bitmaps_;  // read-only active image: its bitmaps, loaded at open
 };
 
 // Reads the L1 table of `entries` entries at `offset` (driver_open.cc).

@@ -161,15 +161,26 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_impl(std::unique_ptr<io::HostFil
   (*img)->snapshots = std::move(*sn);
   // A bitmap directory or table QEMU refuses makes the open fail, read-only
   // too; the writer loads the bitmaps' data itself (image/qcow2/bitmaps.h).
+  // A read-only active image keeps its bitmaps, loaded, for views of them (as
+  // QEMU loads them read-only); a backing file or a snapshot only checks them.
+  std::unique_ptr<PersistentBitmaps> ro_bitmaps;
   if (!writable) {
-    auto bitmaps = co_await PersistentBitmaps::load(*(*img)->file, (*img)->header, false);
+    bool keep = opts.backing_of.empty() && opts.snapshot.empty();
+    auto bitmaps = co_await PersistentBitmaps::load(*(*img)->file, (*img)->header, keep);
+    if (!bitmaps && keep && bitmaps.status().code() == EFBIG) {  // too big to hold: served without them
+      log::warn("{}: {}; bitmaps/ is not shown", path, bitmaps.status().message());
+      keep = false;
+      bitmaps = co_await PersistentBitmaps::load(*(*img)->file, (*img)->header, false);
+    }
     if (!bitmaps) co_return bitmaps.status();
+    if (keep && !(*bitmaps)->empty()) ro_bitmaps = std::move(*bitmaps);
   }
   QCOWFS_CO_TRY(co_await open_data_file(**img, opts));
   QCOWFS_CO_TRY(co_await open_encryption(**img, opts));
   QCOWFS_CO_TRY(co_await open_backing(**img, opts));
   const uint64_t size = (*img)->header.size;
   auto drv = std::make_unique<Qcow2Driver>(std::move(*img), std::move(*l1), size, false);
+  if (ro_bitmaps) drv->keep_bitmaps(std::move(ro_bitmaps));
   if (writable) QCOWFS_CO_TRY(co_await drv->enable_writes(opts));
   if (!opts.snapshot.empty()) co_return co_await drv->open_snapshot(opts.snapshot);
   std::unique_ptr<BlockDriver> out = std::move(drv);

@@ -134,6 +134,11 @@ class Qcow2Writer {
   // Before a change that is not a guest write (`qcowfs bitmap` operations):
   // the same preparation as the first write (bitmaps marked in use).
   Task<Status> prepare_for_change() { return prepare(); }
+  // Before `qcowfs bitmap --remove` of an inconsistent bitmap: its table is
+  // read so that the removal frees its clusters, as QEMU's does; a table
+  // that cannot be read, or whose clusters overlap other metadata, is left
+  // alone (its clusters leak, as QEMU leaves them), with a warning.
+  Task<void> adopt_bitmap_table(const std::string& name);
 
   // For tests: the refcount table and allocator (use with no request in flight).
   RefcountTable& refcounts() { return *refcounts_; }

@@ -32,6 +32,23 @@ Task<Status> Qcow2Writer::load_bitmaps() {
   co_return Status::ok();
 }
 
+Task<void> Qcow2Writer::adopt_bitmap_table(const std::string& name) {
+  auto ranges = co_await bitmaps_->read_unloaded_table(*img_.file, img_.header, name);
+  Status st = ranges.status();
+  if (ranges)
+    for (const BitmapHostRange& r : *ranges)
+      if (const MetadataRange* m = img_.layout.overlap(r.offset, r.length)) {
+        st = Status::errorf(EINVAL, "{} at {:#x} overlaps the {}", r.what, r.offset, m->what);
+        break;
+      }
+  if (!st) {
+    log::warn("{}: inconsistent bitmap '{}': {}; its clusters stay allocated (qemu-img check -r leaks frees them)",
+              img_.path, name, st.message());
+    co_return;
+  }
+  bitmaps_->hold(name, std::move(*ranges));
+}
+
 void Qcow2Writer::note_guest_change(GuestOffset guest, uint64_t len) {
   if (bitmaps_) bitmaps_->note_write(guest, len);
 }

@@ -7,13 +7,18 @@ must find nothing, and QEMU's own reading of each bitmap (qemu-nbd exporting
 it, nbdinfo --map=qemu:dirty-bitmap:NAME) must be exactly the granules
 written. A disabled bitmap keeps its bits. kill -9 of the daemon after a write
 leaves the bitmaps marked in use, as QEMU leaves them, and such a bitmap is
-then kept as it is. Hostile directories are in the hostile corpus
-(qcowfs_testlib/hostile.py).
+then kept as it is, and left out of DIR/bitmaps/. In directory mode
+DIR/bitmaps/NAME.raw shows a bitmap: its SEEK_DATA ranges are QEMU's dirty
+clusters, live in a rw mount, also in a read-only one, and a sparse copy of
+it restores the disk over the full copy taken when the bitmap was added.
+Hostile directories are in the hostile corpus (qcowfs_testlib/hostile.py).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -134,9 +139,14 @@ def test_kill9_leaves_bitmaps_in_use(workdir: Path):
     flags = bitmap_flags(img)
     assert flags == {"b0": ["in-use", "auto"], "b1": ["in-use", "auto"], "d0": ["in-use"]}, flags
     assert_info_matches(img)
-    # An inconsistent bitmap is kept as it is by the next read-write mount, as QEMU keeps it.
-    with helpers.mounted(img, workdir / "view.raw", ["rw"]) as m:
+    # An inconsistent bitmap is kept as it is by the next read-write mount, as QEMU keeps it,
+    # and not shown as a file (qemu-nbd -B refuses to export it).
+    mnt = workdir / "dir"
+    mnt.mkdir()
+    with helpers.mounted(img, mnt, ["rw"]) as m:
         dd(m.path, 4 * MiB, 64 * KiB)
+        assert not (mnt / "bitmaps").exists(), os.listdir(mnt)
+        assert "bitmap 'b0' is inconsistent" in m.stderr(), m.stderr()
     assert bitmap_flags(img) == flags
     # QEMU refuses to resize an image with an inconsistent bitmap; so does qcowfs.
     twin = workdir / "twin.qcow2"
@@ -149,6 +159,13 @@ def test_kill9_leaves_bitmaps_in_use(workdir: Path):
     proc = helpers.run(["qemu-img", "check", "--output=json", str(img)], check=False)
     report = json.loads(proc.stdout)  # leaks are allowed after kill -9, nothing worse
     assert report.get("corruptions", 0) == 0 and report.get("check-errors", 0) == 0, report
+    # Removing an inconsistent bitmap frees its table and data clusters, as qemu-img's removal does.
+    helpers.run(["qemu-img", "check", "-q", "-r", "leaks", str(img)])  # start both from a clean image
+    shutil.copy(img, twin)
+    assert bitmap_cmd("qemu-img", twin, "--remove", "b0") == bitmap_cmd("qcowfs", img, "--remove", "b0") == (0, "")
+    for image in (twin, img):
+        helpers.qemu_img_check(image)
+    assert bitmap_flags(img) == bitmap_flags(twin) == {"b1": ["in-use", "auto"], "d0": ["in-use"]}
 
 
 def bitmap_cmd(tool: str, img: Path, *args: str) -> tuple[int, str]:
@@ -188,3 +205,125 @@ def test_bitmap_command_matches_qemu_img(workdir: Path):
         assert dirty["qcowfs"] == dirty["qemu-img"], (name, dirty)
     assert qemu_dirty(twins["qcowfs"], "b2", workdir) == [(1 * MiB, 64 * KiB), (9 * MiB, 64 * KiB)]
     helpers.qemu_img_check(twins["qcowfs"])
+
+
+def apply_data_ranges(inc: Path, full: Path) -> None:
+    """Writes inc's SEEK_DATA ranges over full at the same offsets (the restore of an incremental backup)."""
+    with open(inc, "rb") as src, open(full, "r+b") as dst:
+        for start, end in helpers.data_extents(inc):
+            src.seek(start)
+            dst.seek(start)
+            dst.write(src.read(end - start))
+
+
+def as_extents(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [(off, off + length) for off, length in ranges]
+
+
+# README's copy_data: SRC's data ranges (qemu-img map) copied with dd at the same offsets of DST.
+COPY_DATA = r"""
+copy_data() {
+  qemu-img map -f raw "$1" | tail -n +2 | while read -r off len _; do
+    dd if="$1" of="$2" bs=1M iflag=skip_bytes,count_bytes oflag=seek_bytes conv=notrunc status=none \
+       skip=$((off)) seek=$((off)) count=$((len))
+  done
+}
+"""
+
+
+def copy_data(src: Path, dst: Path) -> None:
+    helpers.run(["bash", "-ec", "set -o pipefail" + COPY_DATA + 'copy_data "$0" "$1"', src, dst])
+
+
+def test_bitmap_files_are_incremental_backups(workdir: Path):
+    """bitmaps/b0.raw: data where b0 is dirty (QEMU's clusters), the disk's bytes there, zeros elsewhere."""
+    img = workdir / "inc.qcow2"
+    helpers.qemu_img("create", "-q", "-f", "qcow2", img, str(SIZE))
+    # Data before the bitmap (every dirty cluster below holds some; one is zeroed later).
+    helpers.qemu_io(img, "write -P 7 0 4M", "write -P 7 15M 1M")
+    helpers.qemu_img("bitmap", "--add", img, "b0")
+    full = helpers.convert_to_raw(img, workdir / "full.raw")  # the full backup the bitmap counts from
+    writes = [(1 * MiB + 100, 5000, 0x11), (3 * MiB - 7, 70 * KiB, 0x22), (9 * MiB, 64 * KiB, 0x33),
+              (SIZE - 10, 10, 0x44)]
+    zeroed = (2 * MiB, 64 * KiB)  # all 7s in the full copy, all zeros now: a dirty cluster that reads as zeros
+    expected = granules([(off, length) for off, length, _ in writes] + [zeroed], 64 * KiB)
+    inc, inc_always = workdir / "inc.raw", workdir / "inc-always.raw"
+    mnt = workdir / "dir"
+    mnt.mkdir()
+    with helpers.mounted(img, mnt, ["rw"]) as m:
+        view = mnt / "bitmaps" / "b0.raw"
+        assert helpers.data_extents(view) == [], "nothing written yet"
+        fd = os.open(m.path, os.O_WRONLY)
+        try:
+            for off, length, byte in writes:
+                assert os.pwrite(fd, bytes([byte]) * length, off) == length
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        helpers.run(["fallocate", "-z", "-o", str(zeroed[0]), "-l", str(zeroed[1]), str(m.path)])
+        st = os.stat(view)
+        assert st.st_size == SIZE and st.st_mode & 0o222 == 0, st
+        try:
+            os.close(os.open(view, os.O_WRONLY))
+            raise AssertionError("a bitmap file opened for writing")
+        except OSError as e:
+            assert e.errno in (errno.EROFS, errno.EACCES), e
+        live = helpers.data_extents(view)  # the live bitmap: the writes above are in it
+        assert live == as_extents(expected), (live, expected)
+        disk, shown = m.path.read_bytes(), view.read_bytes()
+        pos = 0
+        for start, end in live:
+            assert shown[pos:start] == bytes(start - pos), f"non-zero bytes in the clean range [{pos}, {start})"
+            assert shown[start:end] == disk[start:end], f"the dirty range [{start}, {end}) is not the disk's"
+            pos = end
+        assert shown[pos:] == bytes(SIZE - pos)
+        with open(inc, "wb") as f:
+            f.truncate(SIZE)
+        copy_data(view, inc)  # README's backup
+        helpers.run(["cp", "--sparse=always", str(view), str(inc_always)])
+    assert qemu_dirty(img, "b0", workdir) == expected, "QEMU's dirty clusters differ from the file's data ranges"
+    current = helpers.convert_to_raw(img, workdir / "current.raw")
+    assert helpers.data_extents(inc) == as_extents(expected)
+    restored = workdir / "restored.raw"
+    shutil.copy(full, restored)
+    copy_data(inc, restored)  # README's restore
+    assert helpers.files_equal(restored, current), "the increment over the full copy is not the disk"
+    # cp --sparse=always keeps every dirty cluster but the zeroed one (README says so): a restore from
+    # it differs from the disk exactly there.
+    assert helpers.data_extents(inc_always) == [
+        r for r in as_extents(expected) if r != (zeroed[0], zeroed[0] + zeroed[1])]
+    shutil.copy(full, restored)
+    apply_data_ranges(inc_always, restored)
+    got, want = restored.read_bytes(), current.read_bytes()
+    z0, z1 = zeroed[0], zeroed[0] + zeroed[1]
+    assert got[:z0] == want[:z0] and got[z1:] == want[z1:]
+    assert got[z0:z1] == b"\x07" * zeroed[1] and want[z0:z1] == bytes(zeroed[1])
+    # A read-only mount shows the same bitmap file (the bitmaps are loaded read-only).
+    with helpers.mounted(img, mnt) as m:
+        view = mnt / "bitmaps" / "b0.raw"
+        assert os.stat(view).st_blocks * 512 == sum(length for _, length in expected)  # the dirty bytes
+        assert helpers.data_extents(view) == as_extents(expected)
+        assert helpers.files_equal(view, inc)
+
+
+def test_bitmap_command_takes_a_key_file(workdir: Path):
+    """qcowfs bitmap on an encrypted qcow2 with --key-file, as info, map and resize take the passphrase."""
+    key = workdir / "pass.txt"
+    key.write_text("bitmap secret")
+    img = workdir / "enc.qcow2"
+    secret = ["--object", f"secret,id=s0,file={key}"]
+    for attempt in range(8):  # qemu-img's PBKDF2 calibration may fail on a too-fast clock tick (test_encryption.py)
+        made = helpers.run(["qemu-img", "create", "-q", *secret, "-f", "qcow2", "-o",
+                            "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.hash-alg=sha512",
+                            str(img), str(4 * MiB)], check=False, env=helpers.fast_kdf_calibration_env())
+        if made.returncode == 0 or b"accurate CPU usage" not in made.stderr or attempt == 7:
+            break
+    assert made.returncode == 0, made
+    refused = helpers.run([helpers.qcowfs_bin(), "bitmap", "--add", str(img), "b0"], check=False, input=b"")
+    assert refused.returncode == 1 and bitmap_flags(img) == {}, refused  # no terminal to ask
+    helpers.run([helpers.qcowfs_bin(), "bitmap", "--add", "--key-file", str(key), str(img), "b0"])
+    assert bitmap_flags(img) == {"b0": ["auto"]}
+    check = helpers.run(["qemu-img", "check", "--output=json", *secret, "--image-opts",
+                         f"driver=qcow2,encrypt.key-secret=s0,file.filename={img}"])
+    report = json.loads(check.stdout)
+    assert all(report.get(k, 0) == 0 for k in ("corruptions", "leaks", "check-errors")), report

@@ -81,6 +81,39 @@ TEST(DirtyBitmap, GrowStartsCleanShrinkDropsBits) {
   EXPECT_TRUE(b.empty());
 }
 
+// run_at() walks the runs a bitmap view serves as data and holes: they must
+// tile the disk exactly as dirty_ranges() says, across word boundaries (64
+// granules), with the query's length and the disk's end cutting runs.
+TEST(DirtyBitmap, RunsTileTheDiskAsTheDirtyRanges) {
+  const uint64_t disk = 200 * 64 * kKiB + 4 * kKiB;  // 201 granules, the last one short
+  DirtyBitmap b(disk, 16);
+  b.set(0, 1);                             // granule 0
+  b.set(63 * 64 * kKiB, 3 * 64 * kKiB);    // 63..65, across a word boundary
+  b.set(128 * 64 * kKiB, 64 * 64 * kKiB);  // 128..191: a whole word
+  b.set(disk - 1, 1);                      // the short last granule
+  std::vector<DirtyRange> from_runs;
+  for (uint64_t off = 0; off < disk;) {
+    DirtyRun r = b.run_at(off, disk - off);
+    ASSERT_GT(r.length, 0u) << off;
+    if (r.dirty) {
+      if (!from_runs.empty() && from_runs.back().offset + from_runs.back().length == off)
+        from_runs.back().length += r.length;  // (runs of one state never touch)
+      else
+        from_runs.push_back(DirtyRange{off, r.length});
+    }
+    off += r.length;
+  }
+  EXPECT_EQ(from_runs, b.dirty_ranges());
+  EXPECT_EQ(b.dirty_bytes(), 68 * 64 * kKiB + 4 * kKiB);
+  // Mid-granule starts and short queries.
+  EXPECT_EQ(b.run_at(64 * kKiB + 5, disk).length, 63 * 64 * kKiB - (64 * kKiB + 5));
+  EXPECT_FALSE(b.run_at(64 * kKiB + 5, disk).dirty);
+  EXPECT_EQ(b.run_at(130 * 64 * kKiB + 7, 10).length, 10u);
+  EXPECT_TRUE(b.run_at(130 * 64 * kKiB + 7, 10).dirty);
+  EXPECT_EQ(b.run_at(disk - 4 * kKiB, 1 * kMiB).length, 4 * kKiB);
+  EXPECT_EQ(b.run_at(disk, 1).length, 0u);
+}
+
 TEST(BitmapDir, RoundTrips) {
   std::vector<BitmapDirEntry> in{entry("b0"), entry("longer-name", 20, kBitmapFlagInUse)};
   in[1].table_offset = 5 * (uint64_t{1} << kClusterBits);
