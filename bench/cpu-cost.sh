@@ -4,7 +4,8 @@
 # at QD32 with fio and reports the daemon's task-clock and context switches per request
 # (perf stat), and /dev/fuse read() calls per request and their EAGAIN share (strace -c).
 # Env: IOS (requests, default 100000), QUEUES (-o queues=N, default: the binary's default),
-#      OPTS (more -o options, e.g. fuse_uring=off),
+#      OPTS (more -o options, e.g. fuse_uring=off), RW=randwrite (4 KiB random writes on a
+#      read-write mount instead of reads),
 #      FMT (raw, qcow2, qcow2-enc: LUKS aes-256-xts, or vmdk vhdx vdi qed vpc parallels: the
 #      fully written qcow2 converted by qemu-img; default raw).
 set -euo pipefail
@@ -37,11 +38,13 @@ else
   qemu-img convert -O "$fmt" $copts "$work/full" "$work/img" && rm -f "$work/full"
 fi
 : > "$work/mnt"
-opts="ro,cache=none,passthrough=off,format=$fmt$keyopt${QUEUES:+,queues=$QUEUES}${OPTS:+,$OPTS}"
+rwjob=${RW:-randread}
+mode=ro; [ "$rwjob" = randread ] || mode=rw
+opts="$mode,cache=none,passthrough=off,format=$fmt$keyopt${QUEUES:+,queues=$QUEUES}${OPTS:+,$OPTS}"
 "$bin" -f -o "$opts" "$work/img" "$work/mnt" & pid=$!
 for _ in $(seq 100); do grep -q " $work/mnt " /proc/self/mountinfo && break; sleep 0.1; done
 run_fio() {
-  fio --name=r --filename="$work/mnt" --rw=randread --bs=4k --iodepth=32 --ioengine=io_uring \
+  fio --name=r --filename="$work/mnt" --rw="$rwjob" --bs=4k --iodepth=32 --ioengine=io_uring \
     --direct=1 --number_ios="$ios" --size=256M --output-format=terse >/dev/null
 }
 run_fio  # warm-up (page tables, buffer pools)
