@@ -9,6 +9,7 @@
 
 #include "image/describe.h"
 #include "image/format.h"
+#include "image/forwarding_driver.h"
 #include "image/probe.h"
 #include "image/views/window.h"
 #include "io/log.h"
@@ -46,34 +47,18 @@ struct DirCloser {
 // A partition window or a snapshot of a catalogue image, holding the image
 // (one user of its ImageFile) until it is closed: the image stays open, and
 // its driver valid, while the view is. Everything else is forwarded.
-class ImageHoldingDriver final : public image::BlockDriver {
+class ImageHoldingDriver final : public image::ForwardingDriver {
  public:
   // image: acquired by the caller; released on close() (or destruction).
   ImageHoldingDriver(std::unique_ptr<image::BlockDriver> inner, ImageFile& image)
-      : inner_(std::move(inner)), image_(&image) {}
+      : ForwardingDriver(std::move(inner)), image_(&image) {}
   ~ImageHoldingDriver() override {
-    inner_.reset();  // a snapshot borrows the image's files: gone before the image may close
+    drop_inner();  // a snapshot borrows the image's files: gone before the image may close
     give_back();
   }
 
-  std::string_view format_name() const override { return inner_->format_name(); }
-  uint64_t size() const override { return inner_->size(); }
-  bool read_only() const override { return inner_->read_only(); }
-  size_t mem_align() const override { return inner_->mem_align(); }
-  Task<Status> read(uint64_t off, std::span<std::byte> buf) override { return inner_->read(off, buf); }
-  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override { return inner_->write(off, buf); }
-  Task<Status> flush() override { return inner_->flush(); }
-  Task<Status> discard(uint64_t off, uint64_t len) override { return inner_->discard(off, len); }
-  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override {
-    return inner_->write_zeroes(off, len, may_unmap);
-  }
-  Task<Status> truncate(uint64_t new_size) override { return inner_->truncate(new_size); }
-  Task<Result<image::BlockStatus>> block_status(uint64_t off, uint64_t len) override {
-    return inner_->block_status(off, len);
-  }
-  uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
   Task<Status> close() override {
-    Status st = co_await inner_->close();
+    Status st = co_await inner().close();
     give_back();
     co_return st;
   }
@@ -82,7 +67,6 @@ class ImageHoldingDriver final : public image::BlockDriver {
   void give_back() {
     if (ImageFile* image = std::exchange(image_, nullptr)) image->release();
   }
-  std::unique_ptr<image::BlockDriver> inner_;
   ImageFile* image_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "image/forwarding_driver.h"
 #include "io/buffer.h"
 #include "io/range_lock.h"
 
@@ -23,61 +24,39 @@ bool all_zero(std::span<const std::byte> b) {
   return std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0}; });
 }
 
-class CopyOnReadDriver final : public BlockDriver {
+class CopyOnReadDriver final : public ForwardingDriver {
  public:
   CopyOnReadDriver(std::unique_ptr<BlockDriver> inner, uint64_t cluster)
-      : inner_(std::move(inner)), cluster_(cluster) {}
-
-  std::string_view format_name() const override { return inner_->format_name(); }
-  uint64_t size() const override { return inner_->size(); }
-  bool read_only() const override { return inner_->read_only(); }
-  size_t mem_align() const override { return inner_->mem_align(); }
-  uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
-  ImageDetails details() const override { return inner_->details(); }
-  std::vector<SnapshotInfo> snapshots() const override { return inner_->snapshots(); }
-  Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name) override {
-    co_return co_await inner_->open_snapshot(std::move(id_or_name));
-  }
-  std::vector<BitmapInfo> dirty_bitmaps() const override { return inner_->dirty_bitmaps(); }
-  Result<BitmapRun> bitmap_run(std::string_view name, uint64_t off, uint64_t len) const override {
-    return inner_->bitmap_run(name, off, len);
-  }
+      : ForwardingDriver(std::move(inner)), cluster_(cluster) {}
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override {
     auto guard = co_await lock_.lock(padded_start(off), padded_end(off + buf.size()), io::RangeLock::Mode::shared);
-    co_return co_await inner_->write(off, buf);
+    co_return co_await inner().write(off, buf);
   }
   Task<Status> discard(uint64_t off, uint64_t len) override {
     auto guard = co_await lock_.lock(padded_start(off), padded_end(off + len), io::RangeLock::Mode::shared);
-    co_return co_await inner_->discard(off, len);
+    co_return co_await inner().discard(off, len);
   }
   Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override {
     auto guard = co_await lock_.lock(padded_start(off), padded_end(off + len), io::RangeLock::Mode::shared);
-    co_return co_await inner_->write_zeroes(off, len, may_unmap);
+    co_return co_await inner().write_zeroes(off, len, may_unmap);
   }
   Task<Status> truncate(uint64_t new_size) override {
     auto guard = co_await lock_.lock(0, UINT64_MAX, io::RangeLock::Mode::exclusive);
-    co_return co_await inner_->truncate(new_size);
+    co_return co_await inner().truncate(new_size);
   }
-  Task<Status> flush() override { co_return co_await inner_->flush(); }
-  Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override {
-    co_return co_await inner_->block_status(off, len);
-  }
-  Task<Status> close() override { co_return co_await inner_->close(); }
-  Task<Status> idle_writeback() override { co_return co_await inner_->idle_writeback(); }
 
  private:
   uint64_t padded_start(uint64_t off) const { return off / cluster_ * cluster_; }
   uint64_t padded_end(uint64_t end) const {
     const uint64_t up = end % cluster_ == 0 ? end : (end / cluster_ + 1) * cluster_;
-    return std::min(up, std::max(end, inner_->size()));
+    return std::min(up, std::max(end, inner().size()));
   }
   Task<Status> copy_clusters(uint64_t start, uint64_t end, uint64_t off, std::span<std::byte> buf);
   Task<Status> copy_run(uint64_t at, uint64_t n, uint64_t off, std::span<std::byte> buf);
   Task<Status> read_part(uint64_t at, uint64_t n, uint64_t off, std::span<std::byte> buf);
 
-  std::unique_ptr<BlockDriver> inner_;
   const uint64_t cluster_;
   // Copies hold their padded clusters exclusive; guest writes, discards and
   // write-zeroes hold theirs shared; truncate holds everything.
@@ -86,9 +65,9 @@ class CopyOnReadDriver final : public BlockDriver {
 
 Task<Status> CopyOnReadDriver::read(uint64_t off, std::span<std::byte> buf) {
   if (buf.empty()) co_return Status::ok();
-  auto first = co_await inner_->block_status(off, buf.size());
+  auto first = co_await inner().block_status(off, buf.size());
   if (!first) co_return first.status();
-  if (in_top(*first) && first->length >= buf.size()) co_return co_await inner_->read(off, buf);
+  if (in_top(*first) && first->length >= buf.size()) co_return co_await inner().read(off, buf);
   const uint64_t start = padded_start(off), end = padded_end(off + buf.size());
   auto guard = co_await lock_.lock(start, end, io::RangeLock::Mode::exclusive);
   co_return co_await copy_clusters(start, end, off, buf);
@@ -101,7 +80,7 @@ Task<Status> CopyOnReadDriver::read(uint64_t off, std::span<std::byte> buf) {
 Task<Status> CopyOnReadDriver::copy_clusters(uint64_t start, uint64_t end, uint64_t off,
                                              std::span<std::byte> buf) {
   for (uint64_t at = start; at < end;) {
-    auto s = co_await inner_->block_status(at, end - at);
+    auto s = co_await inner().block_status(at, end - at);
     if (!s) co_return s.status();
     const uint64_t n = std::min(s->length, end - at);
     if (n == 0) co_return Status::errorf(EIO, "copy-on-read: empty block status at {}", at);
@@ -121,19 +100,19 @@ Task<Status> CopyOnReadDriver::copy_clusters(uint64_t start, uint64_t end, uint6
 Task<Status> CopyOnReadDriver::read_part(uint64_t at, uint64_t n, uint64_t off, std::span<std::byte> buf) {
   const uint64_t lo = std::max(at, off), hi = std::min(at + n, off + buf.size());
   if (lo >= hi) co_return Status::ok();
-  co_return co_await inner_->read(lo, buf.subspan(lo - off, hi - lo));
+  co_return co_await inner().read(lo, buf.subspan(lo - off, hi - lo));
 }
 
 // Reads [at, at + n) through the chain, writes it into the top image and
 // hands the guest its part.
 Task<Status> CopyOnReadDriver::copy_run(uint64_t at, uint64_t n, uint64_t off, std::span<std::byte> buf) {
-  io::AlignedBuffer bounce(static_cast<size_t>(n), inner_->mem_align(), false);
-  QCOWFS_CO_TRY(co_await inner_->read(at, bounce.span()));
+  io::AlignedBuffer bounce(static_cast<size_t>(n), inner().mem_align(), false);
+  QCOWFS_CO_TRY(co_await inner().read(at, bounce.span()));
   Status w;
   if (all_zero(bounce.span())) {
-    w = co_await inner_->write_zeroes(at, n, false);
+    w = co_await inner().write_zeroes(at, n, false);
   } else {
-    w = co_await inner_->write(at, bounce.span());
+    w = co_await inner().write(at, bounce.span());
   }
   if (!w) co_return w.with_context("copy-on-read");
   const uint64_t lo = std::max(at, off), hi = std::min(at + n, off + buf.size());

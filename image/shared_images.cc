@@ -2,43 +2,21 @@
 
 #include <utility>
 
+#include "image/forwarding_driver.h"
+
 namespace qcowfs::image {
 namespace {
 
 // A user's handle on a shared read-only image: every call goes to the image;
 // close() only leaves it (the image is read-only: nothing to write back), and
 // the image is destroyed with its last handle.
-class SharedImageHandle final : public BlockDriver {
+class SharedImageHandle final : public ForwardingDriver {
  public:
-  explicit SharedImageHandle(std::shared_ptr<BlockDriver> image) : d_(std::move(image)) {}
+  explicit SharedImageHandle(std::shared_ptr<BlockDriver> image) : ForwardingDriver(std::move(image)) {}
 
-  std::string_view format_name() const override { return d_->format_name(); }
-  uint64_t size() const override { return d_->size(); }
   bool read_only() const override { return true; }
-  size_t mem_align() const override { return d_->mem_align(); }
-  Task<Status> read(uint64_t off, std::span<std::byte> buf) override { return d_->read(off, buf); }
-  Task<Status> write(uint64_t off, std::span<const std::byte> buf) override { return d_->write(off, buf); }
-  Task<Status> flush() override { return d_->flush(); }
-  Task<Status> discard(uint64_t off, uint64_t len) override { return d_->discard(off, len); }
-  Task<Status> write_zeroes(uint64_t off, uint64_t len, bool may_unmap) override {
-    return d_->write_zeroes(off, len, may_unmap);
-  }
-  Task<Status> truncate(uint64_t new_size) override { return d_->truncate(new_size); }
-  Task<Result<BlockStatus>> block_status(uint64_t off, uint64_t len) override { return d_->block_status(off, len); }
-  uint64_t allocated_bytes() const override { return d_->allocated_bytes(); }
   Task<Status> close() override { co_return Status::ok(); }
-  ImageDetails details() const override { return d_->details(); }
-  std::vector<SnapshotInfo> snapshots() const override { return d_->snapshots(); }
-  Task<Result<std::unique_ptr<BlockDriver>>> open_snapshot(std::string id_or_name) override {
-    return d_->open_snapshot(std::move(id_or_name));
-  }
-  std::vector<BitmapInfo> dirty_bitmaps() const override { return d_->dirty_bitmaps(); }
-  Result<BitmapRun> bitmap_run(std::string_view name, uint64_t off, uint64_t len) const override {
-    return d_->bitmap_run(name, off, len);
-  }
-
- private:
-  std::shared_ptr<BlockDriver> d_;
+  Task<Status> idle_writeback() override { co_return Status::ok(); }
 };
 
 }  // namespace
