@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "io/remote/read_iov.h"
+
 namespace qcowfs::io {
 
 BlockCache::BlockCache(uint64_t object_size, BlockCacheConfig cfg, Fetch fetch)
@@ -101,14 +103,7 @@ std::vector<uint64_t> BlockCache::plan_readahead(uint64_t off, uint64_t end) {
 }
 
 Task<Result<size_t>> BlockCache::readv(uint64_t off, std::span<const iovec> iov) {
-  size_t total = 0;
-  for (const iovec& v : iov) {
-    auto n = co_await read(off + total, std::span(static_cast<std::byte*>(v.iov_base), v.iov_len));
-    if (!n) co_return n.status();
-    total += *n;
-    if (*n < v.iov_len) break;
-  }
-  co_return total;
+  return read_iov(off, iov, [this](uint64_t at, std::span<std::byte> buf) { return read(at, buf); });
 }
 
 Task<Result<size_t>> BlockCache::read(uint64_t off, std::span<std::byte> buf) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/log.h"
+#include "io/remote/read_iov.h"
 #include "io/sync.h"
 
 namespace qcowfs::io {
@@ -321,14 +322,7 @@ Task<Result<size_t>> NbdFile::read(uint64_t off, std::span<std::byte> buf) {
 }
 
 Task<Result<size_t>> NbdFile::readv(uint64_t off, std::span<const iovec> iov) {
-  size_t total = 0;
-  for (const iovec& v : iov) {
-    auto n = co_await read(off + total, std::span(static_cast<std::byte*>(v.iov_base), v.iov_len));
-    if (!n) co_return n.status();
-    total += *n;
-    if (*n < v.iov_len) break;
-  }
-  co_return total;
+  return read_iov(off, iov, [this](uint64_t at, std::span<std::byte> buf) { return read(at, buf); });
 }
 
 Task<Status> NbdFile::write(uint64_t off, std::span<const std::byte> buf) {
