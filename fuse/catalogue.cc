@@ -358,15 +358,7 @@ Catalogue::SubView* Catalogue::find_or_make_partition(ImageDir& d, const image::
   v->partition = p;
   v->node = make_sub_node(*d.item, d.parts.ino, NodeKind::image, fmt::format("p{}.raw", p.number));
   // A partition of a read-write image is read-write, as in directory mode.
-  v->node.file = std::make_unique<ImageFile>([this, dp = &d, vp = v.get()] { return open_sub_view(dp, vp); },
-                                             d.item->node.file->writable());
-  v->node.file->set_closed_attributes(p.size, 0);
-  v->node.file->set_on_idle([this] {
-    if (on_idle_) on_idle_();
-  });
-  sub_nodes_.emplace(v->node.ino, &v->node);
-  d.all.push_back(std::move(v));
-  return d.all.back().get();
+  return add_sub_view(d, std::move(v), d.item->node.file->writable(), p.size);
 }
 
 Catalogue::SubView* Catalogue::find_or_make_snapshot(ImageDir& d, const image::SnapshotInfo& s, std::string name) {
@@ -378,9 +370,15 @@ Catalogue::SubView* Catalogue::find_or_make_snapshot(ImageDir& d, const image::S
   v->snapshot = true;
   v->info = s;
   v->node = make_sub_node(*d.item, d.snaps.ino, NodeKind::image, std::move(name));
+  return add_sub_view(d, std::move(v), false, s.disk_size);  // a snapshot is read-only
+}
+
+// A new partition or snapshot view (its node made): its lazily opening
+// ImageFile, registered with the image's directory.
+Catalogue::SubView* Catalogue::add_sub_view(ImageDir& d, std::unique_ptr<SubView> v, bool writable, uint64_t size) {
   v->node.file = std::make_unique<ImageFile>([this, dp = &d, vp = v.get()] { return open_sub_view(dp, vp); },
-                                             false);  // a snapshot is read-only
-  v->node.file->set_closed_attributes(s.disk_size, 0);
+                                             writable);
+  v->node.file->set_closed_attributes(size, 0);
   v->node.file->set_on_idle([this] {
     if (on_idle_) on_idle_();
   });

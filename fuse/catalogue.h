@@ -136,6 +136,7 @@ class Catalogue final : public DynamicDirectory {
   SubView* find_or_make_partition(ImageDir& d, const image::Partition& p);        // mu_ held
   SubView* find_or_make_snapshot(ImageDir& d, const image::SnapshotInfo& s, std::string name);  // mu_ held
   Node make_sub_node(const Item& item, Ino parent, NodeKind kind, std::string name);  // mu_ held
+  SubView* add_sub_view(ImageDir& d, std::unique_ptr<SubView> v, bool writable, uint64_t size);  // mu_ held
   std::string path_of(const Dir& dir, const std::string& file_name) const;
 
   const CatalogueSettings settings_;
