@@ -7,37 +7,25 @@
 #include <memory>
 
 #include "fuse/live_driver.h"
+#include "image/forwarding_driver.h"
 #include "io/engine.h"
 #include "io/sync.h"
+#include "unit/image/fake_driver.h"
 
 namespace qcowfs::fuse {
 namespace {
 
-// Counts writes; each write waits for `gate` once it is armed.
-class HeldDriver final : public image::BlockDriver {
+// Counts writes; each write waits for `gate` once it is armed. Every other
+// call goes to a FakeDriver of 1 MiB.
+class HeldDriver final : public image::ForwardingDriver {
  public:
-  std::string_view format_name() const override { return "held"; }
-  uint64_t size() const override { return 1 << 20; }
-  bool read_only() const override { return false; }
-  size_t mem_align() const override { return 4096; }
-  Task<Status> read(uint64_t, std::span<std::byte>) override { co_return Status::ok(); }
+  HeldDriver() : ForwardingDriver(std::make_shared<fakes::FakeDriver>(1 << 20, false)) {}
   Task<Status> write(uint64_t, std::span<const std::byte>) override {
     ++started;
     if (hold) co_await gate.wait();
     ++finished;
     co_return Status::ok();
   }
-  Task<Status> flush() override { co_return Status::ok(); }
-  Task<Status> discard(uint64_t, uint64_t) override { co_return Status::ok(); }
-  Task<Status> write_zeroes(uint64_t, uint64_t, bool) override { co_return Status::ok(); }
-  Task<Status> truncate(uint64_t) override { co_return Status::ok(); }
-  Task<Result<image::BlockStatus>> block_status(uint64_t, uint64_t len) override {
-    image::BlockStatus st;
-    st.length = len;
-    co_return st;
-  }
-  uint64_t allocated_bytes() const override { return 0; }
-  Task<Status> close() override { co_return Status::ok(); }
 
   bool hold = false;
   io::AsyncEvent gate;
