@@ -99,7 +99,7 @@ Result<BitmapArgs> parse_bitmap_args(std::span<const std::string> args) {
   a.image = positional[0];
   a.request.bitmap = positional[1];
   a.request.granularity = a.granularity;
-  if (!a.key_file.empty()) a.request.keys = image::crypto::KeyProvider::from_file(a.key_file);
+  a.request.keys = key_provider(a.key_file);
   return a;
 }
 

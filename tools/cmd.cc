@@ -114,4 +114,9 @@ Status parse_common_image_arg(std::span<const std::string> args, size_t& i, Imag
   return Status::ok();
 }
 
+std::shared_ptr<image::crypto::KeyProvider> key_provider(const std::string& key_file) {
+  if (!key_file.empty()) return image::crypto::KeyProvider::from_file(key_file);
+  return image::crypto::KeyProvider::from_terminal("--key-file PATH (or --key-file - for standard input)");
+}
+
 }  // namespace qcowfs::tools

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "image/crypto/secret.h"
 #include "image/json.h"
 #include "io/engine.h"
 #include "io/host_file.h"
@@ -92,6 +93,10 @@ std::string human_size(uint64_t bytes);
 // sets value (advancing i) when args[i] is one of them.
 bool take_option(std::span<const std::string> args, size_t& i, std::string_view long_name,
                  std::string_view short_name, std::string& value);
+
+// Where an encrypted image's passphrase comes from for a command: the
+// --key-file given, else the terminal (its ENOKEY message names --key-file).
+std::shared_ptr<image::crypto::KeyProvider> key_provider(const std::string& key_file);
 
 // What the image-inspecting commands (info, check, map) all take: -h/--help,
 // --json or --output=json|human, -f/--format FMT, -U/--force-share and one IMAGE.

@@ -44,7 +44,7 @@ Task<Result<std::vector<Extent>>> build_map(const MapArgs& a) {
   image::ImageOptions o;
   o.format = a.format;
   o.file = a.read_options();
-  if (!a.key_file.empty()) o.keys = image::crypto::KeyProvider::from_file(a.key_file);
+  o.keys = key_provider(a.key_file);
   auto d = co_await image::open_image(a.image, o);
   if (!d) co_return d.status();
   std::vector<Extent> out;

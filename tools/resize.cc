@@ -78,7 +78,7 @@ Task<Status> resize(const ResizeArgs& a) {
   image::ImageOptions o;
   o.format = a.format;
   o.file.writable = true;
-  if (!a.key_file.empty()) o.keys = image::crypto::KeyProvider::from_file(a.key_file);
+  o.keys = key_provider(a.key_file);
   auto d = co_await image::open_image(a.image, o);
   if (!d) co_return d.status();
   image::BlockDriver& driver = **d;

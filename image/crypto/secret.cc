@@ -180,8 +180,9 @@ std::shared_ptr<KeyProvider> KeyProvider::from_file(std::string path) {
   return p;
 }
 
-std::shared_ptr<KeyProvider> KeyProvider::from_terminal() {
+std::shared_ptr<KeyProvider> KeyProvider::from_terminal(std::string how_to_give) {
   auto p = std::shared_ptr<KeyProvider>(new KeyProvider(Source::terminal, ""));
+  p->how_to_give_ = std::move(how_to_give);
   if (isatty(STDIN_FILENO)) {
     p->tty_ = io::UniqueFd(::open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY));
     if (p->tty_.get() < 0) p->tty_ = io::UniqueFd(::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3));
@@ -227,8 +228,7 @@ Result<SecretBuffer> KeyProvider::read_source(std::string_view image) const {
     return secret;
   }
   if (tty_.get() < 0)
-    return Status::errorf(ENOKEY, "{} is encrypted: give its passphrase with -o key-file=PATH (or key-file=- "
-                                  "for standard input)", image);
+    return Status::errorf(ENOKEY, "{} is encrypted: give its passphrase with {}", image, how_to_give_);
   return prompt_secret(tty_.get(), fmt::format("Passphrase for {}: ", image));
 }
 

@@ -65,8 +65,10 @@ class KeyProvider {
   // No key given: prompts on the controlling terminal (without echo) when
   // standard input is a terminal; otherwise passphrase() fails with ENOKEY.
   // The terminal is opened now and kept, so that a daemon that has left its
-  // session can still ask on it.
-  static std::shared_ptr<KeyProvider> from_terminal();
+  // session can still ask on it. how_to_give: the option that gives a key,
+  // named in the ENOKEY message (the mount's by default; the tools' differs).
+  static std::shared_ptr<KeyProvider> from_terminal(
+      std::string how_to_give = "-o key-file=PATH (or key-file=- for standard input)");
   // A fixed passphrase (tests, tools that already hold one).
   static std::shared_ptr<KeyProvider> from_bytes(std::span<const std::byte> bytes);
 
@@ -88,6 +90,7 @@ class KeyProvider {
 
   Source source_;
   std::string path_;
+  std::string how_to_give_;  // Source::terminal: named in the ENOKEY message
   io::UniqueFd tty_;  // Source::terminal: the terminal to prompt on (none: ENOKEY)
   std::mutex mu_;
   std::shared_ptr<const SecretBuffer> cached_;

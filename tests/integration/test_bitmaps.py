@@ -321,6 +321,7 @@ def test_bitmap_command_takes_a_key_file(workdir: Path):
     assert made.returncode == 0, made
     refused = helpers.run([helpers.qcowfs_bin(), "bitmap", "--add", str(img), "b0"], check=False, input=b"")
     assert refused.returncode == 1 and bitmap_flags(img) == {}, refused  # no terminal to ask
+    assert b"give its passphrase with --key-file PATH" in refused.stderr, refused  # the tool's option
     helpers.run([helpers.qcowfs_bin(), "bitmap", "--add", "--key-file", str(key), str(img), "b0"])
     assert bitmap_flags(img) == {"b0": ["auto"]}
     check = helpers.run(["qemu-img", "check", "--output=json", *secret, "--image-opts",
