@@ -77,7 +77,7 @@ class EventLoop {
     std::vector<uint16_t> ring_qids;
     // With ring_qids set, the INIT reply claims FUSE over io_uring when the
     // kernel offers it, so the connection keeps it even if fuse.enable_uring
-    // is switched off later (every loop serves every queue, so all or none do).
+    // is switched off later (every loop serves at least one queue, so all or none do).
     unsigned ring_depth = 0;
     // The INIT reply claims FUSE passthrough (fuse/passthrough.h) when the
     // kernel offers it; on_init then registers the backing file.

@@ -389,10 +389,30 @@ Status Server::mount() {
   return set_nonblocking(session_->fd());
 }
 
-// Ring entries per kernel queue, shared out among the loops (at least 16 each):
-// enough for a QD32 job or two per CPU. Every loop serves every queue, so the
-// requests of a job that runs on one CPU still spread over all loops.
+// Ring entries per kernel queue: enough for a QD32 job or two per CPU (the
+// floor daemon, bench/fuse-floor.c, has as many).
 constexpr unsigned kRingDepth = 64;
+// Entries per loop when several loops share one kernel queue (more loops than CPUs).
+constexpr unsigned kMinRingDepth = 16;
+
+RingPlan plan_ring_queues(unsigned loop, unsigned loops, unsigned kernel_queues) {
+  RingPlan plan;
+  if (kernel_queues == 0 || loops == 0) return plan;
+  if (loops <= kernel_queues) {
+    // One loop per kernel queue: a request wakes only the loop serving its
+    // caller's CPU, and that loop's wake-ups batch the requests of that CPU.
+    for (unsigned q = loop; q < kernel_queues; q += loops) plan.qids.push_back(static_cast<uint16_t>(q));
+    plan.depth = kRingDepth;
+    return plan;
+  }
+  // More loops than queues: loop i serves queue i % kernel_queues, whose
+  // entries the loops serving it share out.
+  const unsigned q = loop % kernel_queues;
+  const unsigned sharers = (loops - q + kernel_queues - 1) / kernel_queues;
+  plan.qids.push_back(static_cast<uint16_t>(q));
+  plan.depth = std::max((kRingDepth + sharers - 1) / sharers, kMinRingDepth);
+  return plan;
+}
 
 Status Server::start_loops() {
   const unsigned n = opts_.queues ? opts_.queues : default_queue_count();
@@ -407,8 +427,9 @@ Status Server::start_loops() {
     cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
     cfg.on_init = [this] { on_init(); };
     cfg.passthrough = wants_passthrough();
-    for (unsigned q = 0; q < kernel_queues; ++q) cfg.ring_qids.push_back(static_cast<uint16_t>(q));
-    cfg.ring_depth = std::max(kRingDepth / n, 16u);
+    RingPlan plan = plan_ring_queues(i, n, kernel_queues);
+    cfg.ring_qids = std::move(plan.qids);
+    cfg.ring_depth = plan.depth;
     cfg.on_ring_failure = [this](Status st) { on_ring_failure(std::move(st)); };
     cfg.on_ring_settled = [this] { on_ring_settled(); };
     auto loop = std::make_unique<EventLoop>(std::move(cfg));

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -134,6 +135,16 @@ class Server {
   std::atomic<bool> ring_failed_{false};
   std::vector<std::unique_ptr<EventLoop>> loops_;
 };
+
+// FUSE over io_uring: the kernel queues (one per possible CPU) loop `loop` of
+// `loops` serves, and its entries per queue. Every queue has a loop; with no
+// more loops than queues each queue has exactly one (bench/RESULTS.md, issue
+// 36: two loops on every queue cost up to 1.5x the CPU per 4 KiB write).
+struct RingPlan {
+  std::vector<uint16_t> qids;
+  unsigned depth = 0;
+};
+RingPlan plan_ring_queues(unsigned loop, unsigned loops, unsigned kernel_queues);
 
 // EBUSY "already mounted" when /proc/self/mounts lists a FUSE mount at
 // mountpoint (an absolute, resolved path); mounting again would stack a second one.
