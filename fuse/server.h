@@ -139,7 +139,8 @@ class Server {
 // FUSE over io_uring: the kernel queues (one per possible CPU) loop `loop` of
 // `loops` serves, and its entries per queue. Every queue has a loop; with no
 // more loops than queues each queue has exactly one (bench/RESULTS.md, issue
-// 36: two loops on every queue cost up to 1.5x the CPU per 4 KiB write).
+// 36: with every loop on every queue, two fio jobs cost 1.25-1.6x the floor
+// daemon's CPU per 4 KiB request).
 struct RingPlan {
   std::vector<uint16_t> qids;
   unsigned depth = 0;
