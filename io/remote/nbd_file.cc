@@ -14,6 +14,7 @@
 #include "io/log.h"
 #include "io/remote/read_iov.h"
 #include "io/sync.h"
+#include "io/when_all.h"
 
 namespace qcowfs::io {
 
@@ -94,6 +95,15 @@ bool handshake(nbd_handle* h, const std::string& uri, int wake_fd, std::chrono::
 }
 
 }  // namespace
+
+std::vector<ReadPiece> split_read(size_t n, size_t piece, size_t max_request) {
+  constexpr size_t kMaxPieces = 16;
+  size_t len = max_request;
+  if (n >= 2 * piece) len = std::min(max_request, std::max(piece, ((n + kMaxPieces - 1) / kMaxPieces + 4095) / 4096 * 4096));
+  std::vector<ReadPiece> out;
+  for (size_t off = 0; off < n; off += len) out.push_back({off, std::min(len, n - off)});
+  return out;
+}
 
 NbdFile::NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms)
     : uri_(std::move(uri)), wake_(std::move(wake)), size_(size), writable_(writable), timeout_(timeout_ms), h_(h) {
@@ -338,22 +348,24 @@ Task<Status> NbdFile::command_with(std::string_view what, uint64_t off, Op& op, 
   co_return Status::ok();
 }
 
+Task<Status> NbdFile::read_piece(uint64_t off, std::span<std::byte> buf) {
+  RemoteCounters::add(counters_.in_flight_bytes, buf.size());
+  Status st = co_await command("read", off, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
+    return nbd_aio_pread(h, buf.data(), buf.size(), off, cb, 0);
+  });
+  RemoteCounters::sub(counters_.in_flight_bytes, buf.size());
+  if (st) RemoteCounters::add(counters_.bytes_fetched, buf.size());
+  co_return st;
+}
+
 Task<Result<size_t>> NbdFile::read(uint64_t off, std::span<std::byte> buf) {
   if (off >= size_) co_return size_t{0};
   const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size_ - off));
-  for (size_t done = 0; done < n;) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, kNbdMaxRequest));
-    std::byte* dst = buf.data() + done;
-    const uint64_t at = off + done;
-    RemoteCounters::add(counters_.in_flight_bytes, chunk);
-    Status st = co_await command("read", at, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
-      return nbd_aio_pread(h, dst, chunk, at, cb, 0);
-    });
-    RemoteCounters::sub(counters_.in_flight_bytes, chunk);
-    if (!st) co_return st;
-    RemoteCounters::add(counters_.bytes_fetched, chunk);
-    done += chunk;
-  }
+  // All pieces at once: the server reads the next while it sends one.
+  std::vector<Task<Status>> pieces;
+  for (const ReadPiece& p : split_read(n, kNbdReadPiece, kNbdMaxRequest))
+    pieces.push_back(read_piece(off + p.offset, buf.subspan(p.offset, p.length)));
+  QCOWFS_CO_TRY(co_await when_all(std::move(pieces)));
   co_return n;
 }
 
