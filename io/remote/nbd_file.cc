@@ -1,10 +1,10 @@
 #include "io/remote/nbd_file.h"
 
 #include <libnbd.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -43,21 +43,21 @@ namespace {
 constexpr uint64_t kNbdMaxRequest = 32u << 20;     // what every server accepts
 constexpr uint64_t kNbdMaxStatusSpan = 1u << 30;   // block status asked per command
 
-// Acknowledges at once what the server sent. qemu-nbd writes an option reply's
-// header and its payload separately without TCP_NODELAY: Nagle holds the payload
-// until our ACK of the header, which Linux delays by 40 ms in interactive mode.
-// TCP_QUICKACK sends a pending ACK now (and leaves delayed-ACK mode for a
-// while); the handshake then takes its round trips, not 2 x 40 ms. Harmless
+// Acknowledges at once what the server sent. qemu-nbd (7.2) writes an option
+// reply's header and its payload in two small writes, and its Nagle holds the
+// second until our ACK of the first, which Linux delays by 40 ms in
+// interactive mode: twice per handshake (meta context, go). TCP_QUICKACK sends
+// a pending ACK now; the handshake then takes its round trips only. Harmless
 // (and failing) on a unix socket.
 void ack_now(int fd) {
   const int one = 1;
   if (fd >= 0) (void)::setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
 }
 
-// Connects h to uri and negotiates (asynchronously, so it is bounded): until
-// the handle is ready, it dies, `deadline` passes, `stopping` is set or wake_fd
-// is readable with stopping set. False (the reason in *why, errno in *err) if
-// not ready.
+// Connects h to uri and negotiates, asynchronously so that it is bounded:
+// until the handle is ready, dies, `deadline` passes or *stopping (if given) is
+// set (a write to wake_fd interrupts the wait to look). False, the reason in
+// *why and an errno in *err, when not ready.
 bool handshake(nbd_handle* h, const std::string& uri, int wake_fd, std::chrono::steady_clock::time_point deadline,
                const std::atomic<bool>* stopping, std::string* why, int* err) {
   *err = 0;
@@ -99,7 +99,10 @@ bool handshake(nbd_handle* h, const std::string& uri, int wake_fd, std::chrono::
 std::vector<ReadPiece> split_read(size_t n, size_t piece, size_t max_request) {
   constexpr size_t kMaxPieces = 16;
   size_t len = max_request;
-  if (n >= 2 * piece) len = std::min(max_request, std::max(piece, ((n + kMaxPieces - 1) / kMaxPieces + 4095) / 4096 * 4096));
+  if (n >= 2 * piece) {
+    const size_t even = ((n + kMaxPieces - 1) / kMaxPieces + 4095) / 4096 * 4096;
+    len = std::min(max_request, std::max(piece, even));
+  }
   std::vector<ReadPiece> out;
   for (size_t off = 0; off < n; off += len) out.push_back({off, std::min(len, n - off)});
   return out;
