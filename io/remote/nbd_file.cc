@@ -42,6 +42,7 @@ namespace {
 
 constexpr uint64_t kNbdMaxRequest = 32u << 20;     // what every server accepts
 constexpr uint64_t kNbdMaxStatusSpan = 1u << 30;   // block status asked per command
+static_assert(2 * kNbdReadPiece <= kNbdMaxRequest);  // NbdFile::read's single command
 
 // Acknowledges at once what the server sent. qemu-nbd (7.2) writes an option
 // reply's header and its payload in two small writes, and its Nagle holds the
@@ -364,6 +365,10 @@ Task<Status> NbdFile::read_piece(uint64_t off, std::span<std::byte> buf) {
 Task<Result<size_t>> NbdFile::read(uint64_t off, std::span<std::byte> buf) {
   if (off >= size_) co_return size_t{0};
   const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size_ - off));
+  if (n < 2 * kNbdReadPiece) {  // one command (split_read's answer), without its allocations
+    QCOWFS_CO_TRY(co_await read_piece(off, buf.first(n)));
+    co_return n;
+  }
   // All pieces at once: the server reads the next while it sends one.
   std::vector<Task<Status>> pieces;
   for (const ReadPiece& p : split_read(n, kNbdReadPiece, kNbdMaxRequest))
