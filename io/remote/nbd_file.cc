@@ -1,6 +1,8 @@
 #include "io/remote/nbd_file.h"
 
 #include <libnbd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -12,6 +14,7 @@
 #include "io/log.h"
 #include "io/remote/read_iov.h"
 #include "io/sync.h"
+#include "io/when_all.h"
 
 namespace qcowfs::io {
 
@@ -39,8 +42,72 @@ namespace {
 
 constexpr uint64_t kNbdMaxRequest = 32u << 20;     // what every server accepts
 constexpr uint64_t kNbdMaxStatusSpan = 1u << 30;   // block status asked per command
+static_assert(2 * kNbdReadPiece <= kNbdMaxRequest);  // NbdFile::read's single command
+
+// Acknowledges at once what the server sent. qemu-nbd (7.2) writes an option
+// reply's header and its payload in two small writes, and its Nagle holds the
+// second until our ACK of the first, which Linux delays by 40 ms in
+// interactive mode: twice per handshake (meta context, go). TCP_QUICKACK sends
+// a pending ACK now; the handshake then takes its round trips only. Harmless
+// (and failing) on a unix socket.
+void ack_now(int fd) {
+  const int one = 1;
+  if (fd >= 0) (void)::setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
+}
+
+// Connects h to uri and negotiates, asynchronously so that it is bounded:
+// until the handle is ready, dies, `deadline` passes or *stopping (if given) is
+// set (a write to wake_fd interrupts the wait to look). False, the reason in
+// *why and an errno in *err, when not ready.
+bool handshake(nbd_handle* h, const std::string& uri, int wake_fd, std::chrono::steady_clock::time_point deadline,
+               const std::atomic<bool>* stopping, std::string* why, int* err) {
+  *err = 0;
+  if (nbd_aio_connect_uri(h, uri.c_str()) == 0) {
+    while (!(stopping && stopping->load()) && nbd_aio_is_ready(h) != 1 && nbd_aio_is_dead(h) != 1 &&
+           nbd_aio_is_closed(h) != 1) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      const int fd = nbd_aio_get_fd(h);
+      const unsigned dir = nbd_aio_get_direction(h);
+      ack_now(fd);
+      pollfd p[2] = {{fd, 0, 0}, {wake_fd, POLLIN, 0}};
+      if (dir & LIBNBD_AIO_DIRECTION_READ) p[0].events |= POLLIN;
+      if (dir & LIBNBD_AIO_DIRECTION_WRITE) p[0].events |= POLLOUT;
+      if (::poll(p, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0) continue;
+      if (fd >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) nbd_aio_notify_read(h);
+      else if (fd >= 0 && (p[0].revents & POLLOUT)) nbd_aio_notify_write(h);
+      if (p[1].revents & POLLIN) {
+        uint64_t v;
+        [[maybe_unused]] auto n = ::read(wake_fd, &v, sizeof v);
+      }
+    }
+  }
+  if (nbd_aio_is_ready(h) == 1) {
+    ack_now(nbd_aio_get_fd(h));  // the last reply's ACK too, not 40 ms later
+    return true;
+  }
+  // Refused or failed (libnbd says why), or no answer in time.
+  const bool failed = nbd_aio_is_dead(h) == 1 || nbd_aio_is_closed(h) == 1 || nbd_aio_is_created(h) == 1;
+  const char* e = nbd_get_error();
+  *why = failed && e ? e : "no answer within the timeout";
+  *err = failed && nbd_get_errno() ? nbd_get_errno() : EIO;
+  return false;
+}
 
 }  // namespace
+
+std::vector<ReadPiece> split_read(size_t n, size_t piece, size_t max_request) {
+  constexpr size_t kMaxPieces = 16;
+  size_t len = max_request;
+  if (n >= 2 * piece) {
+    const size_t even = ((n + kMaxPieces - 1) / kMaxPieces + 4095) / 4096 * 4096;
+    len = std::min(max_request, std::max(piece, even));
+  }
+  std::vector<ReadPiece> out;
+  for (size_t off = 0; off < n; off += len) out.push_back({off, std::min(len, n - off)});
+  return out;
+}
 
 NbdFile::NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms)
     : uri_(std::move(uri)), wake_(std::move(wake)), size_(size), writable_(writable), timeout_(timeout_ms), h_(h) {
@@ -83,13 +150,16 @@ Result<std::unique_ptr<NbdFile>> NbdFile::open(const std::string& uri, const Ope
     nbd_close(h);
     return st;
   };
+  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return fail(errno, "eventfd");
   nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION);
-  if (nbd_connect_uri(h, uri.c_str()) < 0) return fail(nbd_get_errno(), nbd_get_error());
+  std::string why;
+  int err = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ro->timeout_ms);
+  if (!handshake(h, uri, wake.get(), deadline, nullptr, &why, &err)) return fail(err, why);
   const int64_t size = nbd_get_size(h);
   if (size < 0) return fail(nbd_get_errno(), nbd_get_error());
   if (opts.writable && nbd_is_read_only(h) == 1) return fail(EROFS, "the server exports it read-only");
-  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) return fail(errno, "eventfd");
   std::unique_ptr<NbdFile> f(
       new NbdFile(uri, h, std::move(wake), static_cast<uint64_t>(size), opts.writable, ro->timeout_ms));
   log::debug("{}", format_remote_identity(f->describe()));
@@ -187,33 +257,13 @@ nbd_handle* NbdFile::connect_once(std::string* why) {
     return nullptr;
   }
   nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION);
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  if (nbd_aio_connect_uri(h, uri_.c_str()) == 0) {
-    while (!stopping_.load() && nbd_aio_is_ready(h) != 1 && nbd_aio_is_dead(h) != 1 && nbd_aio_is_closed(h) != 1) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      const int fd = nbd_aio_get_fd(h);
-      const unsigned dir = nbd_aio_get_direction(h);
-      pollfd p[2] = {{fd, 0, 0}, {wake_.get(), POLLIN, 0}};
-      if (dir & LIBNBD_AIO_DIRECTION_READ) p[0].events |= POLLIN;
-      if (dir & LIBNBD_AIO_DIRECTION_WRITE) p[0].events |= POLLOUT;
-      if (::poll(p, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0) continue;
-      if (fd >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) nbd_aio_notify_read(h);
-      else if (fd >= 0 && (p[0].revents & POLLOUT)) nbd_aio_notify_write(h);
-      if (p[1].revents & POLLIN) {
-        uint64_t v;
-        [[maybe_unused]] auto n = ::read(wake_.get(), &v, sizeof v);
-      }
-    }
-  }
-  if (nbd_aio_is_ready(h) == 1) {
+  int err = 0;
+  if (handshake(h, uri_, wake_.get(), std::chrono::steady_clock::now() + timeout_, &stopping_, why, &err)) {
     const int64_t size = nbd_get_size(h);
     if (size >= 0 && static_cast<uint64_t>(size) == size_ && !(writable_ && nbd_is_read_only(h) == 1)) return h;
     *why = size < 0 ? std::string(nbd_get_error() ? nbd_get_error() : "no size")
                     : fmt::format("the export is now {} bytes{} (it was {})", size,
                                   writable_ && nbd_is_read_only(h) == 1 ? " and read-only" : "", size_);
-  } else {
-    *why = nbd_get_error() ? nbd_get_error() : "no answer within the timeout";
   }
   nbd_close(h);
   return nullptr;
@@ -302,22 +352,28 @@ Task<Status> NbdFile::command_with(std::string_view what, uint64_t off, Op& op, 
   co_return Status::ok();
 }
 
+Task<Status> NbdFile::read_piece(uint64_t off, std::span<std::byte> buf) {
+  RemoteCounters::add(counters_.in_flight_bytes, buf.size());
+  Status st = co_await command("read", off, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
+    return nbd_aio_pread(h, buf.data(), buf.size(), off, cb, 0);
+  });
+  RemoteCounters::sub(counters_.in_flight_bytes, buf.size());
+  if (st) RemoteCounters::add(counters_.bytes_fetched, buf.size());
+  co_return st;
+}
+
 Task<Result<size_t>> NbdFile::read(uint64_t off, std::span<std::byte> buf) {
   if (off >= size_) co_return size_t{0};
   const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size_ - off));
-  for (size_t done = 0; done < n;) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, kNbdMaxRequest));
-    std::byte* dst = buf.data() + done;
-    const uint64_t at = off + done;
-    RemoteCounters::add(counters_.in_flight_bytes, chunk);
-    Status st = co_await command("read", at, [&](nbd_handle* h, nbd_completion_callback cb, Op&) {
-      return nbd_aio_pread(h, dst, chunk, at, cb, 0);
-    });
-    RemoteCounters::sub(counters_.in_flight_bytes, chunk);
-    if (!st) co_return st;
-    RemoteCounters::add(counters_.bytes_fetched, chunk);
-    done += chunk;
+  if (n < 2 * kNbdReadPiece) {  // one command (split_read's answer), without its allocations
+    QCOWFS_CO_TRY(co_await read_piece(off, buf.first(n)));
+    co_return n;
   }
+  // All pieces at once: the server reads the next while it sends one.
+  std::vector<Task<Status>> pieces;
+  for (const ReadPiece& p : split_read(n, kNbdReadPiece, kNbdMaxRequest))
+    pieces.push_back(read_piece(off + p.offset, buf.subspan(p.offset, p.length)));
+  QCOWFS_CO_TRY(co_await when_all(std::move(pieces)));
   co_return n;
 }
 

@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "io/fd.h"
 #include "io/host_file.h"
@@ -36,6 +37,21 @@
 struct nbd_handle;
 
 namespace qcowfs::io {
+
+// How NbdFile::read() cuts a read of n bytes into commands issued together,
+// so that the server reads one piece while it sends another: below 2 x piece,
+// commands of up to max_request bytes (one, mostly); else pieces of `piece`
+// bytes, larger (4 KiB multiples, at most max_request) where that would make
+// more than 16 (what qemu-nbd serves at once per connection). The last piece
+// may be shorter.
+struct ReadPiece {
+  size_t offset, length;
+  bool operator==(const ReadPiece&) const = default;
+};
+std::vector<ReadPiece> split_read(size_t n, size_t piece, size_t max_request);
+
+// Pieces of a large NBD read in flight together (see split_read()).
+inline constexpr size_t kNbdReadPiece = 256 * 1024;
 
 class NbdFile final : public HostFile {
  public:
@@ -88,6 +104,8 @@ class NbdFile final : public HostFile {
   template <typename Submit>
   Task<Status> command_with(std::string_view what, uint64_t off, Op& op, Submit submit);
   Task<Result<uint64_t>> seek(uint64_t off, bool want_data);
+  // One NBD read command of buf.size() bytes at off.
+  Task<Status> read_piece(uint64_t off, std::span<std::byte> buf);
   Status error(std::string_view what, uint64_t off, int err) const;
 
   const std::string uri_;

@@ -16,6 +16,7 @@ import errno
 import hashlib
 import http.server
 import json
+import mmap
 import os
 import re
 import shutil
@@ -345,9 +346,19 @@ def test_nbd_read_write_and_holes(site, workdir):
         f.write(os.urandom(MiB))
     expected = bytearray(disk.read_bytes())
     pattern = os.urandom(MiB)
+    status_file = workdir / "status.json"
     with qemu_nbd(disk, workdir / "nbd.sock") as uri:
-        with mount_url(uri, workdir / "view", ["format=raw", "rw"]) as view:
+        with mount_url(uri, workdir / "view", ["format=raw", "rw", f"status-file={status_file}"]) as view:
             assert helpers.files_equal(view, disk)
+            # A 1 MiB read (O_DIRECT: one FUSE read) goes out as four 256 KiB commands together.
+            at_mount = read_status(status_file)
+            os.kill(at_mount["pid"], signal.SIGUSR1)  # the counters after files_equal's reads
+            before = read_status(status_file, at_mount["sequence"])
+            assert direct_pread(view, 2 * MiB - 4096, MiB) == expected[2 * MiB - 4096:3 * MiB - 4096]
+            os.kill(before["pid"], signal.SIGUSR1)
+            after = read_status(status_file, before["sequence"])
+            [r0], [r1] = before["remotes"], after["remotes"]
+            assert (r1["requests"] - r0["requests"], r1["bytes_fetched"] - r0["bytes_fetched"]) == (4, MiB)
             # base:allocation block status gives SEEK_DATA/SEEK_HOLE as the host file has them.
             seeks = [(0, os.SEEK_HOLE), (MiB + 5, os.SEEK_DATA), (2 * MiB, os.SEEK_HOLE), (3 * MiB, os.SEEK_HOLE)]
             assert [lseek(view, o, w) for o, w in seeks] == [lseek(disk, o, w) for o, w in seeks]
@@ -432,6 +443,17 @@ def uncached_pread(path: Path, off: int, n: int) -> bytes:
         return os.pread(fd, n, off)
     finally:
         os.close(fd)
+
+
+def direct_pread(path: Path, off: int, n: int) -> bytes:
+    """An O_DIRECT read (off and n multiples of 4 KiB): the daemon sees it as one read of up to 1 MiB."""
+    buf = mmap.mmap(-1, n)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        got = os.preadv(fd, [buf], off)
+    finally:
+        os.close(fd)
+    return bytes(buf[:got])
 
 
 def test_statistics_count_a_miss_then_a_hit(site, workdir):
