@@ -43,6 +43,7 @@
 #include "fuse/options.h"
 #include "fuse/passthrough.h"
 #include "fuse/remote_status.h"
+#include "fuse/snapshots_dir.h"
 #include "image/block_driver.h"
 #include "io/engine.h"
 #include "io/fd.h"
@@ -70,7 +71,7 @@ class Server {
   Status setup_signals();
   Status open_image();
   Status start_control();
-  std::vector<std::string> open_snapshot_views() const;
+  Task<Status> release_snapshot_view(std::string id);  // for a live -d
   Status open_catalogue();
   Status build_filesystem();
   Status build_catalogue();
@@ -118,6 +119,7 @@ class Server {
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<MountedSession> session_;
   ImageFile* main_view_ = nullptr;  // owned by fs_
+  SnapshotDirectory* snapshots_dir_ = nullptr;  // owned by fs_'s table; nullptr: no snapshots/
   std::unique_ptr<LiveSnapshots> control_;  // the control socket, once mounted
   // A catalogue mount: the catalogue (built by open_catalogue(), then owned
   // by fs_'s table), the eventfd its idle views write to, and when the next
