@@ -92,7 +92,32 @@ void LiveSnapshots::serve_one(io::Engine& engine) {
   send_control_reply(fd, reply);
 }
 
+Task<image::ControlReply> LiveSnapshots::handle_throwaway(image::ControlRequest request) {
+  image::ControlReply reply;
+  if (request.op != image::ControlOp::list) {
+    reply.status = Status::errorf(EBUSY,
+                                  "{} is mounted on {} with throwaway writes: they go to a temporary overlay and "
+                                  "never reach the image, so a snapshot of it would not hold them; unmount it first",
+                                  image(), config_.mountpoint);
+    co_return reply;
+  }
+  const image::FormatInfo* format = image::find_format(config_.format);
+  if (!format || !format->snapshot) co_return reply;  // no snapshots: an empty list, as qemu-img
+  io::OpenOptions ro;
+  ro.locking = io::LockMode::off;  // the mount's shared lock keeps writers out
+  auto file = io::open_host_file(image(), ro);
+  if (!file) {
+    reply.status = file.status();
+    co_return reply;
+  }
+  auto list = co_await format->snapshot->list(**file);
+  if (!list) reply.status = list.status();
+  else reply.snapshots = std::move(*list);
+  co_return reply;
+}
+
 Task<image::ControlReply> LiveSnapshots::handle(image::ControlRequest request) {
+  if (config_.throwaway) co_return co_await handle_throwaway(std::move(request));
   image::ControlReply reply;
   image::BlockDriver* d = config_.driver->current();
   const image::FormatInfo* format = d ? image::find_format(d->format_name()) : nullptr;

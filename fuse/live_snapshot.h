@@ -28,6 +28,12 @@
 // open under snapshots/ (EBUSY, as a QEMU reader's lock refuses qemu-img
 // snapshot -d); a view of it opened before and now unused is closed first.
 //
+// A throwaway mount (QEMU's -snapshot) has a control socket too, so that
+// `qcowfs snapshot` names why it cannot act: -l is answered from the image
+// file, every other operation refused (EBUSY): the mount's writes go to a
+// temporary overlay and never reach IMAGE, so a snapshot of IMAGE would not
+// hold them (QEMU's -snapshot likewise locks its base against writers).
+//
 // --external NEW (QEMU's blockdev-snapshot-sync): paused and closed as
 // above, NEW is created (qcow2, backing file: the top image's path and format,
 // its size), opened read-write and locked; then the old top's write lock is
@@ -72,6 +78,12 @@ class LiveSnapshots {
     LiveDriver* driver = nullptr;    // the mount's driver, outlives this object
     bool writable = false;           // the mount writes the image
     uid_t owner = 0;                 // the mounting user
+    // A throwaway mount (files->top and driver null): -l reads the image's
+    // table (the file opened read-only without a lock: nothing writes it
+    // while so mounted); every other operation is refused, naming the reason.
+    // The image's format, for -l.
+    bool throwaway = false;
+    std::string format;
     // Closes the unused snapshots/ views of a snapshot id; an error (EBUSY)
     // when one is held open. Called while the driver is paused.
     std::function<Task<Status>(std::string id)> release_snapshot_view;
@@ -88,6 +100,7 @@ class LiveSnapshots {
  private:
   LiveSnapshots(Config config, io::ControlListener listener);
   Task<image::ControlReply> handle(image::ControlRequest request);
+  Task<image::ControlReply> handle_throwaway(image::ControlRequest request);
   Task<Status> create(const image::SnapshotOps& ops, const std::string& name, image::SnapshotEntry& made);
   Task<Status> remove(const image::SnapshotOps& ops, const image::ControlRequest& request);
   Task<Status> external(const std::string& overlay);

@@ -227,6 +227,7 @@ Status Server::open_image() {
   auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, std::move(image_options)));
   if (!driver) return driver.status();
   if (opts_.throwaway) {
+    throwaway_format_ = std::string((*driver)->format_name());
     const std::string dir = throwaway_directory();
     driver = io::run_sync(*main_engine_, image::open_throwaway_overlay(std::move(*driver), opts_.image_options, dir));
     if (!driver) return driver.status();
@@ -285,11 +286,18 @@ Status Server::build_catalogue() {
   return Status::ok();
 }
 
-// The control socket of a local single image (none for a catalogue, a URL or
-// a throwaway mount). One that cannot be made only loses live snapshots.
+// The control socket of a local single image (none for a catalogue or a URL;
+// a throwaway mount's only lists and names why it refuses the rest). One that
+// cannot be made only loses live snapshots.
 Status Server::start_control() {
-  if (!live_) return Status::ok();
+  const bool throwaway = opts_.throwaway && !io::is_remote_location(opts_.image);
+  if (!live_ && !throwaway) return Status::ok();
   LiveSnapshots::Config c;
+  if (throwaway) {
+    live_files_.image = opts_.image;
+    c.throwaway = true;
+    c.format = throwaway_format_;
+  }
   c.mountpoint = opts_.mountpoint;
   c.options = image_options_;
   c.files = &live_files_;

@@ -114,6 +114,7 @@ class Server {
   // (fuse/live_snapshot.h); driver_ is then a LiveDriver (live_).
   LiveFiles live_files_;
   image::ImageOptions image_options_;  // as driver_ was opened
+  std::string throwaway_format_;       // a throwaway mount: the image's format (for snapshot -l)
   std::unique_ptr<image::BlockDriver> driver_;
   LiveDriver* live_ = nullptr;
   std::unique_ptr<Filesystem> fs_;

@@ -315,3 +315,20 @@ def test_live_snapshots_of_a_read_only_mount_show_in_its_snapshots_dir(workdir):
     qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
     assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["s3"], qemu_list
     helpers.qemu_img_check(image)
+
+
+def test_a_throwaway_mount_names_why_it_takes_no_snapshot(workdir):
+    """-o throwaway: the mount's writes never reach IMAGE, so `snapshot -c`
+    and `-d` are refused with that reason (not a bare lock error); -l lists."""
+    image = workdir / "gold.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
+    helpers.run(["qemu-img", "snapshot", "-c", "base", image])
+    with helpers.mounted(image, workdir / "view", ["throwaway"]):
+        for args in (["-c", "s1"], ["-d", "base"]):
+            r = qcowfs_snapshot(*args, image)
+            err = r.stderr.decode()
+            assert r.returncode == 1 and "throwaway writes" in err and "never reach the image" in err, err
+        listing = qcowfs_snapshot("-l", image)
+        assert listing.returncode == 0 and " base " in listing.stdout.decode(), listing.stderr.decode()
+    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
+    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["base"], qemu_list
