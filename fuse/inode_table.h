@@ -2,7 +2,8 @@
 //   file mode       the root inode is the raw view itself (mounted over a
 //                   regular file, as qemu-storage-daemon does);
 //   directory mode  the root is a directory holding <name>.raw and, when the
-//                   image has internal snapshots, snapshots/<snapshot>.raw,
+//                   image has internal snapshots (or may get some: a live
+//                   qcow2 mount), snapshots/<snapshot>.raw (snapshots_dir.h),
 //                   when it has persistent dirty bitmaps, bitmaps/<bitmap>.raw.
 // Later layouts (partitions) add directories and image nodes the same way:
 // add_directory() / add_image() under any directory.
