@@ -332,3 +332,22 @@ def test_a_throwaway_mount_names_why_it_takes_no_snapshot(workdir):
         assert listing.returncode == 0 and " base " in listing.stdout.decode(), listing.stderr.decode()
     qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
     assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["base"], qemu_list
+
+
+def test_a_catalogue_holding_the_image_is_named(workdir):
+    """A catalogue mount has no control socket: while it holds an image (a
+    view open), `snapshot -c` meets its lock and the message names the
+    catalogue mount and what to do."""
+    src = workdir / "src"
+    src.mkdir()
+    image = src / "d.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
+    mnt = workdir / "cat"
+    mnt.mkdir()
+    with helpers.mounted(src, mnt):
+        with open(mnt / "d.raw", "rb"):
+            r = qcowfs_snapshot("-c", "s1", image)
+        err = r.stderr.decode()
+        assert r.returncode == 1 and '"write" lock' in err, err
+        assert f"the qcowfs catalogue mount of {src.resolve()} on {mnt.resolve()}" in err and "close its views" in err, err
+    assert "s1" not in helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
