@@ -80,9 +80,10 @@ Task<Status> SnapshotDirectory::release_view(std::string id) {
       if (e->info.id == id) views.push_back(e->node.file.get());
   }
   for (ImageFile* v : views) {
-    auto closed = co_await v->close_if_idle(ImageFile::Clock::now(), ImageFile::Clock::duration::zero());
+    // Never waits: an open under way waits for the paused driver.
+    auto closed = co_await v->close_if_unused();
     if (!closed) co_return closed.status();
-    if (v->is_open()) co_return Status::errorf(EBUSY, "snapshot {} is open", id);
+    if (!*closed) co_return Status::errorf(EBUSY, "snapshot {} is open", id);
   }
   co_return Status::ok();
 }
