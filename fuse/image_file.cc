@@ -117,6 +117,23 @@ Task<Result<std::optional<ImageFile::Clock::time_point>>> ImageFile::close_if_id
   co_return std::nullopt;
 }
 
+Task<Result<bool>> ImageFile::close_if_unused() {
+  if (!open_mu_.try_lock()) co_return false;  // an open is under way
+  io::AsyncMutex::Guard guard(&open_mu_);
+  {
+    std::lock_guard lk(mu_);
+    if (users_ > 0) co_return false;
+    if (!owned_) co_return true;
+    closed_size_ = owned_->size();
+    closed_allocated_ = owned_->allocated_bytes();
+    driver_.store(nullptr, std::memory_order_release);
+  }
+  Status st = co_await owned_->close();
+  owned_.reset();
+  if (!st) co_return st;
+  co_return true;
+}
+
 Task<Status> ImageFile::close() {
   if (!owned_) co_return Status::ok();
   Status st = co_await owned_->close();

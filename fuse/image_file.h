@@ -120,6 +120,10 @@ class ImageFile {
   // `delay` before `now`. Returns when the image may be closed next: nullopt
   // when it is closed (or in use: its last release will tell on_idle).
   Task<Result<std::optional<Clock::time_point>>> close_if_idle(Clock::time_point now, Clock::duration delay);
+  // Closes the image now if it is open and nobody uses it; never waits for an
+  // open under way (its opener may be waiting on what the caller holds, e.g.
+  // a paused LiveDriver). False: in use, or being opened.
+  Task<Result<bool>> close_if_unused();
   // The size and host allocation a closed image shows (from its header).
   void set_closed_attributes(uint64_t size, uint64_t allocated);
   bool is_open() const;

@@ -49,8 +49,10 @@ std::vector<Ino> InodeTable::children(const Node& dir) const {
 }
 
 const Node* InodeTable::get(Ino ino) const {
-  if (ino < kRootIno || ino - kRootIno >= nodes_.size()) return dynamic_ ? dynamic_->get(ino) : nullptr;
-  return &nodes_[ino - kRootIno];
+  if (ino >= kRootIno && ino - kRootIno < nodes_.size()) return &nodes_[ino - kRootIno];
+  for (const auto& d : dynamic_)
+    if (const Node* n = d->get(ino)) return n;
+  return nullptr;
 }
 
 const Node* InodeTable::lookup(Ino parent, std::string_view name) const {
@@ -68,8 +70,8 @@ std::vector<ImageFile*> InodeTable::image_files() const {
   std::vector<ImageFile*> out;
   for (const Node& n : nodes_)
     if (n.file) out.push_back(n.file.get());
-  if (dynamic_)
-    for (ImageFile* f : dynamic_->image_files()) out.push_back(f);
+  for (const auto& d : dynamic_)
+    for (ImageFile* f : d->image_files()) out.push_back(f);
   return out;
 }
 

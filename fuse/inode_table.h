@@ -2,15 +2,16 @@
 //   file mode       the root inode is the raw view itself (mounted over a
 //                   regular file, as qemu-storage-daemon does);
 //   directory mode  the root is a directory holding <name>.raw and, when the
-//                   image has internal snapshots, snapshots/<snapshot>.raw,
+//                   image has internal snapshots (or may get some: a live
+//                   qcow2 mount), snapshots/<snapshot>.raw (snapshots_dir.h),
 //                   when it has persistent dirty bitmaps, bitmaps/<bitmap>.raw.
 // Later layouts (partitions) add directories and image nodes the same way:
 // add_directory() / add_image() under any directory.
 //
 // The tree is built before the mount starts and never changes afterwards, so
 // lookups need no locks; only the ImageFiles behind image nodes change state,
-// and the one optional DynamicDirectory (partitions/, or a catalogue's
-// directories) locks its own entries.
+// and the DynamicDirectories (partitions/ and snapshots/, or a catalogue's
+// directories) lock their own entries.
 // Inode numbers are dense, starting at kRootIno (FUSE_ROOT_ID).
 // Thread-safety: building is single-threaded; const methods are thread-safe.
 #pragma once
@@ -102,11 +103,14 @@ class InodeTable {
   Ino add_image(Ino parent, std::string name, std::unique_ptr<ImageFile> file);
 
   // Makes the directories `d` serves dynamic: their entries (and the nodes
-  // they hold) come from `d` (set while building; one per table).
-  void set_dynamic(std::unique_ptr<DynamicDirectory> d) { dynamic_ = std::move(d); }
+  // they hold) come from `d` (added while building; their inode ranges must
+  // not overlap).
+  void set_dynamic(std::unique_ptr<DynamicDirectory> d) { dynamic_.push_back(std::move(d)); }
   // The dynamic directory behind ino, or nullptr.
   DynamicDirectory* dynamic_for(Ino ino) const {
-    return dynamic_ && dynamic_->has_directory(ino) ? dynamic_.get() : nullptr;
+    for (const auto& d : dynamic_)
+      if (d->has_directory(ino)) return d.get();
+    return nullptr;
   }
   // A directory's current children (a dynamic directory's included).
   std::vector<Ino> children(const Node& dir) const;
@@ -128,7 +132,7 @@ class InodeTable {
   InodeTable() = default;
   Ino add(Ino parent, std::string name, NodeKind kind, std::unique_ptr<ImageFile> file);
   std::vector<Node> nodes_;  // nodes_[ino - kRootIno]
-  std::unique_ptr<DynamicDirectory> dynamic_;
+  std::vector<std::unique_ptr<DynamicDirectory>> dynamic_;
 };
 
 // DIR/<image basename without its format suffix (.qcow2, .vmdk, .luks, ...)>.raw

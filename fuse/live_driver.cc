@@ -1,5 +1,8 @@
 #include "fuse/live_driver.h"
 
+#include <thread>
+
+#include "image/forwarding_driver.h"
 #include "io/buffer.h"
 
 namespace qcowfs::fuse {
@@ -15,6 +18,37 @@ class LiveDriver::Admission {
  private:
   LiveDriver& d_;
 };
+
+// Counts one synchronous getter in for its duration; the driver it reads is
+// not destroyed meanwhile (replace() waits for getters_ to reach zero).
+class LiveDriver::Getter {
+ public:
+  explicit Getter(const LiveDriver& d) : d_(d) { d_.getters_.fetch_add(1); }
+  Getter(const Getter&) = delete;
+  Getter& operator=(const Getter&) = delete;
+  ~Getter() { d_.getters_.fetch_sub(1); }
+  // seq_cst after the count: see replace().
+  image::BlockDriver* driver() const { return d_.current_.load(); }
+
+ private:
+  const LiveDriver& d_;
+};
+
+namespace {
+
+// A snapshot view opened through the LiveDriver: it borrows the driver it came
+// from (BlockDriver::open_snapshot()), so it holds that driver until it goes.
+class LiveSnapshotView final : public image::ForwardingDriver {
+ public:
+  LiveSnapshotView(std::unique_ptr<image::BlockDriver> view, std::shared_ptr<image::BlockDriver> parent)
+      : ForwardingDriver(std::move(view)), parent_(std::move(parent)) {}
+  ~LiveSnapshotView() override { drop_inner(); }  // the view before its parent
+
+ private:
+  std::shared_ptr<image::BlockDriver> parent_;
+};
+
+}  // namespace
 
 struct LiveDriver::EnterAwaiter {
   LiveDriver& d;
@@ -49,9 +83,8 @@ struct LiveDriver::DrainAwaiter {
   void await_resume() const noexcept {}
 };
 
-LiveDriver::LiveDriver(std::unique_ptr<image::BlockDriver> driver) {
-  current_.store(driver.get(), std::memory_order_release);
-  drivers_.push_back(std::move(driver));
+LiveDriver::LiveDriver(std::unique_ptr<image::BlockDriver> driver) : owner_(std::move(driver)) {
+  current_.store(owner_.get(), std::memory_order_release);
 }
 
 LiveDriver::EnterAwaiter LiveDriver::enter() { return EnterAwaiter{*this}; }
@@ -79,10 +112,15 @@ void LiveDriver::resume() {
   for (const io::Waiter& w : queued) w.wake();
 }
 
+// Paused: no admitted call holds the old driver. A getter that read the old
+// pointer counted itself in before (both seq_cst), so once the swap is
+// stored and getters_ is seen at zero, none can still be using it.
 void LiveDriver::replace(std::unique_ptr<image::BlockDriver> driver, Status why) {
   broken_ = driver ? Status::ok() : (why.is_ok() ? Status::error(EIO, "the image could not be reopened") : why);
-  current_.store(driver.get(), std::memory_order_release);
-  if (driver) drivers_.push_back(std::move(driver));
+  std::shared_ptr<image::BlockDriver> old = std::exchange(owner_, std::move(driver));
+  current_.store(owner_.get());
+  while (getters_.load() != 0) std::this_thread::yield();  // getters never block: a short wait
+  old.reset();  // destroyed here unless a snapshot view opened from it holds it
 }
 
 Result<image::BlockDriver*> LiveDriver::admitted_driver() const {
@@ -92,46 +130,55 @@ Result<image::BlockDriver*> LiveDriver::admitted_driver() const {
 }
 
 std::string_view LiveDriver::format_name() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->format_name() : "none";
 }
 uint64_t LiveDriver::size() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->size() : 0;
 }
 bool LiveDriver::read_only() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->read_only() : true;
 }
 size_t LiveDriver::mem_align() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->mem_align() : io::kMinMemAlign;
 }
 uint64_t LiveDriver::allocated_bytes() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->allocated_bytes() : 0;
 }
 io::HostFile* LiveDriver::identity_file() {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->identity_file() : nullptr;
 }
 image::ImageDetails LiveDriver::details() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->details() : image::ImageDetails{};
 }
 std::vector<image::SnapshotInfo> LiveDriver::snapshots() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->snapshots() : std::vector<image::SnapshotInfo>{};
 }
 std::vector<image::BitmapInfo> LiveDriver::dirty_bitmaps() const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   return d ? d->dirty_bitmaps() : std::vector<image::BitmapInfo>{};
 }
-// Synchronous, as the getters: the current driver's live bits (a replaced
-// driver stays readable until unmount, so a run asked during a swap reads the
-// closed driver's last bits, never freed memory).
+// Synchronous, as the getters: the current driver's live bits (a run asked
+// during a swap reads the closed driver's last bits, never freed memory).
 Result<image::BitmapRun> LiveDriver::bitmap_run(std::string_view name, uint64_t off, uint64_t len) const {
-  auto* d = current();
+  Getter g(*this);
+  auto* d = g.driver();
   if (!d) return Status::error(EIO, "the image could not be reopened after a live snapshot");
   return d->bitmap_run(name, off, len);
 }
@@ -156,10 +203,18 @@ Task<Result<image::BlockStatus>> LiveDriver::block_status(uint64_t off, uint64_t
   QCOWFS_LIVE_CALL(block_status(off, len));
 }
 Task<Status> LiveDriver::idle_writeback() { QCOWFS_LIVE_CALL(idle_writeback()); }
-Task<Result<std::unique_ptr<image::BlockDriver>>> LiveDriver::open_snapshot(std::string id_or_name) {
-  QCOWFS_LIVE_CALL(open_snapshot(std::move(id_or_name)));
-}
 #undef QCOWFS_LIVE_CALL
+
+// Admitted, so owner_ does not change under us; the view holds its parent.
+Task<Result<std::unique_ptr<image::BlockDriver>>> LiveDriver::open_snapshot(std::string id_or_name) {
+  co_await enter();
+  Admission admission(*this);
+  std::shared_ptr<image::BlockDriver> parent = owner_;
+  if (!parent) co_return Status::error(EIO, broken_.message());
+  auto view = co_await parent->open_snapshot(std::move(id_or_name));
+  if (!view) co_return view.status();
+  co_return std::unique_ptr<image::BlockDriver>(std::make_unique<LiveSnapshotView>(std::move(*view), std::move(parent)));
+}
 
 // The last call: a driver that could not be reopened has nothing to close.
 Task<Status> LiveDriver::close() {

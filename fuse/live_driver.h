@@ -10,9 +10,17 @@
 // when the calls already admitted have finished. The paused owner may then
 // replace() the driver; resume() lets the queued calls in, onto the new one.
 // The synchronous getters (size(), read_only(), ...) read whichever driver is
-// current, without a lock; so that one never reads a freed driver, a replaced
-// driver (closed) is kept until the LiveDriver goes, at unmount. Snapshots are
-// rare: each costs the closed driver's memory (mostly its caches' buffers).
+// current, without a lock.
+//
+// Ownership of replaced drivers: the LiveDriver holds the current driver
+// through a shared_ptr, and a snapshot view it opens (open_snapshot(), which
+// borrows the driver it came from) holds one too. replace() drops the
+// LiveDriver's reference once no getter can still be reading the old driver
+// (a getter counts itself in `getters_` around its call, and replace() waits
+// for that count to reach zero after the swap: getters never block, so this
+// is a short spin); no asynchronous call holds it, since the gate is closed
+// and drained. So a replaced driver is destroyed at replace(), or when the
+// last snapshot view opened from it goes.
 //
 // Thread-safety: as BlockDriver; pause(), replace() and resume() are called by
 // one owner at a time (the server's main thread), pause() on a thread with an
@@ -38,8 +46,10 @@ class LiveDriver final : public image::BlockDriver {
   Task<void> pause();
   // Lets the queued calls and every later one in.
   void resume();
-  // While paused: the driver calls go to from now on (the previous one,
-  // closed by the caller, is kept). Null: every call fails with `why` (EIO).
+  // While paused: the driver calls go to from now on. The previous one
+  // (closed by the caller) is destroyed before this returns, unless a
+  // snapshot view opened from it still holds it. Null: every call fails with
+  // `why` (EIO).
   void replace(std::unique_ptr<image::BlockDriver> driver, Status why = {});
   // Why there is no current driver (the owner's thread only).
   Status broken() const { return broken_; }
@@ -69,6 +79,7 @@ class LiveDriver final : public image::BlockDriver {
 
  private:
   class Admission;  // one admitted call: counted out on destruction
+  class Getter;     // one synchronous getter: counted in getters_ for its duration
   struct EnterAwaiter;
   struct DrainAwaiter;
   EnterAwaiter enter();
@@ -77,7 +88,9 @@ class LiveDriver final : public image::BlockDriver {
   Result<image::BlockDriver*> admitted_driver() const;
 
   std::atomic<image::BlockDriver*> current_{nullptr};
-  std::vector<std::unique_ptr<image::BlockDriver>> drivers_;  // current and replaced; changed only while paused
+  // Owns current_ (with the snapshot views opened from it); changed only while paused.
+  std::shared_ptr<image::BlockDriver> owner_;
+  mutable std::atomic<uint64_t> getters_{0};  // getters running now (seq_cst, see replace())
   Status broken_;  // why current_ is null; written only while paused
 
   // The gate. A call counts itself in (admitted_) and goes on unless paused_

@@ -92,7 +92,32 @@ void LiveSnapshots::serve_one(io::Engine& engine) {
   send_control_reply(fd, reply);
 }
 
+Task<image::ControlReply> LiveSnapshots::handle_throwaway(image::ControlRequest request) {
+  image::ControlReply reply;
+  if (request.op != image::ControlOp::list) {
+    reply.status = Status::errorf(EBUSY,
+                                  "{} is mounted on {} with throwaway writes: they go to a temporary overlay and "
+                                  "never reach the image, so a snapshot of it would not hold them; unmount it first",
+                                  image(), config_.mountpoint);
+    co_return reply;
+  }
+  const image::FormatInfo* format = image::find_format(config_.format);
+  if (!format || !format->snapshot) co_return reply;  // no snapshots: an empty list, as qemu-img
+  io::OpenOptions ro;
+  ro.locking = io::LockMode::off;  // the mount's shared lock keeps writers out
+  auto file = io::open_host_file(image(), ro);
+  if (!file) {
+    reply.status = file.status();
+    co_return reply;
+  }
+  auto list = co_await format->snapshot->list(**file);
+  if (!list) reply.status = list.status();
+  else reply.snapshots = std::move(*list);
+  co_return reply;
+}
+
 Task<image::ControlReply> LiveSnapshots::handle(image::ControlRequest request) {
+  if (config_.throwaway) co_return co_await handle_throwaway(std::move(request));
   image::ControlReply reply;
   image::BlockDriver* d = config_.driver->current();
   const image::FormatInfo* format = d ? image::find_format(d->format_name()) : nullptr;
@@ -135,9 +160,6 @@ Task<image::ControlReply> LiveSnapshots::handle(image::ControlRequest request) {
 }
 
 Task<Status> LiveSnapshots::create(const image::SnapshotOps& ops, const std::string& name, image::SnapshotEntry& made) {
-  if (!config_.writable)
-    co_return Status::errorf(EROFS, "{} is mounted read-only on {}: its lock lets nobody write the image", image(),
-                             config_.mountpoint);
   image::ControlRequest r;
   r.name = name;
   co_return co_await with_driver_closed(ops, Change::create, r, made);
@@ -148,13 +170,6 @@ Status LiveSnapshots::refuse_remove(const image::ControlRequest& request) const 
   if (!shown.empty() && (shown == request.id || shown == request.name))
     return Status::errorf(EBUSY, "{} is mounted on {} showing this snapshot; unmount it first", image(),
                           config_.mountpoint);
-  if (!config_.writable)
-    return Status::errorf(EROFS, "{} is mounted read-only on {}: its lock lets nobody write the image", image(),
-                          config_.mountpoint);
-  std::vector<std::string> opened;
-  if (config_.open_snapshot_views) opened = config_.open_snapshot_views();
-  if (std::find(opened.begin(), opened.end(), request.id) != opened.end())
-    return Status::errorf(EBUSY, "the snapshot is open under {}/snapshots/ (until unmount)", config_.mountpoint);
   return Status::ok();
 }
 
@@ -169,15 +184,40 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
   const auto started = std::chrono::steady_clock::now();
   if (!config_.driver->current()) co_return config_.driver->broken();  // an earlier reopen failed
   co_await config_.driver->pause();
+  // Nothing may read a deleted snapshot's clusters: a view of it held open
+  // refuses the delete, one open but unused is closed first.
+  if (change == Change::remove && config_.release_snapshot_view) {
+    Status released = co_await config_.release_snapshot_view(request.id);
+    if (!released) {
+      config_.driver->resume();
+      co_return Status::errorf(EBUSY, "the snapshot is open under {}/snapshots/; close it first", config_.mountpoint);
+    }
+  }
+  // A read-only mount writes through the image opened read-write for this
+  // operation only; failing that, the mount goes on as it was.
+  std::unique_ptr<io::HostFile> writer;
+  if (!config_.writable) {
+    auto opened = open_writer();
+    if (!opened) {
+      config_.driver->resume();
+      co_return opened.status();
+    }
+    writer = std::move(*opened);
+  }
+  io::HostFile& target = writer ? *writer : file();
   Status st = co_await config_.driver->current()->close();
   if (st && change == Change::create) {
-    auto entry = co_await ops.create(file(), live_snapshot_now(request.name));
+    auto entry = co_await ops.create(target, live_snapshot_now(request.name));
     if (entry) made = std::move(*entry);
     else st = entry.status();
   } else if (st) {
-    st = co_await ops.remove(file(), request.id, request.name);
+    st = co_await ops.remove(target, request.id, request.name);
   }
-  if (st) st = co_await file().flush();
+  if (st) st = co_await target.flush();
+  if (writer) {
+    writer.reset();  // its write lock goes
+    reopen_reader();
+  }
   Status reopened = co_await reopen();
   config_.driver->resume();
   const auto paused_ms =
@@ -185,6 +225,44 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
   log::info("{} snapshot '{}' of {}: {} (requests held for {} ms)", change == Change::create ? "created" : "deleted",
             request.name, image(), st.to_string(), paused_ms);
   co_return st ? reopened : st;
+}
+
+// A read-only mount's image opened read-write, for one snapshot operation:
+// our own shared lock is dropped first (QEMU's lock bytes make it refuse any
+// writer, ours included); if the image cannot be opened so (someone else
+// uses it, or the file is not writable) the shared lock is taken back
+// (reopen_reader()) and the reason returned.
+Result<std::unique_ptr<io::HostFile>> LiveSnapshots::open_writer() {
+  io::OpenOptions rw = config_.options.file;
+  rw.writable = true;
+  rw.force_share = false;
+  file().hold_lock(io::ImageLock());
+  auto writer = io::open_host_file(image(), rw);
+  if (writer) return writer;
+  reopen_reader();
+  return writer.status().with_context(
+      fmt::format("{} is mounted read-only on {}; opening it read-write for the snapshot", image(), config_.mountpoint));
+}
+
+// After open_writer(): the read-only mount's file opened afresh (its size is
+// the file's now, its shared lock taken again); the old one is retired (the
+// snapshot views opened from it read through it). Someone who took the image
+// in between keeps it: the mount goes on without a lock, and says so.
+void LiveSnapshots::reopen_reader() {
+  io::OpenOptions ro = config_.options.file;
+  auto reader = io::open_host_file(image(), ro);
+  if (!reader && ro.locking != io::LockMode::off) {
+    log::warn("{}: the read-only mount's lock could not be taken back ({}): it goes on without it", image(),
+              reader.status().to_string());
+    ro.locking = io::LockMode::off;
+    reader = io::open_host_file(image(), ro);
+  }
+  if (!reader) {
+    log::error("{}: reopening read-only: {}", image(), reader.status().to_string());
+    return;  // the driver's reopen on the old file then says why the mount fails
+  }
+  config_.files->retired.push_back(std::move(config_.files->top));
+  config_.files->top = std::move(*reader);
 }
 
 // The driver again, on the same locked file; if that fails the mount's

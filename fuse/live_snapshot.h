@@ -18,10 +18,21 @@
 // stored, the dirty bit cleared), the format's offline SnapshotOps runs on the
 // image's own HostFile (still open, so QEMU's locks never drop), the file is
 // flushed, the driver is reopened on the same file and put in place, and the
-// queued requests go on. Refused: -a on any mount (it would change the disk
-// under its users), -c and -d on a read-only mount (its lock lets no one
-// write), and -d of the snapshot a snapshot= mount shows or one opened under
-// snapshots/.
+// queued requests go on. On a read-only mount the same is done, the
+// operation writing through the image opened read-write for it alone (the
+// mount's shared lock dropped, QEMU's write lock taken: EBUSY if anyone else
+// holds the image; then the shared lock taken back) while the mount's own
+// file stays read-only (and is opened afresh after, with its shared lock).
+// Refused: -a on any mount (it would change the disk
+// under its users), -d of the snapshot a snapshot= mount shows or of one held
+// open under snapshots/ (EBUSY, as a QEMU reader's lock refuses qemu-img
+// snapshot -d); a view of it opened before and now unused is closed first.
+//
+// A throwaway mount (QEMU's -snapshot) has a control socket too, so that
+// `qcowfs snapshot` names why it cannot act: -l is answered from the image
+// file, every other operation refused (EBUSY): the mount's writes go to a
+// temporary overlay and never reach IMAGE, so a snapshot of IMAGE would not
+// hold them (QEMU's -snapshot likewise locks its base against writers).
 //
 // --external NEW (QEMU's blockdev-snapshot-sync): paused and closed as
 // above, NEW is created (qcow2, backing file: the top image's path and format,
@@ -67,8 +78,15 @@ class LiveSnapshots {
     LiveDriver* driver = nullptr;    // the mount's driver, outlives this object
     bool writable = false;           // the mount writes the image
     uid_t owner = 0;                 // the mounting user
-    // The ids of the snapshots whose snapshots/ views are open.
-    std::function<std::vector<std::string>()> open_snapshot_views;
+    // A throwaway mount (files->top and driver null): -l reads the image's
+    // table (the file opened read-only without a lock: nothing writes it
+    // while so mounted); every other operation is refused, naming the reason.
+    // The image's format, for -l.
+    bool throwaway = false;
+    std::string format;
+    // Closes the unused snapshots/ views of a snapshot id; an error (EBUSY)
+    // when one is held open. Called while the driver is paused.
+    std::function<Task<Status>(std::string id)> release_snapshot_view;
   };
 
   // Listens on the image's control socket.
@@ -82,6 +100,7 @@ class LiveSnapshots {
  private:
   LiveSnapshots(Config config, io::ControlListener listener);
   Task<image::ControlReply> handle(image::ControlRequest request);
+  Task<image::ControlReply> handle_throwaway(image::ControlRequest request);
   Task<Status> create(const image::SnapshotOps& ops, const std::string& name, image::SnapshotEntry& made);
   Task<Status> remove(const image::SnapshotOps& ops, const image::ControlRequest& request);
   Task<Status> external(const std::string& overlay);
@@ -95,6 +114,8 @@ class LiveSnapshots {
   Task<Status> with_driver_closed(const image::SnapshotOps& ops, Change change, const image::ControlRequest& request,
                                   image::SnapshotEntry& made);
   Task<Status> reopen();
+  Result<std::unique_ptr<io::HostFile>> open_writer();
+  void reopen_reader();
 
   Config config_;
   io::ControlListener listener_;

@@ -18,6 +18,8 @@
 #include <cstring>
 
 #include "fuse/partitions_dir.h"
+#include "fuse/snapshots_dir.h"
+#include "image/format.h"
 #include "image/views/throwaway.h"
 #include "io/forwarding_file.h"
 #include "io/log.h"
@@ -89,19 +91,6 @@ Status set_nonblocking(int fd) {
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
     return Status::from_errno(errno, "setting /dev/fuse non-blocking");
   return Status::ok();
-}
-
-// The snapshots of the image as ImageFiles in DIR/snapshots/ (none: no directory).
-void add_snapshot_nodes(InodeTable& table, image::BlockDriver& driver) {
-  std::vector<image::SnapshotInfo> snaps = driver.snapshots();
-  if (snaps.empty()) return;
-  Ino dir = table.add_directory(kRootIno, "snapshots");
-  std::vector<std::string> taken;
-  for (const auto& s : snaps) {
-    std::string name = snapshot_file_name(s.name, s.id, taken);
-    taken.push_back(name);
-    table.add_image(dir, name, std::make_unique<ImageFile>(&driver, s.id, s.disk_size));
-  }
 }
 
 // Closes every view (a snapshot, a catalogue image); the first error wins.
@@ -238,6 +227,7 @@ Status Server::open_image() {
   auto driver = io::run_sync(*main_engine_, image::open_image(opts_.image, std::move(image_options)));
   if (!driver) return driver.status();
   if (opts_.throwaway) {
+    throwaway_format_ = std::string((*driver)->format_name());
     const std::string dir = throwaway_directory();
     driver = io::run_sync(*main_engine_, image::open_throwaway_overlay(std::move(*driver), opts_.image_options, dir));
     if (!driver) return driver.status();
@@ -296,18 +286,25 @@ Status Server::build_catalogue() {
   return Status::ok();
 }
 
-// The control socket of a local single image (none for a catalogue, a URL or
-// a throwaway mount). One that cannot be made only loses live snapshots.
+// The control socket of a local single image (none for a catalogue or a URL;
+// a throwaway mount's only lists and names why it refuses the rest). One that
+// cannot be made only loses live snapshots.
 Status Server::start_control() {
-  if (!live_) return Status::ok();
+  const bool throwaway = opts_.throwaway && !io::is_remote_location(opts_.image);
+  if (!live_ && !throwaway) return Status::ok();
   LiveSnapshots::Config c;
+  if (throwaway) {
+    live_files_.image = opts_.image;
+    c.throwaway = true;
+    c.format = throwaway_format_;
+  }
   c.mountpoint = opts_.mountpoint;
   c.options = image_options_;
   c.files = &live_files_;
   c.driver = live_;
   c.writable = writable_mount();
   c.owner = ::getuid();
-  c.open_snapshot_views = [this] { return open_snapshot_views(); };
+  c.release_snapshot_view = [this](std::string id) { return release_snapshot_view(std::move(id)); };
   auto control = LiveSnapshots::start(std::move(c));
   if (!control) {
     log::warn("no control socket for {} (no live snapshots): {}", opts_.image, control.status().to_string());
@@ -318,12 +315,9 @@ Status Server::start_control() {
   return Status::ok();
 }
 
-std::vector<std::string> Server::open_snapshot_views() const {
-  std::vector<std::string> ids;
-  if (!fs_) return ids;
-  for (const ImageFile* f : fs_->table().image_files())
-    if (!f->snapshot_id().empty() && f->driver()) ids.push_back(f->snapshot_id());
-  return ids;
+Task<Status> Server::release_snapshot_view(std::string id) {
+  if (!snapshots_dir_) co_return Status::ok();
+  co_return co_await snapshots_dir_->release_view(std::move(id));
 }
 
 bool Server::writable_mount() const {
@@ -343,7 +337,10 @@ Status Server::build_filesystem() {
     table = InodeTable::file_root(std::move(main_view));
   } else if (S_ISDIR(st.st_mode)) {
     view = table.add_image(kRootIno, raw_view_name(opts_.image), std::move(main_view));
-    add_snapshot_nodes(table, *driver_);
+    // A live mount of a format with internal snapshots always has snapshots/
+    // (a live -c may add the first one).
+    const image::FormatInfo* format = image::find_format(driver_->format_name());
+    snapshots_dir_ = add_snapshot_directory(table, *driver_, live_ && format && format->snapshot);
     add_bitmap_directory(table, *driver_);
     add_partition_directory(table, *main_view_, *main_engine_);
   } else {

@@ -44,6 +44,7 @@
 #include "fuse/options.h"
 #include "fuse/passthrough.h"
 #include "fuse/remote_status.h"
+#include "fuse/snapshots_dir.h"
 #include "image/block_driver.h"
 #include "io/engine.h"
 #include "io/fd.h"
@@ -71,7 +72,7 @@ class Server {
   Status setup_signals();
   Status open_image();
   Status start_control();
-  std::vector<std::string> open_snapshot_views() const;
+  Task<Status> release_snapshot_view(std::string id);  // for a live -d
   Status open_catalogue();
   Status build_filesystem();
   Status build_catalogue();
@@ -114,11 +115,13 @@ class Server {
   // (fuse/live_snapshot.h); driver_ is then a LiveDriver (live_).
   LiveFiles live_files_;
   image::ImageOptions image_options_;  // as driver_ was opened
+  std::string throwaway_format_;       // a throwaway mount: the image's format (for snapshot -l)
   std::unique_ptr<image::BlockDriver> driver_;
   LiveDriver* live_ = nullptr;
   std::unique_ptr<Filesystem> fs_;
   std::unique_ptr<MountedSession> session_;
   ImageFile* main_view_ = nullptr;  // owned by fs_
+  SnapshotDirectory* snapshots_dir_ = nullptr;  // owned by fs_'s table; nullptr: no snapshots/
   std::unique_ptr<LiveSnapshots> control_;  // the control socket, once mounted
   // A catalogue mount: the catalogue (built by open_catalogue(), then owned
   // by fs_'s table), the eventfd its idle views write to, and when the next

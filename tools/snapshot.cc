@@ -9,6 +9,8 @@
 // without internal snapshots (raw, vmdk, ...) answers as qemu-img does for its
 // driver. Encrypted qcow2 images
 // need no passphrase: snapshots change metadata only, which is not encrypted.
+#include <mntent.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 
 #include <chrono>
@@ -254,6 +256,36 @@ std::optional<std::string> find_live_daemon(const std::string& image, std::vecto
   return std::nullopt;
 }
 
+// When IMAGE is locked: the catalogue mount (`qcowfs SRCDIR MOUNTDIR`, a
+// fuse.qcowfs mount whose source is a directory) whose SRCDIR holds IMAGE,
+// if any. Such a mount has no control socket: it holds an image open (and
+// locked) while a view of it is in use and for its idle delay after.
+std::optional<std::string> catalogue_holding(const std::string& image) {
+  std::error_code ec;
+  const std::filesystem::path file = std::filesystem::weakly_canonical(image, ec);
+  if (ec) return std::nullopt;
+  FILE* mounts = ::setmntent("/proc/self/mounts", "r");
+  if (!mounts) return std::nullopt;
+  std::optional<std::string> found;
+  mntent entry;
+  char buf[4096];
+  while (!found && ::getmntent_r(mounts, &entry, buf, sizeof buf)) {
+    if (std::string_view(entry.mnt_type) != "fuse.qcowfs") continue;
+    struct stat st {};
+    if (::stat(entry.mnt_fsname, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    const std::filesystem::path srcdir = std::filesystem::weakly_canonical(entry.mnt_fsname, ec);
+    if (ec) continue;
+    auto rel = file.lexically_relative(srcdir);
+    if (rel.empty() || rel.native().starts_with("..")) continue;
+    found = fmt::format(
+        "the qcowfs catalogue mount of {} on {} holds it open while a view of it is in use and for its idle-timeout "
+        "after (a catalogue takes no live snapshots): close its views, then retry",
+        srcdir.string(), entry.mnt_dir);
+  }
+  ::endmntent(mounts);
+  return found;
+}
+
 // --external NEW: only a mount can switch to a new overlay (offline, that is
 // `qcowfs create -f qcow2 -b IMAGE -F FMT NEW`).
 Status external_snapshot(const SnapshotArgs& a, std::vector<std::string>& denied) {
@@ -295,6 +327,9 @@ Task<Status> snapshot(const SnapshotArgs& a) {
                              "{}; a qcowfs mount of another user may hold it (its control socket {} is not open to "
                              "this user): only the mount's owner and root may take its snapshots",
                              image.status().to_string(), denied.front());
+  if (!image && image.status().code() == EBUSY)
+    if (auto holder = catalogue_holding(a.image))
+      co_return Status::errorf(EBUSY, "{}; {}", image.status().to_string(), *holder);
   if (!image) co_return image.status();
   const image::FormatInfo* format = image::find_format(image->format);
   OfflineTarget offline(*image->file, format ? format->snapshot : nullptr);

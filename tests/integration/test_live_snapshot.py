@@ -268,3 +268,86 @@ def test_live_external_snapshot_while_writing(workdir):
     helpers.qemu_img_check(overlay)
     helpers.qemu_img_check(image)
     assert_final(stamps(helpers.convert_to_raw(overlay, workdir / "active.raw")), final)
+
+
+def test_live_snapshots_of_a_read_only_mount_show_in_its_snapshots_dir(workdir):
+    """A read-only directory-mode mount: -c and -d work (the daemon opens the
+    image read-write for the operation alone, or fails cleanly when another
+    process holds it), snapshots/ follows them, and a snapshot whose view is
+    held open is not deleted (as a QEMU reader's lock refuses qemu-img)."""
+    image = workdir / "ro.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
+    helpers.qemu_io(image, "write -q -P 0x5a 64k 1M", fmt="qcow2")
+    mnt = workdir / "dir"
+    mnt.mkdir()
+    snaps = mnt / "snapshots"
+    with helpers.mounted(image, mnt) as m:
+        assert os.listdir(snaps) == []  # a live qcow2 mount has snapshots/ before its first snapshot
+        r = qcowfs_snapshot("-c", "s1", image)
+        assert r.returncode == 0, r.stderr.decode()
+        assert os.listdir(snaps) == ["s1.raw"]
+        assert helpers.files_equal(snaps / "s1.raw", m.path)  # read-only: the disk as it is
+        # Another reader's lock refuses the writer the operation needs: a clean
+        # failure, and the mount keeps its own lock (a writer is still refused).
+        reader = subprocess.Popen(["qemu-io", "-r", "-f", "qcow2", "-c", "sleep 20000", str(image)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            time.sleep(0.5)  # qemu-io opened the image (it only sleeps after)
+            r = qcowfs_snapshot("-c", "s2", image)
+        finally:
+            reader.kill()
+            reader.wait()
+        assert r.returncode == 1 and 'failed to get "write" lock' in r.stderr.decode(), r.stderr.decode()
+        assert "mounted read-only" in r.stderr.decode(), r.stderr.decode()
+        w = helpers.run(["qemu-io", "-f", "qcow2", "-c", "write 0 512", image], check=False)
+        assert w.returncode != 0 and b'"write" lock' in w.stdout + w.stderr, w
+        # A held view refuses the delete; released, it goes, and so does its entry.
+        with open(snaps / "s1.raw", "rb") as held:
+            r = qcowfs_snapshot("-d", "s1", image)
+            assert r.returncode == 1 and "open under" in r.stderr.decode(), r.stderr.decode()
+            assert held.read(4096) == bytes(4096)
+        assert qcowfs_snapshot("-c", "s3", image).returncode == 0
+        r = qcowfs_snapshot("-d", "s1", image)
+        assert r.returncode == 0, r.stderr.decode()
+        assert os.listdir(snaps) == ["s3.raw"]
+        assert not (snaps / "s1.raw").exists()
+        assert helpers.files_equal(m.path, snaps / "s3.raw")
+    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
+    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["s3"], qemu_list
+    helpers.qemu_img_check(image)
+
+
+def test_a_throwaway_mount_names_why_it_takes_no_snapshot(workdir):
+    """-o throwaway: the mount's writes never reach IMAGE, so `snapshot -c`
+    and `-d` are refused with that reason (not a bare lock error); -l lists."""
+    image = workdir / "gold.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
+    helpers.run(["qemu-img", "snapshot", "-c", "base", image])
+    with helpers.mounted(image, workdir / "view", ["throwaway"]):
+        for args in (["-c", "s1"], ["-d", "base"]):
+            r = qcowfs_snapshot(*args, image)
+            err = r.stderr.decode()
+            assert r.returncode == 1 and "throwaway writes" in err and "never reach the image" in err, err
+        listing = qcowfs_snapshot("-l", image)
+        assert listing.returncode == 0 and " base " in listing.stdout.decode(), listing.stderr.decode()
+    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
+    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["base"], qemu_list
+
+
+def test_a_catalogue_holding_the_image_is_named(workdir):
+    """A catalogue mount has no control socket: while it holds an image (a
+    view open), `snapshot -c` meets its lock and the message names the
+    catalogue mount and what to do."""
+    src = workdir / "src"
+    src.mkdir()
+    image = src / "d.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
+    mnt = workdir / "cat"
+    mnt.mkdir()
+    with helpers.mounted(src, mnt):
+        with open(mnt / "d.raw", "rb"):
+            r = qcowfs_snapshot("-c", "s1", image)
+        err = r.stderr.decode()
+        assert r.returncode == 1 and '"write" lock' in err, err
+        assert f"the qcowfs catalogue mount of {src.resolve()} on {mnt.resolve()}" in err and "close its views" in err, err
+    assert "s1" not in helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()

@@ -1,7 +1,8 @@
 // LiveDriver (fuse/live_driver.h): pause() waits for the calls already
 // admitted, calls made while paused wait (they neither fail nor reach the
 // driver) and run on the driver put in place when resume() lets them in; a
-// failed reopen (no driver) fails calls with its reason.
+// failed reopen (no driver) fails calls with its reason; a replaced driver is
+// destroyed once its calls have drained (and no snapshot view holds it).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -20,6 +21,9 @@ namespace {
 class HeldDriver final : public image::ForwardingDriver {
  public:
   HeldDriver() : ForwardingDriver(std::make_shared<fakes::FakeDriver>(1 << 20, false)) {}
+  ~HeldDriver() override {
+    if (destroyed) *destroyed = true;
+  }
   Task<Status> write(uint64_t, std::span<const std::byte>) override {
     ++started;
     if (hold) co_await gate.wait();
@@ -28,6 +32,7 @@ class HeldDriver final : public image::ForwardingDriver {
   }
 
   bool hold = false;
+  bool* destroyed = nullptr;  // set on destruction
   io::AsyncEvent gate;
   int started = 0;
   int finished = 0;
@@ -88,14 +93,76 @@ TEST_F(LiveDriverTest, PauseDrainsAdmittedCallsAndQueuesNewOnesForTheNextDriver)
   EXPECT_TRUE(a && a_st.is_ok());
   EXPECT_TRUE(paused);
   EXPECT_FALSE(b);
+  EXPECT_EQ(first_->finished, 1);
   auto second = std::make_unique<HeldDriver>();
   HeldDriver* next = second.get();
-  live_->replace(std::move(second));
+  live_->replace(std::move(second));  // first_ is destroyed here
   live_->resume();
   settle();
   EXPECT_TRUE(b && b_st.is_ok());
-  EXPECT_EQ(first_->finished, 1);  // b went to the new driver
-  EXPECT_EQ(next->finished, 1);
+  EXPECT_EQ(next->finished, 1);  // b went to the new driver
+}
+
+TEST_F(LiveDriverTest, AReplacedDriverIsDestroyedOnceItsCallsHaveDrained) {
+  bool destroyed = false;
+  first_->destroyed = &destroyed;
+  first_->hold = true;
+  Status st;
+  bool written = false, paused = false;
+  write(&st, &written);
+  settle();
+  pause(&paused);
+  settle();
+  EXPECT_FALSE(paused);
+  EXPECT_FALSE(destroyed);  // a write still runs on it
+  first_->gate.set();
+  settle();
+  ASSERT_TRUE(paused && written && st.is_ok());
+  live_->replace(std::make_unique<HeldDriver>());
+  EXPECT_TRUE(destroyed);  // nothing holds it: freed at the swap, not at unmount
+  live_->resume();
+}
+
+TEST_F(LiveDriverTest, ASnapshotViewHoldsTheDriverItWasOpenedFrom) {
+  bool destroyed = false;
+  first_->destroyed = &destroyed;
+  // FakeDriver has no snapshots: open_snapshot's default fails, so give the
+  // view a driver whose open_snapshot succeeds.
+  class WithSnapshot final : public image::ForwardingDriver {
+   public:
+    explicit WithSnapshot(std::unique_ptr<image::BlockDriver> d) : ForwardingDriver(std::move(d)) {}
+    Task<Result<std::unique_ptr<image::BlockDriver>>> open_snapshot(std::string) override {
+      co_return std::unique_ptr<image::BlockDriver>(std::make_unique<fakes::FakeDriver>(4096, true));
+    }
+  };
+  bool paused = false;
+  pause(&paused);
+  settle();
+  ASSERT_TRUE(paused);
+  bool wrapped_destroyed = false;
+  auto held = std::make_unique<HeldDriver>();
+  held->destroyed = &wrapped_destroyed;
+  live_->replace(std::make_unique<WithSnapshot>(std::move(held)));
+  EXPECT_TRUE(destroyed);
+  live_->resume();
+  std::unique_ptr<image::BlockDriver> view;
+  auto open = [](LiveDriver& d, std::unique_ptr<image::BlockDriver>* out) -> Task<void> {
+    auto v = co_await d.open_snapshot("s1");
+    if (v) *out = std::move(*v);
+  };
+  spawn(open(*live_, &view));
+  settle();
+  ASSERT_TRUE(view);
+  paused = false;
+  pause(&paused);
+  settle();
+  ASSERT_TRUE(paused);
+  live_->replace(std::make_unique<HeldDriver>());
+  live_->resume();
+  EXPECT_FALSE(wrapped_destroyed);  // the view still borrows it
+  EXPECT_EQ(view->size(), 4096u);
+  view.reset();
+  EXPECT_TRUE(wrapped_destroyed);
 }
 
 TEST_F(LiveDriverTest, NoDriverAfterAFailedReopenFailsCallsWithItsReason) {

@@ -50,6 +50,9 @@ class FakeDriver final : public image::BlockDriver {
     co_return Status::errorf(ENOENT, "no snapshot {}", id);
   }
 
+  // A snapshot taken or deleted (tests run on one thread).
+  void set_snapshots(std::vector<image::SnapshotInfo> snaps) { snaps_ = std::move(snaps); }
+
   std::atomic<int> snapshot_opens{0};
   std::atomic<int> closes{0};
 
