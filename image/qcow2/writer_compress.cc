@@ -105,7 +105,7 @@ Status compress_item(uint8_t type, size_t cluster_size, CompressItem& item) {
 }
 
 // One worker-pool job taking items from `next` until none is left: a
-// request's clusters go to as many jobs as there are CPUs rather than one
+// request's clusters go to a few jobs (compress_job_count) rather than one
 // job each, which spares a thread wake-up and an engine completion per
 // cluster (bench/RESULTS.md "Compressed writes", loaded-machine profile).
 Task<Status> compress_items(uint8_t type, size_t cluster_size, std::span<CompressItem> items,
@@ -119,14 +119,18 @@ Task<Status> compress_items(uint8_t type, size_t cluster_size, std::span<Compres
   co_return Status::ok();
 }
 
+// Two jobs per CPU: on an idle machine one per CPU would do, but where other
+// processes compete for the CPUs (builds beside a fill), a request whose
+// clusters wait on two runnable threads gets half the CPU share it had with
+// one job per cluster (bench/RESULTS.md, loaded-machine subsection).
 size_t compress_job_count() {
-  static const size_t n = std::max(1U, std::thread::hardware_concurrency());
+  static const size_t n = 2 * std::max(1U, std::thread::hardware_concurrency());
   return n;
 }
 
 }  // namespace
 
-// The marked clusters on one worker-pool job per CPU, all at once. A cluster
+// The marked clusters on a few worker-pool jobs, all at once. A cluster
 // that does not shrink becomes an ordinary allocation.
 Task<Status> Qcow2Writer::compress_slots(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) {
   const uint64_t cs = img_.geometry.cluster_size();
