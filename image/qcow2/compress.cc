@@ -5,6 +5,8 @@
 #include <zstd_errors.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <memory>
 
 #include "image/qcow2/format.h"
@@ -85,6 +87,61 @@ class ThreadDeflater {
   bool ok_ = false;
 };
 
+// Order-0 entropy, in bits per byte, of n samples counted in `counts`.
+double entropy_bits(const std::array<uint32_t, 256>& counts, size_t n) {
+  double sum = 0;
+  for (uint32_t c : counts)
+    if (c != 0) sum += c * std::log2(static_cast<double>(c));
+  return std::log2(static_cast<double>(n)) - sum / static_cast<double>(n);
+}
+
+// Byte values of `in`, and (deltas) the differences of neighbouring bytes.
+void count_bytes(std::span<const std::byte> in, bool deltas, std::array<uint32_t, 256>& out) {
+  std::array<std::array<uint32_t, 256>, 4> part{};  // four tables: no stall on repeated bytes
+  const auto* p = reinterpret_cast<const uint8_t*>(in.data());
+  size_t i = 0;
+  uint8_t prev = 0;
+  for (; i + 4 <= in.size(); i += 4) {
+    if (deltas) {
+      ++part[0][static_cast<uint8_t>(p[i] - prev)];
+      ++part[1][static_cast<uint8_t>(p[i + 1] - p[i])];
+      ++part[2][static_cast<uint8_t>(p[i + 2] - p[i + 1])];
+      ++part[3][static_cast<uint8_t>(p[i + 3] - p[i + 2])];
+    } else {
+      ++part[0][p[i]];
+      ++part[1][p[i + 1]];
+      ++part[2][p[i + 2]];
+      ++part[3][p[i + 3]];
+    }
+    prev = p[i + 3];
+  }
+  for (; i < in.size(); prev = p[i], ++i) ++part[0][deltas ? static_cast<uint8_t>(p[i] - prev) : p[i]];
+  for (size_t v = 0; v < 256; ++v) out[v] = part[0][v] + part[1][v] + part[2][v] + part[3][v];
+}
+
+}  // namespace
+
+bool looks_incompressible(std::span<const std::byte> in) {
+  // Thresholds: n uniformly random bytes measure about 8 - 184/n bits per
+  // byte (the plug-in estimate's bias), so 7.977 for 8 KiB and 7.997 for a
+  // 64 KiB cluster; English text measures about 4.5-5, x86 code about 6,
+  // gzip and JPEG data 7.99+.
+  constexpr size_t kProbe = 8192;
+  constexpr double kProbeBits = 7.9, kClusterBits = 7.99;
+  if (in.size() < kProbe) return false;
+  std::array<uint32_t, 256> counts{};
+  count_bytes(in.first(kProbe), false, counts);  // most clusters stop here
+  if (entropy_bits(counts, kProbe) < kProbeBits) return false;
+  count_bytes(in, false, counts);
+  if (entropy_bits(counts, in.size()) < kClusterBits) return false;
+  // Evenly spread bytes in a regular order (0, 1, 2, ..., 255, 0, 1, ...)
+  // compress well: their differences do not spread.
+  count_bytes(in, true, counts);
+  return entropy_bits(counts, in.size()) >= kClusterBits;
+}
+
+namespace {
+
 struct CctxFree {
   void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
 };
@@ -114,6 +171,7 @@ Result<size_t> zstd_compress_cluster(std::span<const std::byte> in, std::span<st
 Result<size_t> compress_cluster(uint8_t compression_type, std::span<const std::byte> in, std::span<std::byte> out) {
   switch (compression_type) {
     case kCompressionZlib: {
+      if (looks_incompressible(in)) return size_t{0};
       thread_local ThreadDeflater deflater;
       return deflater.deflate_cluster(in, out);
     }

@@ -238,7 +238,6 @@ class Qcow2Writer {
   // request's host run and places the streams (metadata lock).
   Task<Status> compress_and_allocate(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
   Task<Status> compress_slots(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
-  Task<Status> compress_slot(Slot& s, std::span<const std::byte> in) const;
   Task<Status> place_compressed(Plan& plan);
   // The streams of the plan as host-contiguous runs, each in one buffer of `bufs`.
   std::vector<HostWrite> compressed_writes(Plan& plan, std::vector<io::AlignedBuffer>& bufs) const;

@@ -4,8 +4,12 @@
 // writes; write_allocating (writer_data.cc) drives these steps and commit()
 // (writer_commit.cc) sets their entries. Rules: image/qcow2/DESIGN.md
 // "Compressed writes".
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
+#include "image/qcow2/compress.h"
 #include "image/qcow2/writer_plan.h"
 #include "io/align.h"
 #include "io/engine.h"
@@ -71,50 +75,85 @@ Task<Status> Qcow2Writer::compress_and_allocate(Plan& plan, GuestOffset guest, s
   co_return st;
 }
 
-// Every marked cluster on its own worker-pool job, all at once. A cluster
+namespace {
+
+// One cluster of a request to compress, filled in by a worker.
+struct CompressItem {
+  uint64_t guest = 0;                // the cluster's guest offset (for messages)
+  std::span<const std::byte> in;     // its bytes in the request (short: the disk's last cluster)
+  io::AlignedBuffer* packed = nullptr;
+  uint64_t* csize = nullptr;
+  Status status;
+};
+
+// Compresses one item on the calling (worker) thread.
+Status compress_item(uint8_t type, size_t cluster_size, CompressItem& item) {
+  std::span<const std::byte> in = item.in;
+  io::AlignedBuffer padded;
+  if (in.size() < cluster_size) {  // the disk's last cluster: zeros past its end, as QEMU pads it
+    padded = io::AlignedBuffer(cluster_size, io::kMinMemAlign, true);
+    std::memcpy(padded.data(), in.data(), in.size());
+    in = padded.span();
+  }
+  // One byte short of a cluster, as QEMU offers: a stream must save something.
+  io::AlignedBuffer out(cluster_size - 1, io::kMinMemAlign, false);
+  auto n = compress_cluster(type, in, out.span());
+  if (!n) return n.status().with_context(fmt::format("compressing guest offset {:#x}", item.guest));
+  *item.csize = *n;
+  if (*n != 0) *item.packed = std::move(out);
+  return Status::ok();
+}
+
+// One worker-pool job taking items from `next` until none is left: a
+// request's clusters go to a few jobs (compress_job_count) rather than one
+// job each, which spares a thread wake-up and an engine completion per
+// cluster (bench/RESULTS.md "Compressed writes", loaded-machine profile).
+Task<Status> compress_items(uint8_t type, size_t cluster_size, std::span<CompressItem> items,
+                            std::atomic<size_t>& next) {
+  const int64_t r = co_await io::offload([&]() -> int64_t {
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items.size();)
+      items[i].status = compress_item(type, cluster_size, items[i]);
+    return 0;
+  });
+  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), "compressing clusters");
+  co_return Status::ok();
+}
+
+// Two jobs per CPU: on an idle machine one per CPU would do, but where other
+// processes compete for the CPUs (builds beside a fill), a request whose
+// clusters wait on two runnable threads gets half the CPU share it had with
+// one job per cluster (bench/RESULTS.md, loaded-machine subsection).
+size_t compress_job_count() {
+  static const size_t n = 2 * std::max(1U, std::thread::hardware_concurrency());
+  return n;
+}
+
+}  // namespace
+
+// The marked clusters on a few worker-pool jobs, all at once. A cluster
 // that does not shrink becomes an ordinary allocation.
 Task<Status> Qcow2Writer::compress_slots(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) {
   const uint64_t cs = img_.geometry.cluster_size();
-  std::vector<Task<Status>> jobs;
+  std::vector<CompressItem> items;
   for (Slot& s : plan.slots) {
     if (s.kind != Kind::compressed) continue;
     const uint64_t at = (s.gc * cs) - guest;  // rq_start is 0
-    jobs.push_back(compress_slot(s, buf.subspan(static_cast<size_t>(at), static_cast<size_t>(s.rq_end))));
+    s.csize = 0;
+    items.push_back(CompressItem{s.gc * cs, buf.subspan(static_cast<size_t>(at), static_cast<size_t>(s.rq_end)),
+                                 &s.packed, &s.csize, Status::ok()});
   }
+  std::atomic<size_t> next{0};
+  std::vector<Task<Status>> jobs;
+  const size_t n = std::min(items.size(), compress_job_count());
+  for (size_t j = 0; j < n; ++j)
+    jobs.push_back(compress_items(img_.header.compression_type, static_cast<size_t>(cs), items, next));
   QCOWFS_CO_TRY(co_await io::when_all(std::move(jobs)));
+  for (CompressItem& item : items) QCOWFS_CO_TRY(std::move(item.status));
   for (Slot& s : plan.slots) {
     if (s.kind != Kind::compressed || s.csize != 0) continue;
     s.kind = Kind::allocate;  // classify_allocate already set it to write the whole cluster
     s.packed = io::AlignedBuffer();
   }
-  co_return Status::ok();
-}
-
-Task<Status> Qcow2Writer::compress_slot(Slot& s, std::span<const std::byte> in) const {
-  const size_t cs = static_cast<size_t>(img_.geometry.cluster_size());
-  io::AlignedBuffer padded;
-  if (in.size() < cs) {  // the disk's last cluster: zeros past its end, as QEMU pads it
-    padded = io::AlignedBuffer(cs, io::kMinMemAlign, true);
-    std::memcpy(padded.data(), in.data(), in.size());
-    in = padded.span();
-  }
-  // One byte short of a cluster, as QEMU offers: a stream must save something.
-  s.packed = io::AlignedBuffer(cs - 1, io::kMinMemAlign, false);
-  const uint8_t type = img_.header.compression_type;
-  Status failed;
-  size_t n = 0;
-  const int64_t r = co_await io::offload([&]() -> int64_t {
-    auto out = compress_cluster(type, in, s.packed.span());
-    if (!out) {
-      failed = out.status();
-      return -EIO;
-    }
-    n = *out;
-    return 0;
-  });
-  if (!failed) co_return failed.with_context(fmt::format("compressing guest offset {:#x}", s.gc * cs));
-  if (r < 0) co_return Status::from_errno(static_cast<int>(-r), "compressing a cluster");
-  s.csize = n;
   co_return Status::ok();
 }
 

@@ -4,6 +4,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <random>
 #include <thread>
 #include <vector>
@@ -155,6 +156,28 @@ TEST(Qcow2Compress, IncompressibleClusterGivesZero) {
     Bytes out(65536);
     ASSERT_TRUE(decompress_cluster(type, *next, out).is_ok());
     EXPECT_EQ(out, plain);
+  }
+}
+
+// Evenly spread bytes skip deflate only when nothing a 4 KiB window could
+// match is there: noise is skipped (and stored uncompressed, as deflate would
+// not shrink it), but not a regular sweep of all byte values, a short block
+// of noise repeated, nor noise with a run of zeros, all of which deflate shrinks.
+TEST(Qcow2Compress, OnlyIrregularEvenBytesSkipDeflate) {
+  EXPECT_TRUE(looks_incompressible(random_bytes(65536, 5)));
+  Bytes sweep(65536);
+  for (size_t i = 0; i < sweep.size(); ++i) sweep[i] = std::byte(static_cast<uint8_t>(i));
+  Bytes repeated(65536);
+  const Bytes block = random_bytes(2048, 6);
+  for (size_t i = 0; i < repeated.size(); ++i) repeated[i] = block[i % block.size()];
+  Bytes gap = random_bytes(65536, 7);
+  std::fill(gap.begin() + 30000, gap.begin() + 34096, std::byte{0});
+  for (const Bytes* b : {&sweep, &repeated, &gap}) {
+    EXPECT_FALSE(looks_incompressible(*b));
+    auto packed = compress(kCompressionZlib, *b);
+    ASSERT_TRUE(packed) << packed.status().to_string();
+    ASSERT_FALSE(packed->empty());
+    EXPECT_EQ(*packed, deflate_raw(*b));
   }
 }
 
