@@ -2,7 +2,13 @@
 
 namespace qcowfs::io {
 
-Task<RangeLock::Guard> RangeLock::lock(uint64_t start, uint64_t end, Mode mode) {
+RangeLock::Guard RangeLock::try_lock(uint64_t start, uint64_t end, Mode mode) {
+  uint64_t id = 0;
+  if (try_register(start, end, mode, &id)) return Guard();
+  return Guard(this, id);
+}
+
+Task<RangeLock::Guard> RangeLock::lock_slow(uint64_t start, uint64_t end, Mode mode) {
   uint64_t id = 0;
   while (auto busy = try_register(start, end, mode, &id)) co_await busy->wait();
   co_return Guard(this, id);
@@ -10,12 +16,15 @@ Task<RangeLock::Guard> RangeLock::lock(uint64_t start, uint64_t end, Mode mode) 
 
 std::shared_ptr<AsyncEvent> RangeLock::try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* id) {
   std::lock_guard lk(mu_);
-  for (const Holder& h : holders_) {
+  for (Holder& h : holders_) {
     bool overlap = start < h.end && h.start < end;
-    if (overlap && (mode == Mode::exclusive || h.mode == Mode::exclusive)) return h.released;
+    if (overlap && (mode == Mode::exclusive || h.mode == Mode::exclusive)) {
+      if (!h.released) h.released = std::make_shared<AsyncEvent>();
+      return h.released;
+    }
   }
   *id = next_id_++;
-  holders_.push_back(Holder{*id, start, end, mode, std::make_shared<AsyncEvent>()});
+  holders_.push_back(Holder{*id, start, end, mode, nullptr});
   return nullptr;
 }
 

@@ -8,12 +8,17 @@
 //
 // Thread-safety: lock() and release may happen on any event-loop thread; a
 // waiter resumes on its own thread's Engine. Holders are few (one per write in
-// flight), so a flat list is scanned.
+// flight), so a flat list is scanned. The uncontended lock costs one mutex
+// round and no allocation: it is taken in the awaiter's await_ready (no
+// coroutine frame), and a holder's release event is made only when a
+// conflicting request first waits for it.
 #pragma once
 
 #include <cstdint>
+#include <coroutine>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -52,8 +57,38 @@ class RangeLock {
     uint64_t id_ = 0;
   };
 
-  // Locks [start, end) in mode once no conflicting holder remains.
-  Task<Guard> lock(uint64_t start, uint64_t end, Mode mode);
+  // The awaitable of lock(): takes the range at once when nothing conflicts,
+  // else runs the waiting loop (lock_slow) as a task.
+  class [[nodiscard]] LockOp {
+   public:
+    LockOp(RangeLock& owner, uint64_t start, uint64_t end, Mode mode)
+        : owner_(owner), start_(start), end_(end), mode_(mode) {}
+    bool await_ready() {
+      guard_ = owner_.try_lock(start_, end_, mode_);
+      return guard_.owns();
+    }
+    bool await_suspend(std::coroutine_handle<> h) {
+      slow_ = owner_.lock_slow(start_, end_, mode_);
+      slow_awaiter_.emplace(std::move(slow_).operator co_await());
+      return slow_awaiter_->await_suspend(h);
+    }
+    Guard await_resume() { return slow_awaiter_ ? slow_awaiter_->await_resume() : std::move(guard_); }
+
+   private:
+    using SlowAwaiter = decltype(std::declval<Task<Guard>>().operator co_await());
+    RangeLock& owner_;
+    uint64_t start_, end_;
+    Mode mode_;
+    Guard guard_;
+    Task<Guard> slow_;
+    std::optional<SlowAwaiter> slow_awaiter_;
+  };
+
+  // Locks [start, end) in mode once no conflicting holder remains
+  // (co_await it: the result is the Guard).
+  LockOp lock(uint64_t start, uint64_t end, Mode mode) { return LockOp(*this, start, end, mode); }
+  // Locks [start, end) in mode when no holder conflicts; else an empty Guard.
+  Guard try_lock(uint64_t start, uint64_t end, Mode mode);
   // Number of ranges currently held (for tests).
   size_t held();
 
@@ -62,8 +97,9 @@ class RangeLock {
     uint64_t id;
     uint64_t start, end;
     Mode mode;
-    std::shared_ptr<AsyncEvent> released;
+    std::shared_ptr<AsyncEvent> released;  // made by the first request that waits for this holder
   };
+  Task<Guard> lock_slow(uint64_t start, uint64_t end, Mode mode);
   // Returns the release event of a conflicting holder, or registers the range
   // (writing its id) and returns nullptr.
   std::shared_ptr<AsyncEvent> try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* id);

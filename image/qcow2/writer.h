@@ -194,6 +194,9 @@ class Qcow2Writer {
   Task<Status> map_exclusive(GuestOffset guest, uint64_t len, Plan& plan);
   Slot request_slot(GuestCluster gc, GuestOffset guest, uint64_t len) const;
   Task<Status> load_entry(Plan& plan, Slot& s, HostOffset l2_table);
+  HostOffset slice_of(const Slot& s, HostOffset l2_table) const;
+  bool pin_cached_slice(Plan& plan, HostOffset slice_host) const;
+  Status take_entry(Plan& plan, Slot& s) const;
   Result<HostOffset> l2_table_of(uint64_t l1_entry, uint64_t l1_index) const;
   Status classify(Slot& s) const;
   void classify_owned(Slot& s, HostOffset host) const;
@@ -217,6 +220,7 @@ class Qcow2Writer {
   Task<Status> write_allocating(GuestOffset guest, std::span<const std::byte> buf);
   Task<Status> fill_cow(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
   Task<Status> write_data(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
+  Task<Status> write_runs(Plan& plan, GuestOffset guest, std::span<const std::byte> buf);
   std::vector<HostWrite> host_writes(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) const;
   const MetadataRange* data_overlap(HostOffset host, uint64_t len) const;
   Task<Status> data_overlap_error(GuestOffset guest, HostOffset host, const MetadataRange& m);

@@ -17,11 +17,17 @@ namespace qcowfs::image::qcow2 {
 Task<Status> Qcow2Writer::write(GuestOffset guest, std::span<const std::byte> buf) {
   if (buf.empty()) co_return Status::ok();
   QCOWFS_CO_TRY(img_.corruption.refuse_writes());
-  QCOWFS_CO_TRY(co_await prepare());
+  // The steps' own checks are made here first, so that the common overwrite
+  // awaits no task it does not need (each is a coroutine frame and a handoff).
+  if (state() == State::opened) QCOWFS_CO_TRY(co_await prepare());
   note_guest_change(guest, buf.size());
   auto in_place = co_await write_in_place(guest, buf);
-  QCOWFS_CO_TRY(co_await check_corruption(in_place.status()));
-  if (!*in_place) QCOWFS_CO_TRY(co_await check_corruption(co_await write_allocating(guest, buf)));
+  if (!in_place) co_return co_await check_corruption(in_place.status());
+  if (!*in_place) {
+    Status st = co_await write_allocating(guest, buf);
+    if (!st) co_return co_await check_corruption(std::move(st));
+  }
+  if (!writeback_due_.load(std::memory_order_acquire)) co_return Status::ok();
   co_return co_await check_corruption(co_await maybe_writeback());
 }
 
@@ -110,14 +116,20 @@ Task<Status> Qcow2Writer::data_overlap_error(GuestOffset guest, HostOffset host,
       fmt::format("guest write at {:#x} maps to host {:#x}, inside the {} at {:#x}", guest, host, m.what, m.start));
 }
 
+// Not a coroutine: the common small write returns the host write's task itself.
 Task<Status> Qcow2Writer::write_data(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) {
   if (plan.slots.size() == 1 && plan.slots[0].cow.empty() && plan.slots[0].kind != Kind::compressed) {
     // the common small write: no vectors
     const Slot& s = plan.slots[0];
     const HostOffset host = s.host + s.wr_start;
-    if (const MetadataRange* m = data_overlap(host, s.rq_end - s.rq_start)) co_return co_await data_overlap_error(guest, host, *m);
-    co_return co_await img_.data_io->write(host, buf);
+    if (const MetadataRange* m = data_overlap(host, s.rq_end - s.rq_start)) return data_overlap_error(guest, host, *m);
+    return img_.data_io->write(host, buf);
   }
+  return write_runs(plan, guest, buf);
+}
+
+// The plan as one write per host-contiguous run (and one per compressed stream), in parallel.
+Task<Status> Qcow2Writer::write_runs(Plan& plan, GuestOffset guest, std::span<const std::byte> buf) {
   std::vector<HostWrite> runs = host_writes(plan, guest, buf);
   std::vector<io::AlignedBuffer> packed;
   std::vector<HostWrite> streams = compressed_writes(plan, packed);

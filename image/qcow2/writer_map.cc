@@ -29,21 +29,40 @@ Result<HostOffset> Qcow2Writer::l2_table_of(uint64_t l1_entry, uint64_t l1_index
 // Reads slot s's L2 entry (table l2_table) into s, pinning its slice in the
 // plan (consecutive slots of one slice share the pin), and classifies it.
 Task<Status> Qcow2Writer::load_entry(Plan& plan, Slot& s, HostOffset l2_table) {
-  const Geometry& g = img_.geometry;
-  const uint64_t l2_index = s.gc % g.l2_entries();
-  const size_t per = img_.l2_slice_entries();
-  const HostOffset slice_host = l2_table + (l2_index / per) * img_.l2_cache->slice_size();
-  if (plan.slices.empty() || plan.slices.back().host_offset() != slice_host) {
+  const HostOffset slice_host = slice_of(s, l2_table);
+  if (!pin_cached_slice(plan, slice_host)) {
     auto ref = co_await img_.l2_cache->get(slice_host);
-    if (!ref) co_return ref.status().with_context(fmt::format("guest offset {:#x}", s.gc << g.cluster_bits));
+    if (!ref)
+      co_return ref.status().with_context(fmt::format("guest offset {:#x}", s.gc << img_.geometry.cluster_bits));
     plan.slices.push_back(std::move(*ref));
   }
+  co_return take_entry(plan, s);
+}
+
+HostOffset Qcow2Writer::slice_of(const Slot& s, HostOffset l2_table) const {
+  const uint64_t l2_index = s.gc % img_.geometry.l2_entries();
+  return l2_table + (l2_index / img_.l2_slice_entries()) * img_.l2_cache->slice_size();
+}
+
+// Whether the plan's last slice is the one at slice_host, after pinning it
+// from the cache when it is cached and loaded (no suspension).
+bool Qcow2Writer::pin_cached_slice(Plan& plan, HostOffset slice_host) const {
+  if (!plan.slices.empty() && plan.slices.back().host_offset() == slice_host) return true;
+  auto ref = img_.l2_cache->try_get(slice_host);
+  if (!ref) return false;  // not cached, loading or failed: get() waits or reports it
+  plan.slices.push_back(std::move(*ref));
+  return true;
+}
+
+// Reads slot s's entry from the plan's last slice (the slot's) and classifies it.
+Status Qcow2Writer::take_entry(Plan& plan, Slot& s) const {
+  const Geometry& g = img_.geometry;
   const size_t esz = g.l2_entry_size();
   s.slice = plan.slices.size() - 1;
-  s.index = static_cast<size_t>(l2_index % per);
+  s.index = static_cast<size_t>((s.gc % g.l2_entries()) % img_.l2_slice_entries());
   s.old_entry = plan.slices.back().be64(s.index * esz);
   s.old_bitmap = g.extended_l2 ? plan.slices.back().be64(s.index * esz + kExtendedL2BitmapOffset) : 0;
-  co_return classify(s);
+  return classify(s);
 }
 
 // Pure overwrites need no metadata lock: the shared range lock keeps every
@@ -62,7 +81,10 @@ Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, P
     auto l2 = l2_table_of(e, l1_index);
     if (!l2) co_return l2.status();
     if (*l2 == 0 || !(e & kOflagCopied)) co_return false;
-    QCOWFS_CO_TRY(co_await load_entry(plan, s, *l2));
+    if (pin_cached_slice(plan, slice_of(s, *l2)))  // the common case: no task to await
+      QCOWFS_CO_TRY(take_entry(plan, s));
+    else
+      QCOWFS_CO_TRY(co_await load_entry(plan, s, *l2));
     if (s.kind != Kind::overwrite) co_return false;
     plan.slots.push_back(std::move(s));
   }

@@ -45,6 +45,24 @@ TEST_F(RangeLockTest, SharedRangesOverlapFreely) {
   EXPECT_EQ(lock_.held(), 2u);
 }
 
+TEST_F(RangeLockTest, TryLockTakesOnlyWhatNothingHolds) {
+  RangeLock::Guard ex = lock_.try_lock(0, 4096, RangeLock::Mode::exclusive);
+  ASSERT_TRUE(ex.owns());
+  EXPECT_FALSE(lock_.try_lock(100, 200, RangeLock::Mode::shared).owns());
+  RangeLock::Guard other = lock_.try_lock(4096, 8192, RangeLock::Mode::exclusive);
+  EXPECT_TRUE(other.owns());
+  // A waiter queued behind a holder taken by try_lock is woken by its release.
+  bool b = false;
+  RangeLock::Guard gb;
+  take(0, 10, RangeLock::Mode::shared, &b, &gb);
+  settle();
+  EXPECT_FALSE(b);
+  ex.release();
+  settle();
+  EXPECT_TRUE(b);
+  EXPECT_EQ(lock_.held(), 2u);
+}
+
 TEST_F(RangeLockTest, ExclusiveWaitsForOverlappingHolderOnly) {
   bool a = false, b = false, c = false;
   RangeLock::Guard ga, gb, gc;
