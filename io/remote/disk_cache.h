@@ -122,7 +122,10 @@ class DiskCache {
   Status reset_entry(const std::string& meta);
   // Whether block index is kept here (its record is valid).
   bool has(uint64_t index);
-  void fetch(const BlockCache::Fetch& inner, uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done);
+  void fetch(const BlockCache::Fetch& inner, uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done);
+  void fetch_one(const BlockCache::Fetch& inner, uint64_t off, std::span<std::byte> dst,
+                 std::function<void(Status)> done);
+  bool whole_block(uint64_t off, size_t len) const;
   void keep(uint64_t index, std::span<const std::byte> bytes);
   void run();
   void serve(ReadJob& job, const BlockCache::Fetch& inner);
