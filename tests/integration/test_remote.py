@@ -234,12 +234,13 @@ def test_token_and_headers_from_files(site, workdir):
 
 
 def test_slow_server_times_out(site, workdir):
-    # nginx sends 16 KiB/s here: a 256 KiB block takes 16 s, past remote-timeout=2.
+    # nginx sends 16 KiB/s here: a 256 KiB read takes 16 s, past remote-timeout=2 (a 4 KiB one,
+    # fetched alone, would not).
     opts = ["format=raw", "remote-timeout=2", "remote-readahead=0", "remote-block-size=256K"]
     with mount_url(site.url("slow/disk.raw"), workdir / "view", opts) as view:
         t0 = time.monotonic()
         with pytest.raises(OSError) as e:
-            read_at(view, 2 * MiB, 4096)
+            read_at(view, 2 * MiB, 256 * 1024)
         elapsed = time.monotonic() - t0
         assert e.value.errno == errno.EIO
         assert elapsed < 10, f"EIO after {elapsed:.1f} s"  # generous bound for a loaded machine
