@@ -1,7 +1,9 @@
 // DiskCache: the on-disk cache of a remote object's blocks (-o
 // remote-cache-dir=DIR), kept across mounts. It sits under the in-memory
 // BlockCache as a wrapper of its Fetch: a block kept here is read from the
-// disk, any other is fetched from the server and then kept.
+// disk, any other is fetched from the server and then kept. A request of
+// several adjacent blocks goes to the server as one when none of them is kept
+// (each whole block kept after), else block by block.
 //
 // Layout: one entry per object in DIR/<name>/ (name: the URL without query,
 // user info or fragment, made a file name, and its CRC-32): `meta` (the URL,
