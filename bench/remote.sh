@@ -28,7 +28,8 @@
 # than `timeout` (QEMU's default 5 s; set to 30 s, qcowfs's remote-timeout, so a busy machine
 # gives slow numbers rather than EIO).
 # Env: RTTS (ms, default "0 5"), RUNTIME (s per fio job, default 8), ROUNDS (fio runs per job,
-# median, default 1), SIZE (default 1G), SYSTEMS (default all four), QCOWFS_OPTS (extra -o for
+# median, default 1), SIZE (default 1G), SYSTEMS (default all four; also qcowfs-http-base: over http
+# with the binary QCOWFS_BASE, to compare two builds in one run), QCOWFS_OPTS (extra -o for
 # qcowfs, e.g. remote-block-size=64K), QSD_CURL_OPTS (extra options of QEMU's curl node, e.g.
 # readahead=1M), WORK (scratch dir, default /var/tmp), OUT (table file).
 # Needs root, iproute2, nginx-light, qemu-utils, qemu-system-common, qemu-block-extra, fio, curl.
@@ -141,6 +142,9 @@ system_cmd() {
   local sys=$1 mnt=$2 file
   case $sys in
     qcowfs-http) cmd=("$bin" -f -o "ro${QCOWFS_OPTS:+,$QCOWFS_OPTS}" "$url" "$mnt") ;;
+    qcowfs-http-base)
+      [ -x "${QCOWFS_BASE:-}" ] || { echo "qcowfs-http-base needs QCOWFS_BASE (a qcowfs binary)" >&2; return 1; }
+      cmd=("$QCOWFS_BASE" -f -o "ro${QCOWFS_OPTS:+,$QCOWFS_OPTS}" "$url" "$mnt") ;;
     qcowfs-nbd)  cmd=("$bin" -f -o "ro,format=qcow2${QCOWFS_OPTS:+,$QCOWFS_OPTS}" "$nbd" "$mnt") ;;
     qsd-curl|qsd-nbd)
       file="driver=http,node-name=f,read-only=on,url=$url,timeout=30${QSD_CURL_OPTS:+,$QSD_CURL_OPTS}"

@@ -1,76 +1,230 @@
 #include "io/remote/block_cache.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "io/remote/read_iov.h"
 
 namespace qcowfs::io {
 
-BlockCache::BlockCache(uint64_t object_size, BlockCacheConfig cfg, Fetch fetch)
-    : size_(object_size), cfg_(cfg), fetch_(std::move(fetch)) {}
+// Buffers of one size (a block), kept for reuse up to a count: a stream's
+// blocks cost no allocation (nor the kernel's zeroing of fresh pages) once
+// the cache is full. Other sizes are plain allocations. Thread-safe.
+class BlockCache::BufferPool {
+ public:
+  BufferPool(size_t size, size_t keep) : size_(size), keep_(keep) {}
 
-BlockCache::BlockPtr BlockCache::acquire(uint64_t index, bool* started) {
-  std::lock_guard lk(mu_);
-  *started = false;
-  auto it = blocks_.find(index);
-  if (it != blocks_.end()) {
-    BlockPtr b = it->second;
-    if (b->in_lru) lru_.splice(lru_.begin(), lru_, b->lru);
-    return b;
+  std::unique_ptr<std::byte[]> get(size_t n) {
+    if (n == size_) {
+      std::lock_guard lk(mu_);
+      if (!free_.empty()) {
+        auto p = std::move(free_.back());
+        free_.pop_back();
+        return p;
+      }
+    }
+    return std::unique_ptr<std::byte[]>(new std::byte[n]);  // not zero-filled: a fetch fills it
   }
-  auto b = std::make_shared<Block>();
-  b->index = index;
-  b->generation = generation_;
-  const uint64_t start = index * cfg_.block_size;
-  b->data.resize(std::min(cfg_.block_size, size_ - start));
-  blocks_.emplace(index, b);
-  *started = true;
-  return b;
+  void put(std::unique_ptr<std::byte[]> p, size_t n) {
+    if (!p || n != size_) return;
+    std::lock_guard lk(mu_);
+    if (free_.size() < keep_) free_.push_back(std::move(p));
+  }
+
+ private:
+  const size_t size_;
+  const size_t keep_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<std::byte[]>> free_;
+};
+
+struct BlockCache::Range {
+  Range(BufferPool& p, uint64_t k, uint64_t o, uint64_t n, uint64_t gen)
+      : pool(p), key(k), off(o), len(n), generation(gen), mem(p.get(n)) {}
+  ~Range() { pool.put(std::move(mem), len); }
+  std::span<std::byte> data() const { return {mem.get(), len}; }
+
+  BufferPool& pool;
+  const uint64_t key;
+  const uint64_t off;
+  const uint64_t len;
+  const uint64_t generation;
+  std::unique_ptr<std::byte[]> mem;
+  Status status;
+  AsyncEvent ready;
+  std::list<uint64_t>::iterator lru;
+  bool in_lru = false;
+  uint64_t readahead_reserved = 0;  // bytes of readahead_in_flight_ this fetch holds
+};
+
+struct BlockCache::Plan {
+  std::vector<RangePtr> need;     // what the read copies from, in offset order
+  std::vector<RangePtr> started;  // of need, the ones it fetches
+  std::vector<RangePtr> ahead;    // blocks read ahead
+};
+
+namespace {
+
+constexpr size_t kPooledBuffers = 16;  // block buffers kept for reuse
+
+BlockCacheConfig checked(BlockCacheConfig c) {
+  if (c.small_fetch >= c.block_size || !std::has_single_bit(c.small_fetch)) c.small_fetch = 0;
+  c.max_request = std::max(c.max_request, c.block_size);
+  return c;
 }
 
-void BlockCache::start_fetch(const BlockPtr& b) {
-  fetch_(b->index * cfg_.block_size, b->data, [this, b](Status st) { finish(b, std::move(st)); });
+}  // namespace
+
+BlockCache::BlockCache(uint64_t object_size, BlockCacheConfig cfg, Fetch fetch)
+    : size_(object_size),
+      cfg_(checked(cfg)),
+      fetch_(std::move(fetch)),
+      pool_(std::make_unique<BufferPool>(cfg_.block_size, kPooledBuffers)) {}
+
+BlockCache::~BlockCache() = default;
+
+BlockCache::RangePtr BlockCache::find_locked(uint64_t key) {
+  auto it = ranges_.find(key);
+  if (it == ranges_.end()) return nullptr;
+  const RangePtr& r = it->second;
+  if (r->in_lru) lru_.splice(lru_.begin(), lru_, r->lru);
+  return r;
 }
 
-void BlockCache::finish(const BlockPtr& b, Status st) {
+BlockCache::RangePtr BlockCache::create_locked(uint64_t key, uint64_t off, uint64_t len) {
+  auto r = std::make_shared<Range>(*pool_, key, off, len, generation_);
+  ranges_.emplace(key, r);
+  return r;
+}
+
+bool BlockCache::sequential_locked(uint64_t off) {
+  bool seq = false;
+  if (off > 0) {
+    const uint64_t before = off - 1;
+    seq = ranges_.contains(block_key(before / cfg_.block_size)) ||
+          (cfg_.small_fetch && ranges_.contains(small_key(before / cfg_.small_fetch)));
+  }
+  if (!seq || cfg_.readahead_max == 0) {
+    window_ = 0;
+    return seq;
+  }
+  window_ = window_ ? std::min(window_ * 2, cfg_.readahead_max) : std::min(cfg_.block_size, cfg_.readahead_max);
+  return true;
+}
+
+void BlockCache::plan_locked(uint64_t off, uint64_t end, Plan& plan) {
+  const uint64_t bs = cfg_.block_size;
+  const uint64_t g = cfg_.small_fetch;
+  const bool seq = sequential_locked(off);
+  const bool small = !seq && g != 0 && end - off < bs;
+  for (uint64_t pos = off; pos < end;) {
+    const uint64_t bi = pos / bs;
+    RangePtr r = find_locked(block_key(bi));
+    if (!r && small) {
+      const uint64_t j = pos / g;
+      r = find_locked(small_key(j));
+      if (!r) {
+        r = create_locked(small_key(j), j * g, std::min(g, size_ - j * g));
+        plan.started.push_back(r);
+        ++stats_.small;
+      }
+    } else if (!r) {
+      r = create_locked(block_key(bi), bi * bs, std::min(bs, size_ - bi * bs));
+      plan.started.push_back(r);
+    }
+    ++(plan.started.empty() || plan.started.back() != r ? stats_.hits : stats_.misses);
+    plan.need.push_back(r);
+    pos = r->off + r->len;
+  }
+  if (seq && window_ != 0) plan_readahead_locked(end, plan);
+}
+
+void BlockCache::plan_readahead_locked(uint64_t end, Plan& plan) {
+  const uint64_t bs = cfg_.block_size;
+  const uint64_t ra_end = std::min(size_, end + window_);
+  std::vector<uint64_t> missing;
+  for (uint64_t i = (end + bs - 1) / bs; i * bs < ra_end; ++i) {
+    if (!ranges_.contains(block_key(i))) missing.push_back(i);
+  }
+  // Top the window up a request's worth at a time (big requests), except at the object's end.
+  const uint64_t chunk = std::max(bs, std::min(cfg_.max_request, window_ / 2));
+  if (missing.empty() || (missing.size() * bs < chunk && ra_end < size_)) return;
+  // The budget (at least one request) is taken: bounded memory, whatever the pattern.
+  const uint64_t budget = std::max(cfg_.readahead_max, cfg_.max_request);
+  for (uint64_t i : missing) {
+    const uint64_t len = std::min(bs, size_ - i * bs);
+    if (readahead_in_flight_ + len > budget) break;
+    RangePtr r = create_locked(block_key(i), i * bs, len);
+    r->readahead_reserved = len;
+    readahead_in_flight_ += len;
+    ++stats_.readahead;
+    plan.ahead.push_back(std::move(r));
+  }
+}
+
+void BlockCache::start_fetches(const std::vector<RangePtr>& started) {
+  for (size_t i = 0; i < started.size();) {
+    auto group = std::make_shared<std::vector<RangePtr>>();
+    Buffers dst;
+    uint64_t bytes = 0;
+    do {
+      const RangePtr& r = started[i];
+      if (!group->empty() && (group->back()->off + group->back()->len != r->off || bytes + r->len > cfg_.max_request))
+        break;
+      group->push_back(r);
+      dst.push_back(r->data());
+      bytes += r->len;
+    } while (++i < started.size());
+    const uint64_t off = group->front()->off;
+    fetch_(off, std::move(dst), [this, group](Status st) { finish(*group, st); });
+  }
+}
+
+void BlockCache::finish(const std::vector<RangePtr>& ranges, const Status& st) {
   {
     std::lock_guard lk(mu_);
-    auto it = blocks_.find(b->index);
-    const bool current = it != blocks_.end() && it->second == b;
-    readahead_in_flight_ -= b->readahead_reserved;
-    b->readahead_reserved = 0;
-    if (st && b->generation == generation_ && current) {
-      lru_.push_front(b->index);
-      b->lru = lru_.begin();
-      b->in_lru = true;
-      cached_bytes_ += b->data.size();
-      stats_.bytes_fetched += b->data.size();
-      evict_locked();
-    } else {
-      if (!st) ++stats_.failures;
-      if (current) blocks_.erase(it);
+    ++stats_.requests;
+    for (const RangePtr& r : ranges) {
+      auto it = ranges_.find(r->key);
+      const bool current = it != ranges_.end() && it->second == r;
+      readahead_in_flight_ -= r->readahead_reserved;
+      r->readahead_reserved = 0;
+      if (st && r->generation == generation_ && current) {
+        lru_.push_front(r->key);
+        r->lru = lru_.begin();
+        r->in_lru = true;
+        cached_bytes_ += r->len;
+        stats_.bytes_fetched += r->len;
+      } else {
+        if (!st) ++stats_.failures;
+        if (current) ranges_.erase(it);
+      }
+      r->status = st;
     }
-    b->status = std::move(st);
+    evict_locked();
   }
-  b->ready.set();
+  for (const RangePtr& r : ranges) r->ready.set();
 }
 
 void BlockCache::evict_locked() {
   while (cached_bytes_ > cfg_.capacity && !lru_.empty()) {
-    auto it = blocks_.find(lru_.back());
+    auto it = ranges_.find(lru_.back());
     lru_.pop_back();
-    if (it == blocks_.end()) continue;
-    cached_bytes_ -= it->second->data.size();
+    if (it == ranges_.end()) continue;
+    cached_bytes_ -= it->second->len;
     it->second->in_lru = false;
-    blocks_.erase(it);
+    ranges_.erase(it);
   }
 }
 
 void BlockCache::invalidate_all() {
   std::lock_guard lk(mu_);
   ++generation_;
-  blocks_.clear();
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    it->second->in_lru = false;
+    it = ranges_.erase(it);
+  }
   lru_.clear();
   cached_bytes_ = 0;
 }
@@ -80,28 +234,6 @@ BlockCacheStats BlockCache::stats() const {
   return stats_;
 }
 
-std::vector<uint64_t> BlockCache::plan_readahead(uint64_t off, uint64_t end) {
-  std::lock_guard lk(mu_);
-  const uint64_t bs = cfg_.block_size;
-  const bool sequential = last_end_ != UINT64_MAX && (off > last_end_ ? off - last_end_ : last_end_ - off) <= bs;
-  last_end_ = end;
-  if (!sequential || cfg_.readahead_max == 0) {
-    window_ = 0;
-    return {};
-  }
-  window_ = window_ ? std::min(window_ * 2, cfg_.readahead_max) : std::min(bs, cfg_.readahead_max);
-  std::vector<uint64_t> out;
-  const uint64_t ra_end = std::min(size_, end + window_);
-  for (uint64_t i = (end + bs - 1) / bs; i * bs < ra_end; ++i) {
-    if (blocks_.contains(i)) continue;
-    // The budget (at least one block) is taken: bounded memory, whatever the pattern.
-    if (readahead_in_flight_ != 0 && readahead_in_flight_ + bs > cfg_.readahead_max) break;
-    readahead_in_flight_ += bs;
-    out.push_back(i);
-  }
-  return out;
-}
-
 Task<Result<size_t>> BlockCache::readv(uint64_t off, std::span<const iovec> iov) {
   return read_iov(off, iov, [this](uint64_t at, std::span<std::byte> buf) { return read(at, buf); });
 }
@@ -109,38 +241,19 @@ Task<Result<size_t>> BlockCache::readv(uint64_t off, std::span<const iovec> iov)
 Task<Result<size_t>> BlockCache::read(uint64_t off, std::span<std::byte> buf) {
   if (off >= size_ || buf.empty()) co_return size_t{0};
   const uint64_t end = std::min<uint64_t>(size_, off + buf.size());
-  const uint64_t bs = cfg_.block_size;
-  std::vector<BlockPtr> need;
-  for (uint64_t i = off / bs; i * bs < end; ++i) {
-    bool started = false;
-    need.push_back(acquire(i, &started));
-    {
-      std::lock_guard lk(mu_);
-      ++(started ? stats_.misses : stats_.hits);
-    }
-    if (started) start_fetch(need.back());
+  Plan plan;
+  {
+    std::lock_guard lk(mu_);
+    plan_locked(off, end, plan);
   }
-  for (uint64_t i : plan_readahead(off, end)) {
-    bool started = false;
-    BlockPtr b = acquire(i, &started);
-    {
-      std::lock_guard lk(mu_);
-      if (!started) {
-        readahead_in_flight_ -= bs;  // another reader started it: not ours to hold
-        continue;
-      }
-      b->readahead_reserved = bs;
-      ++stats_.readahead;
-    }
-    start_fetch(b);
-  }
-  for (const BlockPtr& b : need) {
-    co_await b->ready.wait();
-    if (!b->status) co_return b->status;
-    const uint64_t bstart = b->index * bs;
-    const uint64_t from = std::max(off, bstart);
-    const uint64_t to = std::min<uint64_t>(end, bstart + b->data.size());
-    std::memcpy(buf.data() + (from - off), b->data.data() + (from - bstart), to - from);
+  start_fetches(plan.started);
+  start_fetches(plan.ahead);
+  for (const RangePtr& r : plan.need) {
+    co_await r->ready.wait();
+    if (!r->status) co_return r->status;
+    const uint64_t from = std::max(off, r->off);
+    const uint64_t to = std::min(end, r->off + r->len);
+    std::memcpy(buf.data() + (from - off), r->mem.get() + (from - r->off), to - from);
   }
   co_return static_cast<size_t>(end - off);
 }

@@ -6,7 +6,7 @@ namespace qcowfs::io {
 
 CachedFile::CachedFile(std::string name, uint64_t size, std::unique_ptr<DiskCache> disk, BlockCacheConfig cfg)
     : name_(std::move(name)), size_(size), disk_(std::move(disk)) {
-  BlockCache::Fetch missing = [this](uint64_t off, std::span<std::byte>, std::function<void(Status)> done) {
+  BlockCache::Fetch missing = [this](uint64_t off, BlockCache::Buffers, std::function<void(Status)> done) {
     done(Status::errorf(EIO, "{}: the server was unreachable at mount and block at {} is not in the disk cache",
                         name_, off));
   };

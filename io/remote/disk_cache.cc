@@ -286,26 +286,82 @@ bool DiskCache::has(uint64_t index) {
 
 BlockCache::Fetch DiskCache::wrap(BlockCache::Fetch inner) {
   inner_ = std::move(inner);
-  return [this](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
-    fetch(inner_, off, dst, std::move(done));
+  return [this](uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
+    fetch(inner_, off, std::move(dst), std::move(done));
   };
 }
 
-void DiskCache::fetch(const BlockCache::Fetch& inner, uint64_t off, std::span<std::byte> dst,
-                      std::function<void(Status)> done) {
+bool DiskCache::whole_block(uint64_t off, size_t len) const {
   const uint64_t bs = cfg_.block_size;
-  const uint64_t index = off / bs;
-  const bool whole_block = off % bs == 0 && off < object_size_ && dst.size() == std::min(bs, object_size_ - off);
+  return off % bs == 0 && off < object_size_ && len == std::min(bs, object_size_ - off);
+}
+
+// Several adjacent buffers (one request for several blocks): fetched together
+// when none of them is kept (each whole block kept after), else one by one.
+void DiskCache::fetch(const BlockCache::Fetch& inner, uint64_t off, BlockCache::Buffers dst,
+                      std::function<void(Status)> done) {
+  if (dst.size() == 1) return fetch_one(inner, off, dst[0], std::move(done));
+  bool any_kept = false;
   {
     std::lock_guard lk(mu_);
-    if (!stopping_ && whole_block && has(index)) {
+    uint64_t at = off;
+    for (const auto& d : dst) {
+      any_kept = any_kept || (!stopping_ && whole_block(at, d.size()) && has(at / cfg_.block_size));
+      at += d.size();
+    }
+  }
+  if (any_kept) {
+    struct Join {
+      std::mutex mu;
+      size_t left;
+      Status first_error;
+      std::function<void(Status)> done;
+    };
+    auto join = std::make_shared<Join>();
+    join->left = dst.size();
+    join->done = std::move(done);
+    uint64_t at = off;
+    for (const auto& d : dst) {
+      fetch_one(inner, at, d, [join](Status st) {
+        bool last = false;
+        {
+          std::lock_guard lk(join->mu);
+          if (!st && join->first_error) join->first_error = std::move(st);
+          last = --join->left == 0;
+        }
+        if (last) join->done(std::move(join->first_error));
+      });
+      at += d.size();
+    }
+    return;
+  }
+  BlockCache::Buffers bufs = dst;
+  inner(off, std::move(dst), [this, off, bufs = std::move(bufs), done = std::move(done)](Status st) {
+    if (st) {
+      uint64_t at = off;
+      for (const auto& d : bufs) {
+        if (whole_block(at, d.size())) keep(at / cfg_.block_size, d);
+        at += d.size();
+      }
+    }
+    done(std::move(st));
+  });
+}
+
+void DiskCache::fetch_one(const BlockCache::Fetch& inner, uint64_t off, std::span<std::byte> dst,
+                          std::function<void(Status)> done) {
+  const uint64_t index = off / cfg_.block_size;
+  const bool whole = whole_block(off, dst.size());
+  {
+    std::lock_guard lk(mu_);
+    if (!stopping_ && whole && has(index)) {
       reads_.push_back(ReadJob{index, dst, std::move(done)});
       wake_.notify_one();
       return;
     }
   }
-  inner(off, dst, [this, index, dst, whole_block, done = std::move(done)](Status st) {
-    if (st && whole_block) keep(index, dst);
+  inner(off, {dst}, [this, index, dst, whole, done = std::move(done)](Status st) {
+    if (st && whole) keep(index, dst);
     done(std::move(st));
   });
 }
@@ -374,7 +430,7 @@ void DiskCache::serve(ReadJob& job, const BlockCache::Fetch& inner) {
   }
   log::warn("disk cache {}: block {} does not match its record ({}); fetching it again", path_, job.index,
             st ? "checksum" : st.message());
-  inner(off, job.dst, [this, index = job.index, dst = job.dst, done = std::move(job.done)](Status s) {
+  inner(off, {job.dst}, [this, index = job.index, dst = job.dst, done = std::move(job.done)](Status s) {
     if (s) keep(index, dst);
     done(std::move(s));
   });

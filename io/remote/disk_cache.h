@@ -1,7 +1,9 @@
 // DiskCache: the on-disk cache of a remote object's blocks (-o
 // remote-cache-dir=DIR), kept across mounts. It sits under the in-memory
 // BlockCache as a wrapper of its Fetch: a block kept here is read from the
-// disk, any other is fetched from the server and then kept.
+// disk, any other is fetched from the server and then kept. A request of
+// several adjacent blocks goes to the server as one when none of them is kept
+// (each whole block kept after), else block by block.
 //
 // Layout: one entry per object in DIR/<name>/ (name: the URL without query,
 // user info or fragment, made a file name, and its CRC-32): `meta` (the URL,
@@ -122,7 +124,10 @@ class DiskCache {
   Status reset_entry(const std::string& meta);
   // Whether block index is kept here (its record is valid).
   bool has(uint64_t index);
-  void fetch(const BlockCache::Fetch& inner, uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done);
+  void fetch(const BlockCache::Fetch& inner, uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done);
+  void fetch_one(const BlockCache::Fetch& inner, uint64_t off, std::span<std::byte> dst,
+                 std::function<void(Status)> done);
+  bool whole_block(uint64_t off, size_t len) const;
   void keep(uint64_t index, std::span<const std::byte> bytes);
   void run();
   void serve(ReadJob& job, const BlockCache::Fetch& inner);

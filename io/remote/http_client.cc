@@ -17,8 +17,11 @@ using Clock = std::chrono::steady_clock;
 
 struct HttpClient::Transfer {
   uint64_t off = 0;
-  std::span<std::byte> dst;
+  Buffers dst;
+  size_t length = 0;    // of dst, together
   size_t received = 0;
+  size_t part = 0;      // the buffer of dst being filled, and bytes into it
+  size_t part_off = 0;
   bool overflow = false;
   bool probe = false;  // open(): records the identity instead of checking it
   Done done;
@@ -42,6 +45,11 @@ void init_curl_once() {
 std::string without_query(const std::string& url) { return url.substr(0, url.find('?')); }
 
 constexpr size_t kMaxErrorBody = 8192;
+// libcurl's receive buffer (its default is 16 KiB): fewer recv calls and
+// callbacks per request of a megabyte (not more: it is allocated per transfer).
+constexpr long kReceiveBuffer = 64 * 1024;
+// Idle curl handles kept for reuse beyond the connections.
+constexpr size_t kSpareHandles = 4;
 
 // The body of a 206 goes into the transfer's buffer; of an error answer the
 // first kMaxErrorBody bytes are kept (for its message); other bodies are dropped.
@@ -53,11 +61,21 @@ size_t http_write_body(char* data, size_t size, size_t n, void* user) {
   if (code >= 400 && t->error_body.size() < kMaxErrorBody)
     t->error_body.append(data, std::min(len, kMaxErrorBody - t->error_body.size()));
   if (code != 206) return len;
-  if (t->received + len > t->dst.size()) {
+  if (t->received + len > t->length) {
     t->overflow = true;
     return 0;  // aborts the transfer (CURLE_WRITE_ERROR)
   }
-  std::memcpy(t->dst.data() + t->received, data, len);
+  for (size_t left = len; left > 0;) {
+    std::span<std::byte> part = t->dst[t->part];
+    const size_t take = std::min(left, part.size() - t->part_off);
+    std::memcpy(part.data() + t->part_off, data + (len - left), take);
+    left -= take;
+    t->part_off += take;
+    if (t->part_off == part.size()) {
+      ++t->part;
+      t->part_off = 0;
+    }
+  }
   t->received += len;
   return len;
 }
@@ -119,6 +137,7 @@ HttpClient::~HttpClient() {
   }
   if (multi_) curl_multi_wakeup(static_cast<CURLM*>(multi_));
   if (thread_.joinable()) thread_.join();
+  for (void* e : idle_easy_) curl_easy_cleanup(static_cast<CURL*>(e));
   if (multi_) curl_multi_cleanup(static_cast<CURLM*>(multi_));
   curl_slist_free_all(headers_);
 }
@@ -130,7 +149,8 @@ Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, con
   auto t = std::make_unique<Transfer>();
   // Two bytes, not one: some servers (s3rver) answer "bytes=0-0" with the whole object.
   std::byte first[2] = {};
-  t->dst = std::span<std::byte>(first, 2);
+  t->dst = {std::span<std::byte>(first, 2)};
+  t->length = 2;
   t->probe = true;
   std::promise<Status> result;
   t->done = [&result](Status st) { result.set_value(std::move(st)); };
@@ -153,17 +173,18 @@ Status HttpClient::start() {
   return Status::ok();
 }
 
-void HttpClient::get_range(uint64_t off, std::span<std::byte> dst, Done done) {
+void HttpClient::get_range(uint64_t off, Buffers dst, Done done) {
   auto t = std::make_unique<Transfer>();
   t->off = off;
-  t->dst = dst;
+  for (const auto& d : dst) t->length += d.size();
+  t->dst = std::move(dst);
   t->done = std::move(done);
   submit(std::move(t));
 }
 
 void HttpClient::submit(std::unique_ptr<Transfer> t) {
   t->deadline = Clock::now() + std::chrono::milliseconds(opts_.timeout_ms);
-  RemoteCounters::add(counters_.in_flight_bytes, t->dst.size());
+  RemoteCounters::add(counters_.in_flight_bytes, t->length);
   {
     std::lock_guard lk(mu_);
     if (!stopping_) {
@@ -180,7 +201,13 @@ void HttpClient::submit(std::unique_ptr<Transfer> t) {
 
 void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t->deadline - Clock::now());
-  CURL* e = curl_easy_init();
+  CURL* e = nullptr;
+  if (!idle_easy_.empty()) {
+    e = static_cast<CURL*>(idle_easy_.back());
+    idle_easy_.pop_back();
+  } else {
+    e = curl_easy_init();
+  }
   if (!e) {
     deliver(*t, Status::errorf(ENOMEM, "{}: cannot make a curl handle", display_url_));
     return;
@@ -189,10 +216,12 @@ void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
   RemoteCounters::add(counters_.requests);
   t->error_body.clear();
   t->received = 0;
+  t->part = 0;
+  t->part_off = 0;
   t->overflow = false;
   t->errbuf[0] = 0;
   t->easy = e;
-  t->range = fmt::format("{}-{}", t->off, t->off + t->dst.size() - 1);
+  t->range = fmt::format("{}-{}", t->off, t->off + t->length - 1);
   curl_easy_setopt(e, CURLOPT_URL, url_.c_str());
   curl_easy_setopt(e, CURLOPT_RANGE, t->range.c_str());
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, http_write_body);
@@ -200,6 +229,7 @@ void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
   curl_easy_setopt(e, CURLOPT_PRIVATE, t.get());
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_BUFFERSIZE, kReceiveBuffer);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(1, left.count())));
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
   curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
@@ -249,7 +279,7 @@ Status HttpClient::check_response(Transfer& t, long code, bool* transient) {
       return Status::errorf(EIO, "{}: the object changed on the server since it was opened", display_url_);
     }
   }
-  const uint64_t want_last = t.off + t.dst.size() - 1;
+  const uint64_t want_last = t.off + t.length - 1;
   if (first != t.off || last != std::min(want_last, total ? total - 1 : 0))
     return Status::errorf(EIO, "{}: asked for bytes {}, got {}-{}", display_url_, t.range, first, last);
   if (t.received != last - first + 1) {
@@ -271,7 +301,7 @@ Status HttpClient::s3_refusal(const Transfer& t, long code) const {
 }
 
 void HttpClient::deliver(Transfer& t, Status st) {
-  RemoteCounters::sub(counters_.in_flight_bytes, t.dst.size());
+  RemoteCounters::sub(counters_.in_flight_bytes, t.length);
   if (st) RemoteCounters::add(counters_.bytes_fetched, t.received);
   else if (st.code() != ECANCELED) RemoteCounters::add(counters_.errors);
   t.done(std::move(st));
@@ -292,7 +322,8 @@ void HttpClient::complete(Transfer* raw, int curl_code) {
     st = Status::errorf(EIO, "{}: {}", display_url_, t->errbuf[0] ? t->errbuf : curl_easy_strerror(rc));
   }
   curl_multi_remove_handle(static_cast<CURLM*>(multi_), t->easy);
-  curl_easy_cleanup(t->easy);
+  if (idle_easy_.size() < opts_.connections + kSpareHandles) idle_easy_.push_back(t->easy);
+  else curl_easy_cleanup(t->easy);
   t->easy = nullptr;
   if (st) {
     deliver(*t, Status::ok());

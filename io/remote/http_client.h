@@ -1,7 +1,9 @@
 // HttpClient: ranged GETs of one HTTP(S) object on a dedicated network thread
 // running a libcurl multi handle, so no event-loop thread ever waits for the
 // network. Connections are kept alive and reused (at most `connections` of
-// them); requests past that wait in libcurl's queue.
+// them); requests past that wait in libcurl's queue. A request fills several
+// buffers in order (one range for adjacent cache blocks), straight from
+// libcurl's receive buffer; curl handles are reused, not made per request.
 //
 // Identity: open() fetches the first bytes and pins the object's size, ETag
 // and Last-Modified. Every later response must carry the same (a 206 whose
@@ -50,6 +52,8 @@ struct HttpIdentity {
 class HttpClient {
  public:
   using Done = std::function<void(Status)>;
+  // Buffers filled one after another (io::BlockCache::Buffers).
+  using Buffers = std::vector<std::span<std::byte>>;
   struct Transfer;
 
   // Starts the network thread and pins the object's identity (blocks the
@@ -59,8 +63,9 @@ class HttpClient {
   HttpClient(const HttpClient&) = delete;
   HttpClient& operator=(const HttpClient&) = delete;
 
-  // Fetches [off, off + dst.size()) into dst; done(status) once, on the network thread.
-  void get_range(uint64_t off, std::span<std::byte> dst, Done done);
+  // Fetches [off, off + total size of dst) into dst's buffers in order;
+  // done(status) once, on the network thread.
+  void get_range(uint64_t off, Buffers dst, Done done);
 
   const HttpIdentity& identity() const { return identity_; }
   // The URL without its query (a presigned URL's signature stays out of logs).
@@ -97,6 +102,7 @@ class HttpClient {
 
   // Network thread only.
   std::unordered_set<Transfer*> active_;
+  std::vector<void*> idle_easy_;  // CURL* handles done with, for the next requests
   std::vector<std::unique_ptr<Transfer>> waiting_retry_;
   std::thread thread_;
 };

@@ -8,6 +8,11 @@
 #include "io/remote/s3.h"
 
 namespace qcowfs::io {
+namespace {
+
+constexpr uint64_t kSmallFetch = 4096;  // the granule of small random reads
+
+}  // namespace
 
 HttpFile::HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg,
                    std::unique_ptr<DiskCache> disk, std::string protocol, std::string settings)
@@ -17,8 +22,8 @@ HttpFile::HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCac
       protocol_(std::move(protocol)),
       settings_(std::move(settings)) {
   HttpClient* c = client_.get();
-  BlockCache::Fetch fetch = [c](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
-    c->get_range(off, dst, std::move(done));
+  BlockCache::Fetch fetch = [c](uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
+    c->get_range(off, std::move(dst), std::move(done));
   };
   if (disk_) fetch = disk_->wrap(std::move(fetch));
   cache_ = std::make_unique<BlockCache>(c->identity().size, cfg, std::move(fetch));
@@ -59,16 +64,22 @@ Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const 
   const bool s3 = name.starts_with("s3://");
   // Read-ahead blocks must fit in the cache beside what is being read.
   const uint64_t readahead = std::min(opts.readahead, opts.cache_size / 2);
+  // A sequential stream's requests: the readahead shared by the connections.
+  const uint64_t max_request = std::max(opts.block_size, readahead / opts.connections);
+  // Small random reads fetch 4 KiB granules; with a disk cache, whole blocks (what it keeps).
+  const uint64_t small_fetch = opts.cache_dir.empty() ? kSmallFetch : 0;
   std::string settings = fmt::format(
-      "blocks of {} KiB, cache {} MiB, readahead up to {} KiB, timeout {} s, {} connections", opts.block_size / 1024,
-      opts.cache_size >> 20, readahead / 1024, opts.timeout_ms / 1000, opts.connections);
+      "blocks of {} KiB, requests up to {} KiB, small reads in {} KiB, cache {} MiB, readahead up to {} KiB, "
+      "timeout {} s, {} connections", opts.block_size / 1024, max_request / 1024,
+      (small_fetch ? small_fetch : opts.block_size) / 1024, opts.cache_size >> 20, readahead / 1024,
+      opts.timeout_ms / 1000, opts.connections);
   if (url.starts_with("https://"))
     settings += opts.ssl_verify ? fmt::format(", TLS verified{}", opts.ca_file.empty() ? "" : " with " + opts.ca_file)
                                 : ", TLS NOT verified (sslverify=off)";
   if (!opts.headers.empty() && !s3) settings += fmt::format(", {} extra headers", opts.headers.size());
   if (s3) settings += fmt::format(", S3 {} region {}, keys from {}", (*client)->display_url(), opts.s3_region,
                                   opts.aws_credential_source);
-  BlockCacheConfig cfg{opts.block_size, opts.cache_size, readahead};
+  BlockCacheConfig cfg{opts.block_size, opts.cache_size, readahead, max_request, small_fetch};
   std::unique_ptr<DiskCache> disk;
   if (!opts.cache_dir.empty()) {
     const HttpIdentity& id = (*client)->identity();

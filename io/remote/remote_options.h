@@ -19,9 +19,9 @@ namespace qcowfs::io {
 struct RemoteOptions {
   uint64_t block_size = 256 * 1024;        // remote-block-size=: bytes fetched per request
   uint64_t cache_size = 64 * 1024 * 1024;  // remote-cache-size=: LRU of fetched blocks
-  uint64_t readahead = 4 * 1024 * 1024;    // remote-readahead=: most a sequential reader runs ahead (0: off)
+  uint64_t readahead = 16 * 1024 * 1024;   // remote-readahead=: most a sequential reader runs ahead (0: off)
   unsigned timeout_ms = 30000;             // remote-timeout= (seconds): a request fails with EIO after this
-  unsigned connections = 4;                // remote-connections=: kept-alive connections (requests in flight)
+  unsigned connections = 8;                // remote-connections=: kept-alive connections (requests in flight)
   // remote-cache-dir=: keep fetched blocks of http(s)/s3 objects in this
   // folder across mounts (io/remote/disk_cache.h); "" for none. Made absolute
   // when given. remote-cache-dir-size=: most bytes kept there, all objects.

@@ -235,12 +235,13 @@ def test_token_and_headers_from_files(site, workdir):
 
 
 def test_slow_server_times_out(site, workdir):
-    # nginx sends 16 KiB/s here: a 256 KiB block takes 16 s, past remote-timeout=2.
+    # nginx sends 16 KiB/s here: a 256 KiB read takes 16 s, past remote-timeout=2 (a 4 KiB one,
+    # fetched alone, would not).
     opts = ["format=raw", "remote-timeout=2", "remote-readahead=0", "remote-block-size=256K"]
     with mount_url(site.url("slow/disk.raw"), workdir / "view", opts) as view:
         t0 = time.monotonic()
         with pytest.raises(OSError) as e:
-            read_at(view, 2 * MiB, 4096)
+            read_at(view, 2 * MiB, 256 * 1024)
         elapsed = time.monotonic() - t0
         assert e.value.errno == errno.EIO
         assert elapsed < 10, f"EIO after {elapsed:.1f} s"  # generous bound for a loaded machine
@@ -478,8 +479,9 @@ def test_statistics_count_a_miss_then_a_hit(site, workdir):
         misses = m1["cache_misses"] - m0["cache_misses"]
         assert misses >= 1
         assert m1["requests"] - m0["requests"] == misses
-        assert m1["bytes_fetched"] - m0["bytes_fetched"] == misses * 65536
-        assert uncached_pread(view, MiB + 12288, 4096) == ref[MiB + 12288:MiB + 16384]  # the same block
+        # A small random read fetches its 4 KiB granule, not the 64 KiB block.
+        assert m1["bytes_fetched"] - m0["bytes_fetched"] == misses * 4096
+        assert uncached_pread(view, MiB + 4096, 4096) == ref[MiB + 4096:MiB + 8192]  # the same granule
         hit = after_signal(missed)
         m2 = hit["remotes"][0]
         assert m2["cache_hits"] > m1["cache_hits"]
@@ -618,7 +620,7 @@ def test_truncated_body_is_retried_then_eio(site, workdir):
             elapsed = time.monotonic() - t0
             assert e.value.errno == errno.EIO
             assert elapsed < 10, f"EIO after {elapsed:.1f} s"  # remote-timeout=2; generous when loaded
-            tried = [r for r in mock.requests[before:] if r == f"bytes={2 * MiB}-{2 * MiB + 65535}"]
+            tried = [r for r in mock.requests[before:] if r.startswith(f"bytes={2 * MiB}-")]
             assert len(tried) >= 2, mock.requests[before:]  # retried before giving up
             mock.truncate = False
             assert read_at(view, 2 * MiB, 4096) == data[2 * MiB:2 * MiB + 4096]

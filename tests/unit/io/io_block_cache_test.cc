@@ -1,6 +1,8 @@
 // BlockCache tests (io/remote/block_cache.h): reads assembled from blocks,
 // hits without refetching, the LRU bound, readahead that grows on sequential
 // reads and stops on random ones, and failed fetches that are not kept.
+// The fetch policy: small random reads fetch only their 4 KiB granules, a
+// sequential stream fetches whole blocks, adjacent ones in one request.
 // The fetch function here completes at once from an in-memory pattern.
 #include <algorithm>
 #include <set>
@@ -23,12 +25,18 @@ struct FakeRemote {
   std::vector<std::byte> data;
   std::vector<uint64_t> fetched;  // offsets, in order
   std::set<uint64_t> fail_once;   // offsets whose next fetch fails
+  std::vector<std::pair<uint64_t, uint64_t>> requests = {};  // (offset, bytes) of each fetch
 
   BlockCache::Fetch fetch() {
-    return [this](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
+    return [this](uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
       fetched.push_back(off);
       if (fail_once.erase(off)) return done(Status::error(EIO, "injected"));
-      std::copy_n(data.begin() + static_cast<ptrdiff_t>(off), dst.size(), dst.begin());
+      uint64_t at = off;
+      for (std::span<std::byte> d : dst) {
+        std::copy_n(data.begin() + static_cast<ptrdiff_t>(at), d.size(), d.begin());
+        at += d.size();
+      }
+      requests.emplace_back(off, at - off);
       done(Status::ok());
     };
   }
@@ -95,6 +103,56 @@ TEST(BlockCache, AFailedFetchFailsTheReadAndIsRetriedNextTime) {
   auto got = read(c, kBlock, kBlock);
   EXPECT_TRUE(std::equal(got.begin(), got.end(), remote.data.begin() + kBlock));
   EXPECT_EQ(c.stats().failures, 1u);
+}
+
+using Requests = std::vector<std::pair<uint64_t, uint64_t>>;
+
+TEST(BlockCache, SmallRandomReadsFetchOnlyTheirGranules) {
+  FakeRemote remote{pattern(64 * kBlock, 6), {}, {}};
+  // 64 KiB blocks; small random reads in 4 KiB granules; requests of up to 4 blocks.
+  BlockCache c(remote.data.size(), {kBlock, 64 * kBlock, 16 * kBlock, 4 * kBlock, 4096}, remote.fetch());
+  auto got = read(c, 40 * kBlock + 5000, 6000);  // granules 1 and 2 of block 40: one request
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), remote.data.begin() + 40 * kBlock + 5000));
+  EXPECT_EQ(remote.requests, (Requests{{40 * kBlock + 4096, 8192}}));
+  got = read(c, 40 * kBlock + 4096, 100);  // cached: no request
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), remote.data.begin() + 40 * kBlock + 4096));
+  read(c, 20 * kBlock + 100, 10);
+  EXPECT_EQ(remote.requests.back(), (std::pair<uint64_t, uint64_t>{20 * kBlock, 4096}));
+  read(c, 10 * kBlock + 10, kBlock);  // a block or more: whole blocks, even when random
+  EXPECT_EQ(remote.requests.back(), (std::pair<uint64_t, uint64_t>{10 * kBlock, 2 * kBlock}));
+  EXPECT_EQ(c.stats().small, 3u);
+  EXPECT_EQ(c.stats().readahead, 0u);  // no read was sequential
+  // Reading on from a granule is sequential: whole blocks, and the window opens.
+  got = read(c, 40 * kBlock + 3 * 4096, 4096);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), remote.data.begin() + 40 * kBlock + 3 * 4096));
+  EXPECT_EQ(remote.requests.back(), (std::pair<uint64_t, uint64_t>{41 * kBlock, kBlock}));  // read ahead
+  EXPECT_EQ(remote.requests[remote.requests.size() - 2], (std::pair<uint64_t, uint64_t>{40 * kBlock, kBlock}));
+}
+
+TEST(BlockCache, SequentialStreamFetchesAdjacentBlocksInBigRequests) {
+  FakeRemote remote{pattern(256 * kBlock, 8), {}, {}};
+  // Requests of up to 4 blocks, readahead up to 16.
+  BlockCache c(remote.data.size(), {kBlock, 256 * kBlock, 16 * kBlock, 4 * kBlock, 4096}, remote.fetch());
+  for (uint64_t off = 0; off < 64 * kBlock; off += 2 * kBlock) {
+    auto got = read(c, off, 2 * kBlock);
+    ASSERT_TRUE(std::equal(got.begin(), got.end(), remote.data.begin() + static_cast<ptrdiff_t>(off)));
+  }
+  // Whole blocks, never one twice, never more than the window past the reader.
+  std::set<uint64_t> blocks;
+  for (auto [off, n] : remote.requests) {
+    EXPECT_EQ(off % kBlock, 0u);
+    EXPECT_EQ(n % kBlock, 0u);
+    EXPECT_LE(n, 4 * kBlock);
+    for (uint64_t b = off / kBlock; b < (off + n) / kBlock; ++b) EXPECT_TRUE(blocks.insert(b).second) << b;
+  }
+  EXPECT_LE(*blocks.rbegin(), 64u + 16u);
+  // Once the window is open the reader never waits for a fetch of its own,
+  // and the window is topped up 4 blocks (one request) at a time.
+  EXPECT_EQ(c.stats().misses, 5u);  // blocks 0-1 (first read), 2-3 (window of one block), 5
+  ASSERT_GT(remote.requests.size(), 10u);
+  for (size_t i = remote.requests.size() - 6; i < remote.requests.size(); ++i)
+    EXPECT_EQ(remote.requests[i].second, 4 * kBlock) << i;
+  EXPECT_LT(remote.requests.size(), 64u / 2);  // fewer requests than the 2-block reads
 }
 
 }  // namespace

@@ -44,9 +44,12 @@ struct FakeRemote {
   std::vector<std::byte> data = pattern(kSize, 7);
   std::atomic<int> fetches{0};
   BlockCache::Fetch fetch() {
-    return [this](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
+    return [this](uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
       ++fetches;
-      std::copy_n(data.begin() + static_cast<ptrdiff_t>(off), dst.size(), dst.begin());
+      for (std::span<std::byte> d : dst) {
+        std::copy_n(data.begin() + static_cast<ptrdiff_t>(off), d.size(), d.begin());
+        off += d.size();
+      }
       done(Status::ok());
     };
   }
@@ -67,7 +70,20 @@ std::unique_ptr<DiskCache> open_cache(const std::string& dir, const ObjectIdenti
 std::vector<std::byte> get(const BlockCache::Fetch& fetch, uint64_t index) {
   std::vector<std::byte> out(std::min(kBlock, kSize - index * kBlock));
   std::promise<Status> p;
-  fetch(index * kBlock, out, [&p](Status st) { p.set_value(std::move(st)); });
+  fetch(index * kBlock, {out}, [&p](Status st) { p.set_value(std::move(st)); });
+  Status st = p.get_future().get();
+  EXPECT_TRUE(st) << st.to_string();
+  return out;
+}
+
+// Blocks [first, first + n) through one fetch of adjacent buffers; their bytes, together.
+std::vector<std::byte> get_blocks(const BlockCache::Fetch& fetch, uint64_t first, uint64_t n) {
+  std::vector<std::byte> out(std::min((first + n) * kBlock, kSize) - first * kBlock);
+  BlockCache::Buffers bufs;
+  for (uint64_t at = 0; at < out.size(); at += kBlock)
+    bufs.push_back(std::span(out).subspan(at, std::min<uint64_t>(kBlock, out.size() - at)));
+  std::promise<Status> p;
+  fetch(first * kBlock, std::move(bufs), [&p](Status st) { p.set_value(std::move(st)); });
   Status st = p.get_future().get();
   EXPECT_TRUE(st) << st.to_string();
   return out;
@@ -99,6 +115,27 @@ TEST(DiskCache, SecondInstanceReadsKeptBlocksWithoutTheRemote) {
   EXPECT_EQ(remote.fetches, 3);
   // The entry is named by the URL without user info or query.
   EXPECT_EQ(c->path(), dir.path() + "/" + DiskCache::entry_name("http://127.0.0.1:8080/base.qcow2"));
+}
+
+TEST(DiskCache, OneRequestOfSeveralBlocksKeepsEachBlock) {
+  TempDir dir;
+  FakeRemote remote;
+  {
+    auto c = open_cache(dir.path(), identity());
+    ASSERT_TRUE(c);
+    auto f = c->wrap(remote.fetch());
+    get_blocks(f, 2, 3);  // blocks 2-4 (4 is the short last one) in one request
+    EXPECT_EQ(remote.fetches, 1);
+  }
+  auto c = open_cache(dir.path(), identity());
+  ASSERT_TRUE(c);
+  auto f = c->wrap(remote.fetch());
+  EXPECT_TRUE(same_as_remote(remote, 2, get_blocks(f, 2, 3)));  // each block from the disk
+  EXPECT_EQ(remote.fetches, 1);
+  EXPECT_EQ(c->stats().hits, 3u);
+  EXPECT_TRUE(same_as_remote(remote, 1, get_blocks(f, 1, 2)));  // block 1 from the remote, 2 from the disk
+  EXPECT_EQ(remote.fetches, 2);
+  EXPECT_EQ(c->stats().hits, 4u);
 }
 
 TEST(DiskCache, ChangedIdentityEmptiesTheEntry) {

@@ -27,11 +27,15 @@ struct HeldRemote {
   uint64_t held_bytes = 0, most_held_bytes = 0;
 
   BlockCache::Fetch fetch() {
-    return [this](uint64_t off, std::span<std::byte> dst, std::function<void(Status)> done) {
-      std::copy_n(data.begin() + static_cast<ptrdiff_t>(off), dst.size(), dst.begin());
+    return [this](uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
+      uint64_t at = off;
+      for (std::span<std::byte> d : dst) {
+        std::copy_n(data.begin() + static_cast<ptrdiff_t>(at), d.size(), d.begin());
+        at += d.size();
+      }
       if (off / block >= want_first && off / block <= want_last) return done(Status::ok());
       held.emplace(off, std::move(done));
-      held_bytes += dst.size();
+      held_bytes += at - off;
       most_held_bytes = std::max(most_held_bytes, held_bytes);
     };
   }
