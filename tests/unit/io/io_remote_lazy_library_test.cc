@@ -64,9 +64,12 @@ TEST(CurlShim, OptionsPassByTheirTypeClass) {
   EXPECT_EQ(back, &marker);
   EXPECT_EQ(curl_easy_setopt(e, CURLOPT_SSLVERSION, 1000L), CURLE_BAD_FUNCTION_ARGUMENT);  // long
   EXPECT_EQ(curl_easy_setopt(e, CURLOPT_SSLVERSION, static_cast<long>(CURL_SSLVERSION_TLSv1_2)), CURLE_OK);
+  EXPECT_EQ(curl_easy_setopt(e, CURLOPT_MAXREDIRS, -2L), CURLE_BAD_FUNCTION_ARGUMENT);
+  EXPECT_EQ(curl_easy_setopt(e, CURLOPT_MAXREDIRS, (1L << 32) - 2), CURLE_OK);  // -2 as a 32-bit int
   EXPECT_EQ(curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(-1)),  // off_t
             CURLE_BAD_FUNCTION_ARGUMENT);
-  EXPECT_EQ(curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(1) << 40), CURLE_OK);
+  // As a 32-bit int this would be -1, refused.
+  EXPECT_EQ(curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, (static_cast<curl_off_t>(1) << 32) - 1), CURLE_OK);
   EXPECT_EQ(curl_easy_setopt(e, CURLOPT_URL, "file:///"), CURLE_OK);  // string
   curl_easy_cleanup(e);
   CURLM* m = curl_multi_init();
