@@ -2,7 +2,7 @@
 // fixed list of its symbols resolved at once. qcowfs reaches libcurl and libnbd
 // this way (io/remote/curl_loader.cc, io/remote/nbd_loader.cc define the libcurl
 // and libnbd functions qcowfs calls, each forwarding to the symbol resolved here):
-// they and their ~40 dependencies (TLS, Kerberos, LDAP, ICU...) cost the dynamic
+// they and their ~30 dependencies (TLS, Kerberos, LDAP, ICU...) cost the dynamic
 // loader tens of milliseconds, which every qcowfs run paid even without a URL.
 // Thread-safety: construction is not; once constructed (curl_library() and
 // nbd_library() are function-local statics) it is immutable and safe to share.
