@@ -9,6 +9,7 @@
 #include <future>
 
 #include "io/log.h"
+#include "io/remote/lazy_library.h"
 #include "io/remote/s3.h"
 
 namespace qcowfs::io {
@@ -162,6 +163,7 @@ Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, con
 }
 
 Status HttpClient::start() {
+  if (!curl_library().loaded()) return Status::errorf(ELIBACC, "{}: {}", display_url_, curl_library().error());
   CURLM* m = curl_multi_init();
   if (!m) return Status::errorf(ENOMEM, "{}: cannot make a curl multi handle", display_url_);
   multi_ = m;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/log.h"
+#include "io/remote/lazy_library.h"
 #include "io/remote/read_iov.h"
 #include "io/sync.h"
 #include "io/when_all.h"
@@ -143,6 +144,7 @@ RemoteStatsSnapshot NbdFile::describe() const {
 Result<std::unique_ptr<NbdFile>> NbdFile::open(const std::string& uri, const OpenOptions& opts) {
   auto ro = effective_remote_options(opts.remote);
   if (!ro) return ro.status();
+  if (!nbd_library().loaded()) return Status::errorf(ELIBACC, "{}: {}", uri, nbd_library().error());
   nbd_handle* h = nbd_create();
   if (!h) return Status::errorf(ENOMEM, "{}: {}", uri, nbd_get_error());
   auto fail = [&](int err, std::string_view what) {

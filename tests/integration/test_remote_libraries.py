@@ -35,5 +35,5 @@ def test_missing_libcurl_and_libnbd_are_named(tmp_path: Path) -> None:
     assert r.returncode == 0, err
     assert json.loads(r.stdout)["virtual-size"] == 1024 * 1024, r.stdout
     assert "cannot load libcurl.so.4 (is the libcurl4 package installed?)" in err, err
-    assert "http://127.0.0.1:9/x.qcow2" in err, err
+    assert "http://127.0.0.1:9/x.qcow2: cannot load libcurl.so.4" in err, err
     assert "nbd://127.0.0.1:9/x: cannot load libnbd.so.0 (is the libnbd0 package installed?)" in err, err
