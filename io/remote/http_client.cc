@@ -143,22 +143,38 @@ HttpClient::~HttpClient() {
   curl_slist_free_all(headers_);
 }
 
-Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, const RemoteOptions& opts) {
-  init_curl_once();
-  std::unique_ptr<HttpClient> c(new HttpClient(url, opts));
-  QCOWFS_TRY(c->start());
+Status HttpClient::probe(size_t length, std::byte* buf) {
   auto t = std::make_unique<Transfer>();
-  // Two bytes, not one: some servers (s3rver) answer "bytes=0-0" with the whole object.
-  std::byte first[2] = {};
-  t->dst = {std::span<std::byte>(first, 2)};
-  t->length = 2;
+  t->dst = {std::span<std::byte>(buf, length)};
+  t->length = length;
   t->probe = true;
   std::promise<Status> result;
   t->done = [&result](Status st) { result.set_value(std::move(st)); };
   auto fut = result.get_future();
-  c->submit(std::move(t));
-  Status st = fut.get();
-  if (!st) return st;
+  submit(std::move(t));
+  return fut.get();
+}
+
+Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, const RemoteOptions& opts) {
+  init_curl_once();
+  std::unique_ptr<HttpClient> c(new HttpClient(url, opts));
+  QCOWFS_TRY(c->start());
+  // The identity request also fetches the first block (what a mount reads
+  // first: probe, header, often L1), saving a round trip at mount.
+  if (opts.block_size >= 2) {
+    std::vector<std::byte> block(opts.block_size);
+    Status st = c->probe(block.size(), block.data());
+    if (st) {
+      block.resize(std::min<uint64_t>(block.size(), c->identity_.size));
+      c->first_block_ = std::move(block);
+      return c;
+    }
+    if (c->probe_http_code_ != 416) return st;
+    // 416 (an object smaller than asked for, on a server that will not shorten the range): as before.
+  }
+  // Two bytes, not one: some servers (s3rver) answer "bytes=0-0" with the whole object.
+  std::byte first[2] = {};
+  QCOWFS_TRY(c->probe(2, first));
   return c;
 }
 
@@ -255,6 +271,7 @@ void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
 
 Status HttpClient::check_response(Transfer& t, long code, bool* transient) {
   *transient = false;
+  if (t.probe) probe_http_code_ = code;  // read by open() after the request
   if (code != 206) {
     *transient = transient_http(code);
     if (code == 200) return Status::errorf(EIO, "{}: the server ignores range requests (HTTP 200)", display_url_);

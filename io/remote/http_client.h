@@ -5,7 +5,8 @@
 // buffers in order (one range for adjacent cache blocks), straight from
 // libcurl's receive buffer; curl handles are reused, not made per request.
 //
-// Identity: open() fetches the first bytes and pins the object's size, ETag
+// Identity: open() fetches the first block (block_size bytes, falling back to
+// two bytes on a 416) and pins the object's size, ETag
 // and Last-Modified. Every later response must carry the same (a 206 whose
 // Content-Range names the same total and range): a changed object fails the
 // request with EIO and one log line naming the URL, never mixed bytes.
@@ -68,6 +69,9 @@ class HttpClient {
   void get_range(uint64_t off, Buffers dst, Done done);
 
   const HttpIdentity& identity() const { return identity_; }
+  // The object's first bytes (up to block_size) fetched by open(), handed
+  // over once (empty after, or when open() fell back to a 2-byte probe).
+  std::vector<std::byte> take_first_block() { return std::move(first_block_); }
   // The URL without its query (a presigned URL's signature stays out of logs).
   const std::string& display_url() const { return display_url_; }
   // Requests, retries, errors, bytes fetched and bytes in flight (io/remote/remote_stats.h).
@@ -76,6 +80,8 @@ class HttpClient {
  private:
   HttpClient(std::string url, RemoteOptions opts);
   Status start();
+  // open()'s identity request of [0, length) into buf; waits for it.
+  Status probe(size_t length, std::byte* buf);
   void submit(std::unique_ptr<Transfer> t);
   void run();
   void start_attempt(std::unique_ptr<Transfer> t);
@@ -90,6 +96,8 @@ class HttpClient {
   const std::string display_url_;
   const RemoteOptions opts_;
   HttpIdentity identity_;  // set by open() before any other request
+  long probe_http_code_ = 0;  // the last identity request's HTTP status (open())
+  std::vector<std::byte> first_block_;  // open()'s, until take_first_block()
   std::atomic<bool> change_logged_{false};
   RemoteCounters counters_;
 

@@ -22,7 +22,9 @@ HttpFile::HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCac
       protocol_(std::move(protocol)),
       settings_(std::move(settings)) {
   HttpClient* c = client_.get();
-  BlockCache::Fetch fetch = [c](uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
+  first_block_ = c->take_first_block();
+  BlockCache::Fetch fetch = [this, c](uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
+    if (take_from_first_block(off, dst)) return done(Status::ok());
     c->get_range(off, std::move(dst), std::move(done));
   };
   if (disk_) fetch = disk_->wrap(std::move(fetch));
@@ -37,6 +39,21 @@ HttpFile::~HttpFile() {
   client_.reset();  // fails and finishes its transfers, which still reach cache_
   cache_.reset();
   disk_.reset();
+}
+
+bool HttpFile::take_from_first_block(uint64_t off, const BlockCache::Buffers& dst) {
+  uint64_t len = 0;
+  for (const auto& d : dst) len += d.size();
+  std::lock_guard lk(first_block_mu_);
+  if (off + len > first_block_.size()) return false;
+  const std::byte* src = first_block_.data() + off;
+  for (const auto& d : dst) {
+    std::copy_n(src, d.size(), d.data());
+    src += d.size();
+  }
+  // The whole block is now the cache's: it is fetched again only if evicted.
+  if (off == 0 && len == first_block_.size()) std::vector<std::byte>().swap(first_block_);
+  return true;
 }
 
 RemoteStatsSnapshot HttpFile::describe() const {

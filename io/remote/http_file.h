@@ -2,6 +2,8 @@
 // https://. Reads go through a BlockCache (io/remote/block_cache.h) whose
 // blocks are ranged GETs of an HttpClient (io/remote/http_client.h), which
 // pins the object's identity at open and fails reads of a changed object.
+// The first block, fetched by that identity request, serves the cache's first
+// fetches within it (so a mount's probe costs no second round trip).
 // Writes, discards and truncates fail with EROFS; everything reads as data.
 // Its identity, settings and counters are registered for the daemon's
 // statistics (io/remote/remote_stats.h) while it is open.
@@ -11,8 +13,10 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "io/host_file.h"
 #include "io/remote/block_cache.h"
@@ -58,10 +62,14 @@ class HttpFile final : public HostFile {
   HttpFile(std::string url, std::unique_ptr<HttpClient> client, BlockCacheConfig cfg, std::unique_ptr<DiskCache> disk,
            std::string protocol, std::string settings);
   Status read_only() const;
+  // Fills dst (a fetch at off) from open()'s first block when it lies within it.
+  bool take_from_first_block(uint64_t off, const BlockCache::Buffers& dst);
 
   std::string url_;
   std::unique_ptr<HttpClient> client_;
   std::unique_ptr<DiskCache> disk_;  // remote-cache-dir=; under cache_, stopped before client_ goes
+  std::mutex first_block_mu_;
+  std::vector<std::byte> first_block_;  // guarded by first_block_mu_; freed once the cache has it whole
   std::unique_ptr<BlockCache> cache_;
   const std::string protocol_;  // "http" or "s3"
   const std::string settings_;

@@ -628,6 +628,31 @@ def test_truncated_body_is_retried_then_eio(site, workdir):
         mock.close()
 
 
+def test_open_fetches_the_first_block_in_its_identity_request(site, workdir):
+    """Issue 33: mount + a read within the first block is one request (identity and block together)."""
+    data = (site.root / "www" / "disk.qcow2").read_bytes()
+    mock = MockServer(data, "/disk.qcow2")
+    try:
+        opts = ["format=qcow2", "remote-readahead=0", "remote-block-size=256K"]
+        with mount_url(f"{mock.endpoint}/disk.qcow2", workdir / "view", opts):
+            # probe, header and L1 of the mount all come from the identity request's block
+            assert mock.requests == [f"bytes=0-{256 * 1024 - 1}"], mock.requests
+    finally:
+        mock.close()
+    raw = (site.root / "www" / "disk.raw").read_bytes()
+    mock = MockServer(raw, "/disk.raw")
+    try:
+        opts = ["format=raw", "remote-readahead=0", "remote-block-size=64K"]
+        with mount_url(f"{mock.endpoint}/disk.raw", workdir / "view", opts) as view:
+            assert read_at(view, 0, 4096) == raw[:4096]
+            assert read_at(view, 60 * 1024, 4096) == raw[60 * 1024:64 * 1024]
+            assert mock.requests == ["bytes=0-65535"], mock.requests
+            assert read_at(view, 64 * 1024, 4096) == raw[64 * 1024:68 * 1024]  # past it: fetched
+            assert [r.split("-")[0] for r in mock.requests[1:]] == [f"bytes={64 * 1024}"], mock.requests
+    finally:
+        mock.close()
+
+
 # --- S3: credentials files, key encoding, refusals -----------------------------------------------
 
 
