@@ -169,8 +169,11 @@ Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, con
       c->first_block_ = std::move(block);
       return c;
     }
-    if (c->probe_http_code_ != 416) return st;
-    // 416 (an object smaller than asked for, on a server that will not shorten the range): as before.
+    // 416 (an object smaller than asked for, on a server that will not shorten the range), or a
+    // server too slow to send a block within remote-timeout (some bytes came): two bytes, as before.
+    if (c->probe_http_code_ != 416 && (st.code() != EIO || c->probe_received_ == 0)) return st;
+    log::debug("{}: fetching the first block at open failed ({}); pinning the identity with 2 bytes",
+               c->display_url_, st.message());
   }
   // Two bytes, not one: some servers (s3rver) answer "bytes=0-0" with the whole object.
   std::byte first[2] = {};
@@ -320,6 +323,7 @@ Status HttpClient::s3_refusal(const Transfer& t, long code) const {
 }
 
 void HttpClient::deliver(Transfer& t, Status st) {
+  if (t.probe) probe_received_ = t.received;  // read by open() after done
   RemoteCounters::sub(counters_.in_flight_bytes, t.length);
   if (st) RemoteCounters::add(counters_.bytes_fetched, t.received);
   else if (st.code() != ECANCELED) RemoteCounters::add(counters_.errors);

@@ -5,8 +5,8 @@
 // buffers in order (one range for adjacent cache blocks), straight from
 // libcurl's receive buffer; curl handles are reused, not made per request.
 //
-// Identity: open() fetches the first block (block_size bytes, falling back to
-// two bytes on a 416) and pins the object's size, ETag
+// Identity: open() fetches the first block (block_size bytes; two bytes after
+// a 416 or a server too slow to send a block in time) and pins the object's size, ETag
 // and Last-Modified. Every later response must carry the same (a 206 whose
 // Content-Range names the same total and range): a changed object fails the
 // request with EIO and one log line naming the URL, never mixed bytes.
@@ -96,7 +96,8 @@ class HttpClient {
   const std::string display_url_;
   const RemoteOptions opts_;
   HttpIdentity identity_;  // set by open() before any other request
-  long probe_http_code_ = 0;  // the last identity request's HTTP status (open())
+  long probe_http_code_ = 0;  // the last identity request's HTTP status and bytes received (open())
+  size_t probe_received_ = 0;
   std::vector<std::byte> first_block_;  // open()'s, until take_first_block()
   std::atomic<bool> change_logged_{false};
   RemoteCounters counters_;

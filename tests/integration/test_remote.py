@@ -500,18 +500,21 @@ def test_statistics_count_a_miss_then_a_hit(site, workdir):
 
 def test_range_past_a_shrunken_object_is_eio(site, workdir):
     www = site.root / "www"
-    (www / "shrink.raw").write_bytes(os.urandom(2 * MiB))
+    old = os.urandom(2 * MiB)
+    (www / "shrink.raw").write_bytes(old)
     opts = ["format=raw", "remote-readahead=0", "remote-block-size=64K", "remote-timeout=5"]
     with mount_url(site.url("shrink.raw"), workdir / "view", opts) as view:
         small = workdir / "small.raw"
-        small.write_bytes(os.urandom(64 * 1024))
+        small.write_bytes(os.urandom(192 * 1024))
         os.replace(small, www / "shrink.raw")
         with pytest.raises(OSError) as e:
             read_at(view, MiB, 4096)  # nginx: 416 Range Not Satisfiable (a read error is not logged)
         assert e.value.errno == errno.EIO
         with pytest.raises(OSError) as e:  # within the new size: a changed object, not new bytes
-            read_at(view, 0, 4096)
+            read_at(view, 128 * 1024, 4096)
         assert e.value.errno == errno.EIO
+        # the first block came with the identity at open: the pinned object's bytes, not the new ones
+        assert read_at(view, 0, 4096) == old[:4096]
 
 
 class MockServer:
