@@ -98,6 +98,15 @@ void(curl_easy_cleanup)(CURL* curl) {
   if (auto f = QCOWFS_CURL_REAL(curl_easy_cleanup)) f(curl);
 }
 
+// The variadic functions take an enum as their last named parameter (libcurl's
+// own prototypes), which va_start accepts as libcurl itself does: CURLoption,
+// CURLINFO and CURLMoption promote to int (all their values fit), and the named
+// parameters are never read through the va_list. clang flags any enum there (-Wvarargs); gcc does not.
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wvarargs"
+#endif
+
 CURLcode(curl_easy_setopt)(CURL* curl, CURLoption option, ...) {
   auto f = QCOWFS_CURL_REAL(curl_easy_setopt);
   if (!f) return CURLE_FAILED_INIT;
@@ -143,6 +152,10 @@ CURLMcode(curl_multi_setopt)(CURLM* multi_handle, CURLMoption option, ...) {
   va_end(args);
   return rc;
 }
+
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 CURLMcode(curl_multi_add_handle)(CURLM* multi_handle, CURL* curl_handle) {
   auto f = QCOWFS_CURL_REAL(curl_multi_add_handle);
