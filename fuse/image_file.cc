@@ -107,14 +107,23 @@ Task<Result<std::optional<ImageFile::Clock::time_point>>> ImageFile::close_if_id
     if (!owned_ || users_ > 0) co_return std::nullopt;
     if (now - last_release_ < delay) co_return std::optional(last_release_ + delay);
     // From here no new user can find the driver: acquire() waits for open_mu_.
-    closed_size_ = owned_->size();
-    closed_allocated_ = owned_->allocated_bytes();
-    driver_.store(nullptr, std::memory_order_release);
+    unpublish_locked();
   }
-  Status st = co_await owned_->close();
-  owned_.reset();
+  Status st = co_await close_unpublished();
   if (!st) co_return st;
   co_return std::nullopt;
+}
+
+void ImageFile::unpublish_locked() {
+  closed_size_ = owned_->size();
+  closed_allocated_ = owned_->allocated_bytes();
+  driver_.store(nullptr, std::memory_order_release);
+}
+
+Task<Status> ImageFile::close_unpublished() {
+  Status st = co_await owned_->close();
+  owned_.reset();
+  co_return st;
 }
 
 Task<Result<bool>> ImageFile::close_if_unused() {
@@ -124,12 +133,9 @@ Task<Result<bool>> ImageFile::close_if_unused() {
     std::lock_guard lk(mu_);
     if (users_ > 0) co_return false;
     if (!owned_) co_return true;
-    closed_size_ = owned_->size();
-    closed_allocated_ = owned_->allocated_bytes();
-    driver_.store(nullptr, std::memory_order_release);
+    unpublish_locked();
   }
-  Status st = co_await owned_->close();
-  owned_.reset();
+  Status st = co_await close_unpublished();
   if (!st) co_return st;
   co_return true;
 }

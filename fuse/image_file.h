@@ -129,6 +129,13 @@ class ImageFile {
   bool is_open() const;
 
  private:
+  // The close both close_if_* share, for an unused image with open_mu_ held.
+  // unpublish_locked() (mu_ held, in the critical section that found no user,
+  // so try_acquire() cannot slip in): keeps the size and allocation for stat
+  // and hides the driver; close_unpublished() then closes and drops it.
+  void unpublish_locked();
+  Task<Status> close_unpublished();
+
   image::BlockDriver* parent_ = nullptr;  // snapshot views only
   std::string snapshot_id_;
   uint64_t snapshot_size_ = 0;
