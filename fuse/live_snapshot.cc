@@ -190,7 +190,8 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
     Status released = co_await config_.release_snapshot_view(request.id);
     if (!released) {
       config_.driver->resume();
-      co_return Status::errorf(EBUSY, "the snapshot is open under {}/snapshots/; close it first", config_.mountpoint);
+      co_return Status::errorf(EBUSY, "the snapshot is open under {}/; close it first",
+                               config_.snapshots_dir.empty() ? config_.mountpoint + "/snapshots" : config_.snapshots_dir);
     }
   }
   // A read-only mount writes through the image opened read-write for this
@@ -224,6 +225,7 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
   log::info("{} snapshot '{}' of {}: {} (requests held for {} ms)", change == Change::create ? "created" : "deleted",
             request.name, image(), st.to_string(), paused_ms);
+  if (st && config_.on_snapshots_changed) config_.on_snapshots_changed();
   co_return st ? reopened : st;
 }
 
@@ -281,6 +283,8 @@ Task<Status> LiveSnapshots::reopen() {
 }
 
 Status LiveSnapshots::refuse_external(const std::string& overlay) const {
+  if (!config_.no_external.empty())
+    return Status::errorf(ENOTSUP, "{} is served on {}: {}", image(), config_.mountpoint, config_.no_external);
   if (!config_.writable)
     return Status::errorf(EROFS, "{} is mounted read-only on {}: an external snapshot switches a writer", image(),
                           config_.mountpoint);

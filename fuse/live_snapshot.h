@@ -87,6 +87,13 @@ class LiveSnapshots {
     // Closes the unused snapshots/ views of a snapshot id; an error (EBUSY)
     // when one is held open. Called while the driver is paused.
     std::function<Task<Status>(std::string id)> release_snapshot_view;
+    // Where those views are, for messages ("": mountpoint/snapshots).
+    std::string snapshots_dir;
+    // Told after a live -c or -d changed the snapshot table (may be empty).
+    std::function<void()> on_snapshots_changed;
+    // Non-empty: --external is refused (ENOTSUP) with this reason (a
+    // catalogue image: fuse/DESIGN.md).
+    std::string no_external;
   };
 
   // Listens on the image's control socket.
