@@ -10,6 +10,7 @@
 #include "image/format.h"
 #include "io/forwarding_file.h"
 #include "io/log.h"
+#include "io/remote/remote_options.h"
 #include "io/run_sync.h"
 
 namespace qcowfs::fuse {
@@ -183,6 +184,13 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
                                                const image::ControlRequest& request, image::SnapshotEntry& made) {
   const auto started = std::chrono::steady_clock::now();
   if (!config_.driver->current()) co_return config_.driver->broken();  // an earlier reopen failed
+  if (!config_.writable && io::is_remote_location(image())) {
+    co_return Status::errorf(EROFS,
+                             "{} is mounted read-only on {}: a snapshot writes the image, and a URL is not opened "
+                             "read-write beside a read-only mount (no locks guard it; HTTP and S3 are never "
+                             "writable)",
+                             image(), config_.mountpoint);
+  }
   co_await config_.driver->pause();
   // Nothing may read a deleted snapshot's clusters: a view of it held open
   // refuses the delete, one open but unused is closed first.

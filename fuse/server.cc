@@ -206,8 +206,8 @@ Status Server::open_image() {
   // (image/backing.h): what the overlay holds is served, the rest fails with EIO.
   image::ImageOptions image_options = opts_.image_options;
   image_options.defer_remote_backing = true;
-  if (!opts_.throwaway && !io::is_remote_location(opts_.image)) {
-    // The file stays open (and locked) across live snapshots' reopens.
+  if (!opts_.throwaway) {
+    // The file (or URL) stays open (and locked) across live snapshots' reopens.
     auto file = io::open_host_file(opts_.image, image_options.file);
     if (!file) return file.status();
     live_files_.image = opts_.image;
@@ -287,9 +287,9 @@ Status Server::build_catalogue() {
   return Status::ok();
 }
 
-// The control socket of a local single image (none for a URL; a catalogue's
-// images each get theirs while open, fuse/catalogue.h; a throwaway mount's
-// only lists and names why it refuses the rest). One that
+// The control socket of a single image, local or a URL (a catalogue's images
+// each get theirs while open, fuse/catalogue.h; a throwaway mount's only
+// lists and names why it refuses the rest). One that
 // cannot be made only loses live snapshots.
 Status Server::start_control() {
   const bool throwaway = opts_.throwaway && !io::is_remote_location(opts_.image);
@@ -307,6 +307,10 @@ Status Server::start_control() {
   c.writable = writable_mount();
   c.owner = ::getuid();
   c.release_snapshot_view = [this](std::string id) { return release_snapshot_view(std::move(id)); };
+  if (io::is_remote_location(opts_.image))
+    c.no_external =
+        "the old top would be reopened as the new overlay's backing file over a second connection, without QEMU's "
+        "locks (a URL has none); use a local overlay on the URL";
   auto control = LiveSnapshots::start(std::move(c));
   if (!control) {
     log::warn("no control socket for {} (no live snapshots): {}", opts_.image, control.status().to_string());
