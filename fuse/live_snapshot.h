@@ -1,7 +1,8 @@
-// LiveSnapshots: the daemon's end of a single-image mount's control socket
+// LiveSnapshots: the daemon's end of an image's control socket
 // (io/control_socket.h, messages in image/snapshot_control.h): `qcowfs
 // snapshot -l|-c|-d` on an image this mount holds is done here, without
-// unmounting.
+// unmounting. One per single-image mount (a local file or a URL), and one
+// per image a catalogue mount has open (fuse/catalogue.h).
 //
 // The main thread polls fd() with its other fds and calls serve_one() when it
 // is readable: one connection, one request, one reply. A peer that is neither
@@ -23,6 +24,8 @@
 // mount's shared lock dropped, QEMU's write lock taken: EBUSY if anyone else
 // holds the image; then the shared lock taken back) while the mount's own
 // file stays read-only (and is opened afresh after, with its shared lock).
+// A read-only URL refuses -c and -d (EROFS): it cannot be opened read-write
+// beside the mount (no locks; HTTP and S3 never are).
 // Refused: -a on any mount (it would change the disk
 // under its users), -d of the snapshot a snapshot= mount shows or of one held
 // open under snapshots/ (EBUSY, as a QEMU reader's lock refuses qemu-img
