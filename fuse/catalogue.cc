@@ -407,8 +407,7 @@ Task<Status> Catalogue::release_snapshot_views(Item* item, std::string id) {
 // After a live -c or -d: <name>.d/snapshots/ is shown when the image has
 // snapshots, and its listing is read again at the next look.
 void Catalogue::snapshots_changed(Item* item, const LiveDriver& driver) {
-  const image::BlockDriver* d = driver.current();
-  const bool any = d && !d->snapshots().empty();
+  const bool any = driver.current() && !driver.snapshots().empty();
   std::lock_guard lk(mu_);
   if (!item->sub) return;
   item->sub->has_snapshots = any;
