@@ -384,6 +384,8 @@ def test_live_snapshots_of_a_catalogue_image(workdir):
                     r.stderr.decode()
             assert qcowfs_snapshot("-c", "s2", image).returncode == 0
             assert sorted(os.listdir(snaps)) == ["s1.raw", "s2.raw"]
+            with open(snaps / "s2.raw", "rb") as f:  # opened, then unused: the delete closes it first
+                assert len(f.read(BLOCK)) == BLOCK
             r = qcowfs_snapshot("-d", "s2", image)
             assert r.returncode == 0, r.stderr.decode()
             assert os.listdir(snaps) == ["s1.raw"]
