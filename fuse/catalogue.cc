@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -12,6 +13,7 @@
 #include "image/forwarding_driver.h"
 #include "image/probe.h"
 #include "image/views/window.h"
+#include "io/forwarding_file.h"
 #include "io/log.h"
 
 namespace qcowfs::fuse {
@@ -68,6 +70,34 @@ class ImageHoldingDriver final : public image::ForwardingDriver {
     if (ImageFile* image = std::exchange(image_, nullptr)) image->release();
   }
   ImageFile* image_;
+};
+
+// A catalogue image opened live: its host file (locked, lent to the driver)
+// and the LiveDriver in front of its driver, and its control socket while it
+// is open. Destroyed on the main thread (see Catalogue::controls()): the
+// socket is unregistered (no longer polled), the driver goes, then the files
+// it pointed to (and the lock), and last the socket file.
+class LiveImageDriver final : public image::ForwardingDriver {
+ public:
+  using Unregister = std::function<void(const LiveSnapshots*)>;
+  LiveImageDriver(std::unique_ptr<LiveFiles> files, std::unique_ptr<LiveDriver> driver)
+      : ForwardingDriver(std::move(driver)), files_(std::move(files)) {}
+  ~LiveImageDriver() override {
+    if (control_) unregister_(control_.get());
+    drop_inner();
+    files_.reset();    // the image's lock goes
+    control_.reset();  // then its socket: a client that finds none may open the file
+  }
+  void set_control(std::unique_ptr<LiveSnapshots> control, Unregister unregister) {
+    control_ = std::move(control);
+    unregister_ = std::move(unregister);
+  }
+  io::HostFile* identity_file() override { return inner().identity_file(); }  // the bytes are the image's
+
+ private:
+  std::unique_ptr<LiveFiles> files_;
+  std::unique_ptr<LiveSnapshots> control_;
+  Unregister unregister_;
 };
 
 }  // namespace
@@ -281,15 +311,107 @@ Task<Catalogue::Probe> Catalogue::probe(std::string path, std::string file_name,
   co_return out;
 }
 
-Task<Result<std::unique_ptr<image::BlockDriver>>> Catalogue::open_view(std::string path, std::string view,
-                                                                       image::ImageOptions opts) const {
-  auto d = co_await image::open_image(path, std::move(opts));
+// The image's file is opened (and locked) here and lent to its driver, which
+// a LiveDriver fronts, so that a live snapshot can close and reopen the
+// driver on the same locked file; the image's control socket listens until
+// the idle close. A socket that cannot be made only loses live snapshots.
+Task<Result<std::unique_ptr<image::BlockDriver>>> Catalogue::open_view(Item* item, std::string path, std::string view,
+                                                                       image::ImageOptions opts) {
+  auto files = std::make_unique<LiveFiles>();
+  files->image = path;
+  auto file = io::open_host_file(path, opts.file);
+  if (!file) {
+    log::error("{}: cannot open {}: {}", view, path, file.status().to_string());
+    co_return Status::errorf(EIO, "{}: {}", path, file.status().message());
+  }
+  files->top = std::move(*file);
+  auto d = co_await image::open_image_file(std::make_unique<io::ForwardingFile>(*files->top), path, opts);
   if (!d) {
     log::error("{}: cannot open {}: {}", view, path, d.status().to_string());
     co_return Status::errorf(EIO, "{}: {}", path, d.status().message());
   }
   log::debug("opened {} ({}, {})", path, (*d)->format_name(), (*d)->read_only() ? "read-only" : "read-write");
-  co_return d;
+  auto live = std::make_unique<LiveDriver>(std::move(*d));
+  LiveDriver& driver = *live;
+  LiveFiles& lent = *files;
+  auto out = std::make_unique<LiveImageDriver>(std::move(files), std::move(live));
+  auto control = start_control(item, lent, driver, view, opts);
+  if (!control) {
+    log::warn("no control socket for {} (no live snapshots): {}", path, control.status().to_string());
+    co_return std::unique_ptr<image::BlockDriver>(std::move(out));
+  }
+  LiveSnapshots* raw = control->get();
+  out->set_control(std::move(*control), [this](const LiveSnapshots* c) { remove_control(c); });
+  {
+    std::lock_guard lk(controls_mu_);
+    controls_.push_back(raw);
+  }
+  if (on_idle_) on_idle_();  // wakes the main thread, which then polls the new socket
+  co_return std::unique_ptr<image::BlockDriver>(std::move(out));
+}
+
+Result<std::unique_ptr<LiveSnapshots>> Catalogue::start_control(Item* item, LiveFiles& files, LiveDriver& driver,
+                                                                const std::string& view,
+                                                                const image::ImageOptions& opts) {
+  LiveSnapshots::Config c;
+  c.mountpoint = settings_.mountpoint + "/" + view;
+  c.options = opts;
+  c.files = &files;
+  c.driver = &driver;
+  c.writable = opts.file.writable && !driver.read_only();
+  c.owner = ::getuid();
+  std::string d_name;
+  {
+    std::lock_guard lk(mu_);
+    if (item->sub) d_name = item->sub->dnode.name;
+  }
+  const std::string rel_dir = view.substr(0, view.size() - item->node.name.size());  // "" or "sub/dir/"
+  c.snapshots_dir = fmt::format("{}/{}{}/snapshots", settings_.mountpoint, rel_dir, d_name);
+  c.release_snapshot_view = [this, item](std::string id) { return release_snapshot_views(item, std::move(id)); };
+  c.on_snapshots_changed = [this, item, &driver] { snapshots_changed(item, driver); };
+  c.no_external =
+      "a catalogue view always shows its file in the source directory (and goes back to it at its next open), so "
+      "it cannot switch to a new overlay; mount the image on its own for --external";
+  return LiveSnapshots::start(std::move(c));
+}
+
+void Catalogue::remove_control(const LiveSnapshots* control) {
+  std::lock_guard lk(controls_mu_);
+  std::erase(controls_, control);
+}
+
+std::vector<LiveSnapshots*> Catalogue::controls() const {
+  std::lock_guard lk(controls_mu_);
+  return controls_;
+}
+
+// A live -d, the image paused: the unused views of the snapshot in
+// <name>.d/snapshots/ are closed (each gives its hold on the image back);
+// one in use refuses the delete, as a QEMU reader's lock would.
+Task<Status> Catalogue::release_snapshot_views(Item* item, std::string id) {
+  std::vector<ImageFile*> views;
+  {
+    std::lock_guard lk(mu_);
+    if (item->sub)
+      for (const auto& v : item->sub->all)
+        if (v->snapshot && v->info.id == id) views.push_back(v->node.file.get());
+  }
+  for (ImageFile* v : views) {
+    auto closed = co_await v->close_if_unused();  // never waits: an open under way waits for the paused driver
+    if (!closed) co_return closed.status();
+    if (!*closed) co_return Status::errorf(EBUSY, "snapshot {} is open", id);
+  }
+  co_return Status::ok();
+}
+
+// After a live -c or -d: <name>.d/snapshots/ is shown when the image has
+// snapshots, and its listing is read again at the next look.
+void Catalogue::snapshots_changed(Item* item, const LiveDriver& driver) {
+  const bool any = driver.current() && !driver.snapshots().empty();
+  std::lock_guard lk(mu_);
+  if (!item->sub) return;
+  item->sub->has_snapshots = any;
+  item->sub->snaps_read.reset();
 }
 
 Catalogue::Item* Catalogue::make_item(Dir& dir, const Found& f, std::string view_name) {
@@ -314,7 +436,9 @@ Catalogue::Item* Catalogue::make_item(Dir& dir, const Found& f, std::string view
     opts.shared_backing = shared_;
     const bool writable = opts.file.writable;
     n.file = std::make_unique<ImageFile>(
-        [this, path = path_of(dir, f.name), view = join_path(dir.rel, n.name), opts] { return open_view(path, view, opts); },
+        [this, raw = item.get(), path = path_of(dir, f.name), view = join_path(dir.rel, n.name), opts] {
+          return open_view(raw, path, view, opts);
+        },
         writable);
     n.file->set_on_idle([this] {
       if (on_idle_) on_idle_();

@@ -47,6 +47,12 @@
 // from its own first open until its own idle close, so the image closes one
 // idle delay after its last view of any kind.
 //
+// Live snapshots: an image open here has the control socket of a
+// single-image mount (fuse/live_snapshot.h): its file is opened and locked
+// here and lent to a LiveDriver, and a LiveSnapshots listens on the image's
+// socket from the open until the idle close. controls() lists those open now;
+// the main thread polls and serves them. `--external` is refused (fuse/DESIGN.md).
+//
 // Thread-safety: every method may be called concurrently from any event-loop
 // thread. mu_ guards the directories and items; refreshes are serialised by
 // refresh_mu_ (an AsyncMutex: probes await I/O) and never hold mu_ across a
@@ -68,6 +74,7 @@
 #include "fuse/access.h"
 #include "fuse/catalogue_config.h"
 #include "fuse/inode_table.h"
+#include "fuse/live_snapshot.h"
 #include "image/shared_images.h"
 #include "image/views/partition.h"
 #include "io/sync.h"
@@ -79,6 +86,7 @@ constexpr Ino kCatalogueInoBase = Ino{1} << 33;
 
 struct CatalogueSettings {
   std::string srcdir;            // absolute
+  std::string mountpoint;        // absolute, for messages
   image::ImageOptions defaults;  // from -o: ro/rw, cache=, locking=, key-file=, ...
   CatalogueConfig config;        // SRCDIR/.qcowfs.conf
   AccessOptions access;          // uid=, gid=, umask=, fmask=: over each image file's
@@ -112,6 +120,12 @@ class Catalogue final : public DynamicDirectory {
   // partition and snapshot views).
   size_t open_images() const;
   image::SharedImages& shared_backing() { return *shared_; }
+  // The control sockets of the images open now. A socket is added by an open
+  // (on any thread, which then tells on_idle so the main thread polls again)
+  // and removed by the image's close, which runs on the main thread only (the
+  // idle close, a live -d's release of snapshot views, shutdown): the main
+  // thread may use what this returned until it closes an image itself.
+  std::vector<LiveSnapshots*> controls() const;
 
  private:
   struct Item;
@@ -125,8 +139,13 @@ class Catalogue final : public DynamicDirectory {
   Task<Status> rescan(Ino dir);
   Result<std::vector<Found>> read_directory(const std::string& rel) const;
   Task<Probe> probe(std::string path, std::string file_name, image::ImageOptions opts) const;
-  Task<Result<std::unique_ptr<image::BlockDriver>>> open_view(std::string path, std::string view,
-                                                              image::ImageOptions opts) const;
+  Task<Result<std::unique_ptr<image::BlockDriver>>> open_view(Item* item, std::string path, std::string view,
+                                                              image::ImageOptions opts);
+  Result<std::unique_ptr<LiveSnapshots>> start_control(Item* item, LiveFiles& files, LiveDriver& driver,
+                                                       const std::string& view, const image::ImageOptions& opts);
+  Task<Status> release_snapshot_views(Item* item, std::string id);  // a live -d: EBUSY if one is in use
+  void snapshots_changed(Item* item, const LiveDriver& driver);     // after a live -c or -d
+  void remove_control(const LiveSnapshots* control);
   Item* make_item(Dir& dir, const Found& f, std::string view_name);  // mu_ held
   void make_image_dir(Item& item, std::string d_name, std::string path);  // mu_ held
   bool has_image_dir(Ino dir) const;
@@ -149,6 +168,8 @@ class Catalogue final : public DynamicDirectory {
   std::map<Ino, ImageDir*> image_dirs_;         // <name>.d and its directories, by inode
   std::map<Ino, const Node*> sub_nodes_;        // every node of a <name>.d, by inode
   Ino next_ino_ = kCatalogueInoBase;
+  mutable std::mutex controls_mu_;       // guards controls_ (a leaf lock)
+  std::vector<LiveSnapshots*> controls_;  // owned by the open images' drivers
 };
 
 }  // namespace qcowfs::fuse

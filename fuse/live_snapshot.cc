@@ -10,6 +10,7 @@
 #include "image/format.h"
 #include "io/forwarding_file.h"
 #include "io/log.h"
+#include "io/remote/remote_options.h"
 #include "io/run_sync.h"
 
 namespace qcowfs::fuse {
@@ -183,6 +184,13 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
                                                const image::ControlRequest& request, image::SnapshotEntry& made) {
   const auto started = std::chrono::steady_clock::now();
   if (!config_.driver->current()) co_return config_.driver->broken();  // an earlier reopen failed
+  if (!config_.writable && io::is_remote_location(image())) {
+    co_return Status::errorf(EROFS,
+                             "{} is mounted read-only on {}: a snapshot writes the image, and a URL is not opened "
+                             "read-write beside a read-only mount (no locks guard it; HTTP and S3 are never "
+                             "writable)",
+                             image(), config_.mountpoint);
+  }
   co_await config_.driver->pause();
   // Nothing may read a deleted snapshot's clusters: a view of it held open
   // refuses the delete, one open but unused is closed first.
@@ -190,7 +198,8 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
     Status released = co_await config_.release_snapshot_view(request.id);
     if (!released) {
       config_.driver->resume();
-      co_return Status::errorf(EBUSY, "the snapshot is open under {}/snapshots/; close it first", config_.mountpoint);
+      co_return Status::errorf(EBUSY, "the snapshot is open under {}/; close it first",
+                               config_.snapshots_dir.empty() ? config_.mountpoint + "/snapshots" : config_.snapshots_dir);
     }
   }
   // A read-only mount writes through the image opened read-write for this
@@ -224,6 +233,7 @@ Task<Status> LiveSnapshots::with_driver_closed(const image::SnapshotOps& ops, Ch
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
   log::info("{} snapshot '{}' of {}: {} (requests held for {} ms)", change == Change::create ? "created" : "deleted",
             request.name, image(), st.to_string(), paused_ms);
+  if (st && config_.on_snapshots_changed) config_.on_snapshots_changed();
   co_return st ? reopened : st;
 }
 
@@ -281,6 +291,8 @@ Task<Status> LiveSnapshots::reopen() {
 }
 
 Status LiveSnapshots::refuse_external(const std::string& overlay) const {
+  if (!config_.no_external.empty())
+    return Status::errorf(ENOTSUP, "{} is served on {}: {}", image(), config_.mountpoint, config_.no_external);
   if (!config_.writable)
     return Status::errorf(EROFS, "{} is mounted read-only on {}: an external snapshot switches a writer", image(),
                           config_.mountpoint);

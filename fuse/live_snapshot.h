@@ -1,7 +1,8 @@
-// LiveSnapshots: the daemon's end of a single-image mount's control socket
+// LiveSnapshots: the daemon's end of an image's control socket
 // (io/control_socket.h, messages in image/snapshot_control.h): `qcowfs
 // snapshot -l|-c|-d` on an image this mount holds is done here, without
-// unmounting.
+// unmounting. One per single-image mount (a local file or a URL), and one
+// per image a catalogue mount has open (fuse/catalogue.h).
 //
 // The main thread polls fd() with its other fds and calls serve_one() when it
 // is readable: one connection, one request, one reply. A peer that is neither
@@ -23,6 +24,8 @@
 // mount's shared lock dropped, QEMU's write lock taken: EBUSY if anyone else
 // holds the image; then the shared lock taken back) while the mount's own
 // file stays read-only (and is opened afresh after, with its shared lock).
+// A read-only URL refuses -c and -d (EROFS): it cannot be opened read-write
+// beside the mount (no locks; HTTP and S3 never are).
 // Refused: -a on any mount (it would change the disk
 // under its users), -d of the snapshot a snapshot= mount shows or of one held
 // open under snapshots/ (EBUSY, as a QEMU reader's lock refuses qemu-img
@@ -87,6 +90,13 @@ class LiveSnapshots {
     // Closes the unused snapshots/ views of a snapshot id; an error (EBUSY)
     // when one is held open. Called while the driver is paused.
     std::function<Task<Status>(std::string id)> release_snapshot_view;
+    // Where those views are, for messages ("": mountpoint/snapshots).
+    std::string snapshots_dir;
+    // Told after a live -c or -d changed the snapshot table (may be empty).
+    std::function<void()> on_snapshots_changed;
+    // Non-empty: --external is refused (ENOTSUP) with this reason (a
+    // catalogue image: fuse/DESIGN.md).
+    std::string no_external;
   };
 
   // Listens on the image's control socket.

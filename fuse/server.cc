@@ -206,8 +206,8 @@ Status Server::open_image() {
   // (image/backing.h): what the overlay holds is served, the rest fails with EIO.
   image::ImageOptions image_options = opts_.image_options;
   image_options.defer_remote_backing = true;
-  if (!opts_.throwaway && !io::is_remote_location(opts_.image)) {
-    // The file stays open (and locked) across live snapshots' reopens.
+  if (!opts_.throwaway) {
+    // The file (or URL) stays open (and locked) across live snapshots' reopens.
     auto file = io::open_host_file(opts_.image, image_options.file);
     if (!file) return file.status();
     live_files_.image = opts_.image;
@@ -255,6 +255,7 @@ Status Server::open_catalogue() {
   catalogue_writable_ = opts_.writable() || config->any_writable();
   CatalogueSettings settings;
   settings.srcdir = opts_.image;
+  settings.mountpoint = opts_.mountpoint;
   settings.defaults = opts_.image_options;
   settings.config = std::move(*config);
   settings.access = opts_.access;
@@ -286,8 +287,9 @@ Status Server::build_catalogue() {
   return Status::ok();
 }
 
-// The control socket of a local single image (none for a catalogue or a URL;
-// a throwaway mount's only lists and names why it refuses the rest). One that
+// The control socket of a single image, local or a URL (a catalogue's images
+// each get theirs while open, fuse/catalogue.h; a throwaway mount's only
+// lists and names why it refuses the rest). One that
 // cannot be made only loses live snapshots.
 Status Server::start_control() {
   const bool throwaway = opts_.throwaway && !io::is_remote_location(opts_.image);
@@ -305,6 +307,10 @@ Status Server::start_control() {
   c.writable = writable_mount();
   c.owner = ::getuid();
   c.release_snapshot_view = [this](std::string id) { return release_snapshot_view(std::move(id)); };
+  if (io::is_remote_location(opts_.image))
+    c.no_external =
+        "the old top would be reopened as the new overlay's backing file over a second connection, without QEMU's "
+        "locks (a URL has none); use a local overlay on the URL";
   auto control = LiveSnapshots::start(std::move(c));
   if (!control) {
     log::warn("no control socket for {} (no live snapshots): {}", opts_.image, control.status().to_string());
@@ -566,15 +572,20 @@ void Server::close_idle_images() {
 // timeouts, the idle write-back or a catalogue's idle closes, and the status
 // file's rewrite. SIGUSR1 reports the statistics and goes on waiting.
 void Server::wait_for_end() {
-  // idle_fd_ is -1 (ignored by poll) unless this is a catalogue; so is the
-  // control socket's without one.
-  pollfd fds[4] = {
-      {signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {idle_fd_.get(), POLLIN, 0}, {-1, POLLIN, 0}};
+  // idle_fd_ is -1 (ignored by poll) unless this is a catalogue. Then come
+  // the control sockets: the mount's own, or each open catalogue image's.
+  std::vector<pollfd> fds;
+  std::vector<LiveSnapshots*> controls;
   for (;;) {
-    fds[3].fd = control_ ? control_->fd() : -1;  // an external snapshot moves it to the new overlay's
+    controls.clear();
+    if (control_) controls.push_back(control_.get());  // an external snapshot moves it to the new overlay's
+    if (catalogue_)
+      for (LiveSnapshots* c : catalogue_->controls()) controls.push_back(c);  // valid until we close an image
+    fds.assign({{signal_fd_.get(), POLLIN, 0}, {end_fd_.get(), POLLIN, 0}, {idle_fd_.get(), POLLIN, 0}});
+    for (LiveSnapshots* c : controls) fds.push_back({c->fd(), POLLIN, 0});
     int timeout = idle_timeout_ms();
     if (status_.has_status_file()) timeout = timeout < 0 ? kStatusIntervalMs : std::min(timeout, kStatusIntervalMs);
-    int n = ::poll(fds, 4, timeout);
+    int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
       break;
@@ -585,12 +596,15 @@ void Server::wait_for_end() {
       status_.refresh();
       continue;
     }
-    if (fds[3].revents) {
-      control_->serve_one(*main_engine_);  // a live snapshot request
-      if (!(fds[0].revents | fds[1].revents | fds[2].revents)) continue;
+    bool served = false;
+    for (size_t i = 0; i < controls.size(); ++i) {
+      if (!fds[3 + i].revents) continue;
+      controls[i]->serve_one(*main_engine_);  // a live snapshot request
+      served = true;
     }
+    if (served && !(fds[0].revents | fds[1].revents | fds[2].revents)) continue;
     if (!(fds[0].revents | fds[1].revents)) {
-      close_idle_images();  // a view's last user released it
+      close_idle_images();  // a view's last user released it, or an image opened its socket
       continue;
     }
     if (!(fds[0].revents & POLLIN)) {

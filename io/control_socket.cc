@@ -8,9 +8,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <nettle/sha2.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+
+#include "io/remote/remote_options.h"
 
 namespace qcowfs::io {
 namespace {
@@ -65,7 +69,22 @@ std::string control_directory(uid_t uid) {
   return "";
 }
 
+namespace {
+// A URL's socket: SHA-256 of the URL as written (128 bits of it, hex).
+std::string url_socket_name(const std::string& url) {
+  sha256_ctx ctx;
+  sha256_init(&ctx);
+  sha256_update(&ctx, url.size(), reinterpret_cast<const uint8_t*>(url.data()));
+  uint8_t digest[SHA256_DIGEST_SIZE];
+  sha256_digest(&ctx, sizeof digest, digest);
+  std::string name = "url-";
+  for (size_t i = 0; i < 16; ++i) name += fmt::format("{:02x}", digest[i]);
+  return name + ".sock";
+}
+}  // namespace
+
 Result<std::string> control_socket_name(const std::string& image_path) {
+  if (is_remote_location(image_path)) return url_socket_name(image_path);
   struct stat st {};
   if (::stat(image_path.c_str(), &st) != 0) return Status::from_errno(errno, image_path);
   return fmt::format("{:x}-{:x}.sock", static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));

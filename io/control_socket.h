@@ -12,6 +12,10 @@
 // made 0700 and the socket 0600, and the daemon also checks every peer's
 // SO_PEERCRED uid (the mount's owner or root only).
 //
+// A URL (io::is_remote_location) has no (st_dev, st_ino): its socket is
+// `url-<hex>.sock`, 128 bits of the SHA-256 of the URL as written, so a client
+// finds the daemon when it names the URL as the mount did (fuse/DESIGN.md).
+//
 // A socket file whose daemon is gone refuses connections (ECONNREFUSED): a
 // listener replaces it, a client removes it if it may and carries on as if
 // there were none.
@@ -37,8 +41,8 @@ using ControlClock = std::chrono::steady_clock;
 // The directory of uid's control sockets ("" when a non-root user has no
 // runtime directory).
 std::string control_directory(uid_t uid);
-// The socket's file name for the image file at path (stat follows links);
-// errors as stat's.
+// The socket's file name for the image file at path (stat follows links;
+// errors as stat's), or for a URL.
 Result<std::string> control_socket_name(const std::string& image_path);
 // Every path where a daemon serving the image at image_path may listen, for a
 // client running as the current user: its own directory first, then root's,

@@ -256,10 +256,11 @@ std::optional<std::string> find_live_daemon(const std::string& image, std::vecto
   return std::nullopt;
 }
 
-// When IMAGE is locked: the catalogue mount (`qcowfs SRCDIR MOUNTDIR`, a
-// fuse.qcowfs mount whose source is a directory) whose SRCDIR holds IMAGE,
-// if any. Such a mount has no control socket: it holds an image open (and
-// locked) while a view of it is in use and for its idle delay after.
+// When IMAGE is locked and no daemon answered: the catalogue mount (`qcowfs
+// SRCDIR MOUNTDIR`, a fuse.qcowfs mount whose source is a directory) whose
+// SRCDIR holds IMAGE, if any. Such a mount holds an image open (and locked)
+// while a view of it is in use and for its idle delay after, with a control
+// socket; this is reached only when it could not make one (it logged why).
 std::optional<std::string> catalogue_holding(const std::string& image) {
   std::error_code ec;
   const std::filesystem::path file = std::filesystem::weakly_canonical(image, ec);
@@ -279,7 +280,7 @@ std::optional<std::string> catalogue_holding(const std::string& image) {
     if (rel.empty() || rel.native().starts_with("..")) continue;
     found = fmt::format(
         "the qcowfs catalogue mount of {} on {} holds it open while a view of it is in use and for its idle-timeout "
-        "after (a catalogue takes no live snapshots): close its views, then retry",
+        "after, without a control socket for it (see that mount's log): close its views, then retry",
         srcdir.string(), entry.mnt_dir);
   }
   ::endmntent(mounts);

@@ -334,20 +334,74 @@ def test_a_throwaway_mount_names_why_it_takes_no_snapshot(workdir):
     assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["base"], qemu_list
 
 
-def test_a_catalogue_holding_the_image_is_named(workdir):
-    """A catalogue mount has no control socket: while it holds an image (a
-    view open), `snapshot -c` meets its lock and the message names the
-    catalogue mount and what to do."""
+def test_live_snapshots_of_a_catalogue_image(workdir):
+    """A catalogue mount (`qcowfs SRCDIR MOUNTDIR`) serves live snapshots of an
+    image while it holds it open: the socket comes with the lazy open and goes
+    with the idle close, after which the offline command works on the file.
+    The first live -c makes <name>.d/snapshots/ appear."""
     src = workdir / "src"
     src.mkdir()
     image = src / "d.qcow2"
     helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
+    sock = control_socket(image)
+    os.chmod(workdir, 0o755)
+    os.chmod(src, 0o755)
+    os.chmod(image, 0o666)
     mnt = workdir / "cat"
     mnt.mkdir()
-    with helpers.mounted(src, mnt):
-        with open(mnt / "d.raw", "rb"):
+    snaps = mnt / "d.d" / "snapshots"
+    with helpers.mounted(src, mnt, ["rw", "idle-timeout=0.3"]):
+        assert not sock.exists()  # nothing opened yet
+        assert not snaps.exists()  # no snapshot yet
+        with Writers(mnt / "d.raw") as w:
+            w.wait_for([SPAN // 2] * WRITERS)
+            assert sock.is_socket()
+            low = w.acked()
             r = qcowfs_snapshot("-c", "s1", image)
-        err = r.stderr.decode()
-        assert r.returncode == 1 and '"write" lock' in err, err
-        assert f"the qcowfs catalogue mount of {src.resolve()} on {mnt.resolve()}" in err and "close its views" in err, err
-    assert "s1" not in helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
+            high = [n + 1 for n in w.acked()]
+            assert r.returncode == 0, r.stderr.decode()
+            w.wait_for([n + SPAN for n in high])
+        final = w.acked()
+        with open(mnt / "d.raw", "rb"):  # holds the image open (the idle close waits)
+            assert os.listdir(snaps) == ["s1.raw"]
+            listing = qcowfs_snapshot("-l", image)
+            assert listing.returncode == 0 and " s1 " in listing.stdout.decode(), listing.stderr.decode()
+            r = qcowfs_snapshot("-a", "s1", image)
+            assert r.returncode == 1 and "unmount it first" in r.stderr.decode(), r.stderr.decode()
+            r = qcowfs_snapshot("--external", workdir / "new.qcow2", image)
+            assert r.returncode == 1 and "catalogue view" in r.stderr.decode(), r.stderr.decode()
+            os.chmod(sock.parent, 0o711)
+            os.chmod(sock, 0o666)
+            try:
+                r = qcowfs_snapshot("-c", "x", image, user=True)
+            finally:
+                os.chmod(sock, 0o600)
+                os.chmod(sock.parent, 0o700)
+            assert r.returncode == 1 and "only that user and root may use" in r.stderr.decode(), r.stderr.decode()
+            with open(snaps / "s1.raw", "rb"):
+                r = qcowfs_snapshot("-d", "s1", image)
+                assert r.returncode == 1 and "open under" in r.stderr.decode() and "d.d/snapshots" in r.stderr.decode(), \
+                    r.stderr.decode()
+            assert qcowfs_snapshot("-c", "s2", image).returncode == 0
+            assert sorted(os.listdir(snaps)) == ["s1.raw", "s2.raw"]
+            with open(snaps / "s2.raw", "rb") as f:  # opened, then unused: the delete closes it first
+                assert len(f.read(BLOCK)) == BLOCK
+            r = qcowfs_snapshot("-d", "s2", image)
+            assert r.returncode == 0, r.stderr.decode()
+            assert os.listdir(snaps) == ["s1.raw"]
+        # The idle close removes the socket; the offline command then works.
+        deadline = time.monotonic() + 10  # generous: the delay is 0.3 s, the machine is loaded
+        while sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not sock.exists(), "the idle close left the control socket"
+        r = qcowfs_snapshot("-c", "s3", image)
+        assert r.returncode == 0, r.stderr.decode()
+        assert sorted(os.listdir(snaps)) == ["s1.raw", "s3.raw"]
+    assert not sock.exists()
+    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
+    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["s1", "s3"], qemu_list
+    helpers.qemu_img_check(image)
+    snap = workdir / "s1.raw"
+    helpers.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-l", "snapshot.name=s1", image, snap])
+    assert_prefix(stamps(snap), low, high)
+    assert_final(stamps(helpers.convert_to_raw(image, workdir / "active.raw")), final)

@@ -821,3 +821,70 @@ def test_nbd_reconnects_after_the_server_returns(site, workdir):
             kit.wait(timeout=10)
     log = (workdir / "view.log").read_text()
     assert "did not answer within 2 s" in log and log.count("connected to the server again") >= 2, log
+
+
+def url_control_socket(url: str) -> Path:
+    """A URL mount's control socket (root's): 128 bits of the SHA-256 of the URL as written."""
+    return Path("/run/qcowfs") / f"url-{hashlib.sha256(url.encode()).hexdigest()[:32]}.sock"
+
+
+def test_live_snapshot_of_a_writable_nbd_url(workdir):
+    """A qcow2 over a writable NBD export: `qcowfs snapshot -c NAME URL` is served
+    live by the daemon holding the URL (found by the URL as written), with the
+    sequence-stamping writers of test_live_snapshot.py; QEMU reads the result."""
+    from test_live_snapshot import (SIZE, SPAN, WRITERS, Writers, assert_final, assert_prefix, qcowfs_snapshot,
+                                    stamps)
+    image = workdir / "live.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
+    # An NBD export cannot grow: the file gets room for the clusters the
+    # writes and the snapshot allocate (free space a qcow2 may have at its end).
+    os.truncate(image, 4 * SIZE)
+    with qemu_nbd(image, workdir / "live.sock") as uri:
+        sock = url_control_socket(uri)
+        with mount_url(uri, workdir / "view", ["rw"]) as view:
+            assert sock.is_socket()
+            with Writers(view) as w:
+                w.wait_for([SPAN // 2] * WRITERS)
+                low = w.acked()
+                r = qcowfs_snapshot("-c", "s1", uri)
+                high = [n + 1 for n in w.acked()]
+                assert r.returncode == 0, r.stderr.decode()
+                w.wait_for([n + SPAN for n in high])
+            final = w.acked()
+            listing = qcowfs_snapshot("-l", uri)
+            assert listing.returncode == 0 and " s1 " in listing.stdout.decode(), listing.stderr.decode()
+            r = qcowfs_snapshot("--external", workdir / "new.qcow2", uri)
+            assert r.returncode == 1 and "use a local overlay" in r.stderr.decode(), r.stderr.decode()
+        assert not sock.exists()
+    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
+    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["s1"], qemu_list
+    helpers.qemu_img_check(image)
+    snap = workdir / "s1.raw"
+    helpers.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-l", "snapshot.name=s1", image, snap])
+    assert_prefix(stamps(snap), low, high)
+    assert_final(stamps(helpers.convert_to_raw(image, workdir / "active.raw")), final)
+
+
+def test_snapshots_of_a_read_only_url(site, workdir):
+    """Over HTTP: -l lists (offline, and through a mount's daemon), -c and -d
+    fail with EROFS naming why, mounted or not."""
+    from test_live_snapshot import qcowfs_snapshot
+    image = site.root / "www" / "snapped.qcow2"
+    helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, "1M"])
+    helpers.run(["qemu-img", "snapshot", "-c", "base", image])
+    url = site.url("snapped.qcow2")
+    listing = qcowfs_snapshot("-l", url)
+    assert listing.returncode == 0 and " base " in listing.stdout.decode(), listing.stderr.decode()
+    r = qcowfs_snapshot("-c", "s1", url)
+    assert r.returncode == 1 and "images over HTTP and S3 are read-only" in r.stderr.decode(), r.stderr.decode()
+    with mount_url(url, workdir / "view"):
+        assert url_control_socket(url).is_socket()
+        listing = qcowfs_snapshot("-l", url)
+        assert listing.returncode == 0 and " base " in listing.stdout.decode(), listing.stderr.decode()
+        for args in (["-c", "s1"], ["-d", "base"]):
+            r = qcowfs_snapshot(*args, url)
+            err = r.stderr.decode()
+            assert r.returncode == 1 and "is mounted read-only on" in err, err
+            assert args[0] == "-d" or "-30 (Read-only file system" in err, err  # EROFS, as qemu-img words it
+    assert [line.split()[1] for line in
+            helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode().splitlines()[2:]] == ["base"]
