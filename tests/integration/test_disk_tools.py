@@ -21,15 +21,20 @@ The rules under test (README "The view is a disk"):
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from qcowfs_testlib import helpers
+
+WORK_ROOT = os.environ.get("QCOWFS_TEST_TMP", "/var/tmp")  # as conftest.py's workdir
 
 MiB = 1 << 20
 SIZE = 16 * MiB
@@ -52,11 +57,50 @@ class Disk:
         return ["rw", f"cache={self.cache}"]
 
 
+@functools.lru_cache(maxsize=None)
 def random_bytes(seed: int, n: int) -> bytes:
+    """The same bytes for the same (seed, n); kept (immutable): one 16 MiB
+    randbytes call costs a quarter of a CPU-second."""
     return random.Random(seed).randbytes(n)
 
 
+# Disks with data, made once per module and copied for each test (cp keeps
+# holes): (fmt, size) -> the template image; see make_disk.
+_DATA_DISKS: dict[tuple[str, int], Path] = {}
+_template_dir: Path | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def data_disk_templates():
+    global _template_dir
+    _template_dir = Path(tempfile.mkdtemp(prefix="qcowfs-disk-tools-templates-", dir=WORK_ROOT))
+    try:
+        yield
+    finally:
+        _DATA_DISKS.clear()
+        shutil.rmtree(_template_dir, ignore_errors=True)
+        _template_dir = None
+
+
 def make_disk(workdir: Path, fmt: str, state: str, cache: str, size: int = SIZE) -> Disk:
+    """A disk with data is the same image for every test (seed 1, converted
+    by qemu-img): made once (make_disk_in) and copied; a fresh one is made
+    here each time (cheap, and its raw file stays a hole)."""
+    if state != "data":
+        return make_disk_in(workdir, fmt, state, cache, size)
+    key = (fmt, size)
+    if key not in _DATA_DISKS:
+        assert _template_dir is not None
+        where = _template_dir / f"{fmt}-{size}"
+        where.mkdir()
+        _DATA_DISKS[key] = make_disk_in(where, fmt, state, cache, size).image
+    template = _DATA_DISKS[key]
+    image = workdir / template.name
+    helpers.run(["cp", "--sparse=auto", str(template), str(image)])
+    return Disk(image, fmt, cache, bytearray(random_bytes(1, size)))
+
+
+def make_disk_in(workdir: Path, fmt: str, state: str, cache: str, size: int = SIZE) -> Disk:
     raw = workdir / "disk.raw"
     with open(raw, "wb") as f:
         f.truncate(size)
