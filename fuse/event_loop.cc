@@ -219,6 +219,26 @@ ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
 // completes at once. A kernel that refuses exclusive polls (EINVAL) gets
 // plain ones, which wake every loop.
 Task<void> EventLoop::reader() {
+  if (!cfg_.reads_fuse) return wait_for_stop();
+  return read_fuse();
+}
+
+// Sleeps on an engine timer that request_stop() cancels (through reader_wait_).
+Task<void> EventLoop::wait_for_stop() {
+  io::Timespec an_hour{};
+  an_hour.tv_sec = 3600;
+  while (!stop_requested()) {
+    io::IoRequest timer;
+    timer.op = io::IoRequest::Op::timeout;
+    timer.buf = &an_hour;
+    io::IoAwaiter waiting = io::async(std::move(timer));
+    reader_wait_ = &waiting.req;
+    co_await waiting;
+    reader_wait_ = nullptr;
+  }
+}
+
+Task<void> EventLoop::read_fuse() {
   bool exclusive = true;
   while (!stop_requested()) {
     io::IoRequest poll;
@@ -264,9 +284,19 @@ bool EventLoop::drain() {
       init_unique_ = 0;
       if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
     }
+    if (!read_more_now()) return true;
   }
   return true;
 }
+
+// Whether to read /dev/fuse again before going back to the engine. With no
+// other request of this loop in flight the caller is most likely waiting for
+// this one (queue depth 1): another read() would almost always fail with
+// EAGAIN, and it would delay the request's host I/O, which is submitted by the
+// engine's next io_uring_enter. That same enter re-arms the /dev/fuse poll,
+// which completes at once if a request did arrive meanwhile, so nothing waits.
+// With requests overlapping, reading on batches them into one enter.
+bool EventLoop::read_more_now() const { return inflight_ > 1; }
 
 void EventLoop::spawn_request(Task<void> t) {
   ++inflight_;
