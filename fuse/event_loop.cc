@@ -98,9 +98,11 @@ void EventLoop::thread_main(std::promise<Status>* started) {
 }
 
 void EventLoop::serve(io::Engine& engine) {
-  bool reader_done = false;
-  spawn_then(reader(), [&reader_done] { reader_done = true; });
-  while (!reader_done || inflight_ > 0) engine.run_once(-1);
+  // A loop that does not read /dev/fuse runs until stopped (request_stop()'s
+  // post wakes it), then until its requests have replied.
+  bool reader_done = !cfg_.reads_fuse;
+  if (cfg_.reads_fuse) spawn_then(reader(), [&reader_done] { reader_done = true; });
+  while (!reader_done || inflight_ > 0 || !(cfg_.reads_fuse || stop_requested())) engine.run_once(-1);
   if (ring_) ring_->stop();
   engine.run_once(0);  // submits the ring commits of the last replies
 }
@@ -219,26 +221,6 @@ ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
 // completes at once. A kernel that refuses exclusive polls (EINVAL) gets
 // plain ones, which wake every loop.
 Task<void> EventLoop::reader() {
-  if (!cfg_.reads_fuse) return wait_for_stop();
-  return read_fuse();
-}
-
-// Sleeps on an engine timer that request_stop() cancels (through reader_wait_).
-Task<void> EventLoop::wait_for_stop() {
-  io::Timespec an_hour{};
-  an_hour.tv_sec = 3600;
-  while (!stop_requested()) {
-    io::IoRequest timer;
-    timer.op = io::IoRequest::Op::timeout;
-    timer.buf = &an_hour;
-    io::IoAwaiter waiting = io::async(std::move(timer));
-    reader_wait_ = &waiting.req;
-    co_await waiting;
-    reader_wait_ = nullptr;
-  }
-}
-
-Task<void> EventLoop::read_fuse() {
   bool exclusive = true;
   while (!stop_requested()) {
     io::IoRequest poll;

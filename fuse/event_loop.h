@@ -140,8 +140,6 @@ class EventLoop {
   ssize_t write_init_reply(int fd, iovec* iov, int count);
   void cancel_reader_wait();
   Task<void> reader();
-  Task<void> read_fuse();
-  Task<void> wait_for_stop();  // the reader of a loop that does not read /dev/fuse
   // Reads and dispatches up to kReadBatch requests (one when this loop has
   // no other request in flight); false when the session ended.
   bool drain();
