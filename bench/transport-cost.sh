@@ -25,7 +25,7 @@ ring_ok=$(cat $param 2>/dev/null || echo N)
 before=${BEFORE:+$(readlink -f "$BEFORE")}
 work=$(mktemp -d /var/tmp/qcowfs-tc.XXXXXX)
 pid=
-cleanup() { fusermount3 -u "$work/mnt" 2>/dev/null || true; [ -n "$pid" ] && wait "$pid" 2>/dev/null; rm -rf "$work"; }
+cleanup() { fusermount3 -u "$work/mnt" 2>/dev/null || true; [ -n "$pid" ] && { wait "$pid" 2>/dev/null || true; }; rm -rf "$work"; }
 trap cleanup EXIT
 qemu-img create -q -f raw "$work/img" 1G
 qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/img" >/dev/null
