@@ -2,24 +2,30 @@
 # transport-cost.sh [QCOWFS_BINARY] -- per-request costs of the two FUSE transports, qcowfs beside
 # bench/fuse-floor.c, in figures a loaded machine does not move much: for a fixed number of
 # requests of one fio job, the daemon's CPU time (task-clock), its context switches and
-# io_uring_enter calls (perf stat -p, software events and syscall tracepoints), fio's own context
+# io_uring_enter and read calls (perf stat -p, software events and syscall tracepoints), fio's own context
 # switches, and at the disk (/sys/block/DEV/stat deltas) the mean request size and the mean number
 # of requests in flight (of the job's direction). Also fio's IOPS or MiB/s, which a loaded machine does move.
 # Systems: raw (the host file), floor, floor-ring, qcowfs (fuse_uring=off), qcowfs-ring
 # (fuse_uring=on), each over the same 1 GiB raw image (qcowfs: format=raw, cache=none, rw, so no
 # passthrough); ROUNDS rounds, the systems alternating within each.
 # Env: JOBS (fio-suite job names, default "randread4k seqread1m"), IOS (requests per 4 KiB job,
-# default 60000; 1 MiB jobs run IOS/20), ROUNDS (default 2), SYSTEMS, QCOWFS_OPTS (extra -o).
+# default 60000; 1 MiB jobs run IOS/20), ROUNDS (default 2), SYSTEMS, QCOWFS_OPTS (extra -o),
+# BEFORE (a second qcowfs binary: systems before and before-ring, for a same-run A/B; it may be
+# the same binary with BEFORE_OPTS, extra -o options for the before systems only).
+# The fuse.enable_uring parameter is only read, never written (it is global: other mounts depend
+# on it): the floor without --ring and qcowfs with fuse_uring=off use /dev/fuse whatever it says,
+# and the -ring systems are skipped unless it is Y.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(readlink -f "${1:-$here/../build/qcowfs}")
 floor=${FLOOR:-$(dirname "$bin")/bench/fuse-floor}
 ios=${IOS:-60000}
 param=/sys/module/fuse/parameters/enable_uring
-old=$(cat $param)
+ring_ok=$(cat $param 2>/dev/null || echo N)
+before=${BEFORE:+$(readlink -f "$BEFORE")}
 work=$(mktemp -d /var/tmp/qcowfs-tc.XXXXXX)
 pid=
-cleanup() { fusermount3 -u "$work/mnt" 2>/dev/null || true; [ -n "$pid" ] && wait "$pid" 2>/dev/null; echo "$old" > $param; rm -rf "$work"; }
+cleanup() { fusermount3 -u "$work/mnt" 2>/dev/null || true; [ -n "$pid" ] && { wait "$pid" 2>/dev/null || true; }; rm -rf "$work"; }
 trap cleanup EXIT
 qemu-img create -q -f raw "$work/img" 1G
 qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/img" >/dev/null
@@ -35,6 +41,7 @@ run() {  # run SYSTEM JOB ROUND
     randread4k-aio) a="--rw=randread --bs=4k --iodepth=32 --ioengine=libaio" ;;
     randwrite4k) a="--rw=randwrite --bs=4k --iodepth=32" ;;
     randread4k-qd1u) a="--rw=randread --bs=4k --iodepth=1" n=$((ios / 4)) ;;
+    randwrite4k-qd1u) a="--rw=randwrite --bs=4k --iodepth=1" n=$((ios / 4)) ;;
     seqread1m) a="--rw=read --bs=1M --iodepth=8" n=$((ios / 20)) ;;
     seqwrite1m) a="--rw=write --bs=1M --iodepth=8" n=$((ios / 20)) ;;
     *) echo "unknown job $job" >&2; exit 2 ;;
@@ -42,19 +49,22 @@ run() {  # run SYSTEM JOB ROUND
   pid=
   case $sys in
     raw) target=$work/img ;;
-    floor) echo N > $param; : > "$work/mnt"; "$floor" "$work/img" "$work/mnt" & pid=$! ;;
-    floor-ring) echo Y > $param; : > "$work/mnt"; "$floor" --ring "$work/img" "$work/mnt" & pid=$! ;;
-    qcowfs) echo N > $param; : > "$work/mnt"
-      "$bin" -f -o "rw,cache=none,format=raw,fuse_uring=off${QCOWFS_OPTS:+,$QCOWFS_OPTS}" "$work/img" "$work/mnt" & pid=$! ;;
-    qcowfs-ring) echo Y > $param; : > "$work/mnt"
-      "$bin" -f -o "rw,cache=none,format=raw,fuse_uring=on${QCOWFS_OPTS:+,$QCOWFS_OPTS}" "$work/img" "$work/mnt" & pid=$! ;;
+    *-ring) [ "$ring_ok" = Y ] || { echo "$sys: skipped (fuse.enable_uring is not Y)" >&2; return 0; } ;;&
+    floor) : > "$work/mnt"; "$floor" "$work/img" "$work/mnt" & pid=$! ;;
+    floor-ring) : > "$work/mnt"; "$floor" --ring "$work/img" "$work/mnt" & pid=$! ;;
+    qcowfs|before) : > "$work/mnt"; local b=$bin; [ "$sys" = before ] && b=$before
+      local o=${QCOWFS_OPTS:-}; [ "$sys" = before ] && o=${BEFORE_OPTS:-$o}
+      "$b" -f -o "rw,cache=none,format=raw,fuse_uring=off${o:+,$o}" "$work/img" "$work/mnt" & pid=$! ;;
+    qcowfs-ring|before-ring) : > "$work/mnt"; local b=$bin; [ "$sys" = before-ring ] && b=$before
+      local o=${QCOWFS_OPTS:-}; [ "$sys" = before-ring ] && o=${BEFORE_OPTS:-$o}
+      "$b" -f -o "rw,cache=none,format=raw,fuse_uring=on${o:+,$o}" "$work/img" "$work/mnt" & pid=$! ;;
   esac
   [ -n "$pid" ] && { mounted "$work/mnt" || { echo "$sys did not mount" >&2; exit 1; }; }
   local fio="fio --name=j --filename=$target --ioengine=io_uring $a --direct=1 --size=1G --number_ios=$n --output-format=json"
   $fio --number_ios=$((n / 10)) >/dev/null  # warm-up
   local d0 p=()
   read -ra d0 < /sys/block/$dev/stat
-  [ -n "$pid" ] && { perf stat -x, -e task-clock,context-switches,syscalls:sys_enter_io_uring_enter -p "$pid" -o "$work/perf" & p=($!); sleep 0.2; }
+  [ -n "$pid" ] && { perf stat -x, -e task-clock,context-switches,syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_read -p "$pid" -o "$work/perf" & p=($!); sleep 0.2; }
   perf stat -x, -e context-switches -o "$work/perf-fio" $fio --output="$work/fio.json" >/dev/null
   [ ${#p[@]} -gt 0 ] && { kill -INT "${p[0]}"; wait "${p[0]}" || true; }
   local d1; read -ra d1 < /sys/block/$dev/stat
@@ -77,6 +87,7 @@ rate = f"{side['bw'] / 1024:8.0f} MiB/s" if job.endswith("1m") else f"{side['iop
 cpu = perf.get("task-clock", 0) * 1000 / n if perf else 0  # task-clock is in ms
 print(f"{rnd} {sys_:<12} {job:<14} {rate} lat {side['lat_ns']['mean'] / 1000:7.1f} us | daemon cpu {cpu:6.2f} us/req "
       f"cs {perf.get('context-switches', 0) / n:5.2f}/req enter {perf.get('syscalls:sys_enter_io_uring_enter', 0) / n:5.2f}/req "
+      f"read {perf.get('syscalls:sys_enter_read', 0) / n:5.2f}/req "
       f"| fio cs {fiocs / n:5.2f}/req | disk {sect * 512 / max(ios_, 1) / 1024:6.0f} KiB/rq, {qms / ms:5.2f} in flight", flush=True)
 PY
   if [ -n "$pid" ]; then fusermount3 -u "$work/mnt"; wait "$pid" 2>/dev/null || true; pid=; fi

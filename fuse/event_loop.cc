@@ -98,9 +98,11 @@ void EventLoop::thread_main(std::promise<Status>* started) {
 }
 
 void EventLoop::serve(io::Engine& engine) {
-  bool reader_done = false;
-  spawn_then(reader(), [&reader_done] { reader_done = true; });
-  while (!reader_done || inflight_ > 0) engine.run_once(-1);
+  // A loop that does not read /dev/fuse runs until stopped (request_stop()'s
+  // post wakes it), then until its requests have replied.
+  bool reader_done = !cfg_.reads_fuse;
+  if (cfg_.reads_fuse) spawn_then(reader(), [&reader_done] { reader_done = true; });
+  while (!reader_done || inflight_ > 0 || !(cfg_.reads_fuse || stop_requested())) engine.run_once(-1);
   if (ring_) ring_->stop();
   engine.run_once(0);  // submits the ring commits of the last replies
 }
@@ -264,9 +266,19 @@ bool EventLoop::drain() {
       init_unique_ = 0;
       if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
     }
+    if (!read_more_now()) return true;
   }
   return true;
 }
+
+// Whether to read /dev/fuse again before going back to the engine. With no
+// other request of this loop in flight the caller is most likely waiting for
+// this one (queue depth 1): another read() would almost always fail with
+// EAGAIN, and it would delay the request's host I/O, which is submitted by the
+// engine's next io_uring_enter. That same enter re-arms the /dev/fuse poll,
+// which completes at once if a request did arrive meanwhile, so nothing waits.
+// With requests overlapping, reading on batches them into one enter.
+bool EventLoop::read_more_now() const { return inflight_ > 1; }
 
 void EventLoop::spawn_request(Task<void> t) {
   ++inflight_;

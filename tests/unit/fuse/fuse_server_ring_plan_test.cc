@@ -1,4 +1,5 @@
-// plan_ring_queues(): which kernel FUSE io_uring queues each event loop serves.
+// plan_ring_queues(): which kernel FUSE io_uring queues each event loop serves;
+// reads_fuse(): which loops read /dev/fuse.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -59,6 +60,17 @@ TEST(RingPlan, EveryQueueHasEntriesWhateverTheCounts) {
 }
 
 TEST(RingPlan, NoQueuesNoRing) { EXPECT_TRUE(plan_ring_queues(0, 2, 0).qids.empty()); }
+
+TEST(FuseReaders, ByDefaultOnlyTheFirstLoopReadsDevFuse) {
+  EXPECT_TRUE(reads_fuse(0, 0));
+  EXPECT_FALSE(reads_fuse(1, 0));
+  EXPECT_FALSE(reads_fuse(3, 0));
+}
+
+TEST(FuseReaders, ExplicitQueuesAllReadDevFuse) {
+  for (unsigned i = 0; i < 4; ++i) EXPECT_TRUE(reads_fuse(i, 4));
+  EXPECT_TRUE(reads_fuse(0, 1));
+}
 
 }  // namespace
 }  // namespace qcowfs::fuse
