@@ -15,15 +15,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 floor=$(readlink -f "${FLOOR:-$here/../build/bench/fuse-floor}")
 ios=${IOS:-60000} rw=${RW:-randread} rounds=${ROUNDS:-3} jobs=${NJOBS:-1}
-param=/sys/module/fuse/parameters/enable_uring
-old=$(cat $param)
-work=$(mktemp -d /var/tmp/qcowfs-ringcpu.XXXXXX)
-pid=
-cleanup() { fusermount3 -u "$work/mnt" 2>/dev/null || true; [ -n "$pid" ] && wait "$pid" 2>/dev/null; echo "$old" > $param; rm -rf "$work"; }
-trap cleanup EXIT
-img=$work/img
-qemu-img create -q -f raw "$img" 1G
-qemu-io -f raw -c 'write -P 0x5a 0 1G' "$img" >/dev/null
+# shellcheck source=bench/transport-setup.sh
+. "$here/transport-setup.sh" qcowfs-ringcpu
 echo Y > $param
 : > "$work/mnt"
 fio="fio --name=j --filename=$work/mnt --ioengine=io_uring --rw=$rw --bs=4k --iodepth=32 --direct=1
@@ -33,7 +26,7 @@ for r in $(seq "$rounds"); do
     label=${c%%=*} rest=${c#*=}; bin=${rest%%:*} opts=${rest#*:}
     if [ "$bin" = floor ]; then "$floor" --ring $opts "$img" "$work/mnt" & pid=$!
     else "$bin" -f -o "rw,cache=none,format=raw${opts:+,$opts}" "$img" "$work/mnt" & pid=$!; fi
-    for _ in $(seq 100); do grep -q " $work/mnt [^ ]* [^-]*- fuse" /proc/self/mountinfo && break; sleep 0.1; done
+    mounted "$work/mnt" || true
     $fio --number_ios=5000 >/dev/null  # warm-up
     perf stat -x, -e task-clock,context-switches,syscalls:sys_enter_io_uring_enter -p "$pid" -o "$work/perf" & p=$!
     sleep 0.2

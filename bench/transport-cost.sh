@@ -20,19 +20,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$(readlink -f "${1:-$here/../build/qcowfs}")
 floor=${FLOOR:-$(dirname "$bin")/bench/fuse-floor}
 ios=${IOS:-60000}
-param=/sys/module/fuse/parameters/enable_uring
-ring_ok=$(cat $param 2>/dev/null || echo N)
+ring_ok=$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo N)
 before=${BEFORE:+$(readlink -f "$BEFORE")}
-work=$(mktemp -d /var/tmp/qcowfs-tc.XXXXXX)
-pid=
-cleanup() { fusermount3 -u "$work/mnt" 2>/dev/null || true; [ -n "$pid" ] && { wait "$pid" 2>/dev/null || true; }; rm -rf "$work"; }
-trap cleanup EXIT
-qemu-img create -q -f raw "$work/img" 1G
-qemu-io -f raw -c 'write -P 0x5a 0 1G' "$work/img" >/dev/null
-sync "$work/img"
+# This script never writes fuse.enable_uring: the set-up must not restore it either.
+restore_uring=0
+# shellcheck source=bench/transport-setup.sh
+. "$here/transport-setup.sh" qcowfs-tc
 dev=$(lsblk -no pkname "$(df --output=source "$work" | tail -1)" 2>/dev/null || true)
 [ -n "$dev" ] || dev=$(basename "$(df --output=source "$work" | tail -1)")
-mounted() { for _ in $(seq 100); do grep -q " $1 [^ ]* [^-]*- fuse" /proc/self/mountinfo && return 0; sleep 0.1; done; return 1; }
 
 run() {  # run SYSTEM JOB ROUND
   local sys=$1 job=$2 round=$3 target=$work/mnt n=$ios a

@@ -21,21 +21,22 @@ static_assert(kHugePayloadMin <= io::kHugePageSize);
 bool connection_ended(int64_t res) { return res == -ENOTCONN || res == -ECANCELED || res == -ECONNABORTED; }
 }  // namespace
 
-// An entry's memory: the payload starts on a huge-page boundary (2 MiB of its
-// own), the prefix page sits just below it. Nothing is touched until used.
+// An entry's memory: 4 MiB of the ring's one mapping (FuseRing::memory_); the
+// payload starts on a huge-page boundary (2 MiB of its own), the prefix page
+// sits just below it. Nothing is touched until used.
 struct FuseRing::Entry : io::IoRequest {
   FuseRing* ring = nullptr;
   uint16_t qid = 0;
-  io::AlignedBuffer mem;
+  std::byte* mem = nullptr;
   iovec iovs[2] = {};
   uring_abi::CmdReq cmd = {};
   bool registered = false;  // the kernel accepted this entry at least once
   bool huge = false;        // use_huge_payload() has decided this entry's pages
   bool huge_on_reply = false;  // decide once the WRITE it holds has replied
 
-  std::byte* prefix() { return mem.data() + io::kHugePageSize - kPrefixBytes; }
+  std::byte* prefix() { return mem + io::kHugePageSize - kPrefixBytes; }
   uring_abi::ReqHeader* header() { return reinterpret_cast<uring_abi::ReqHeader*>(prefix()); }
-  std::byte* payload() { return mem.data() + io::kHugePageSize; }
+  std::byte* payload() { return mem + io::kHugePageSize; }
 };
 
 FuseRing::FuseRing(Config cfg) : cfg_(std::move(cfg)) {}
@@ -48,13 +49,20 @@ Status FuseRing::start() {
   if (cfg_.payload_bytes > io::kHugePageSize) return Status::error(EINVAL, "FUSE io_uring payload over 2 MiB");
   if (!io::Engine::current() || !io::Engine::current()->supports_uring_cmd())
     return Status::error(EOPNOTSUPP, "the loop's engine cannot submit io_uring commands");
+  // One mapping for every entry, not zeroed: pages are touched only as requests
+  // use them. Until every queue has an entry the kernel holds all requests, the
+  // mount's first ones included: a mapping per entry (an mmap each, 64 per queue)
+  // cost each loop ~8 ms of CPU there (bench/RESULTS.md, issue 33).
+  constexpr size_t kEntryBytes = 2 * io::kHugePageSize;
+  memory_ = io::AlignedBuffer(cfg_.qids.size() * cfg_.entries_per_queue * kEntryBytes, io::kHugePageSize, false);
+  std::byte* next = memory_.data();
   for (uint16_t qid : cfg_.qids) {
     for (unsigned i = 0; i < cfg_.entries_per_queue; ++i) {
       auto e = std::make_unique<Entry>();
       e->ring = this;
       e->qid = qid;
-      // Not zeroed: pages are touched only as requests use them.
-      e->mem = io::AlignedBuffer(2 * io::kHugePageSize, io::kHugePageSize, false);
+      e->mem = next;
+      next += kEntryBytes;
       e->iovs[0] = {e->header(), sizeof(uring_abi::ReqHeader)};
       e->iovs[1] = {e->payload(), cfg_.payload_bytes};
       entries_.push_back(std::move(e));

@@ -135,6 +135,7 @@ class FuseRing {
   void fail(Status st);
 
   Config cfg_;
+  io::AlignedBuffer memory_;  // every entry's buffers (see Entry)
   std::vector<std::unique_ptr<Entry>> entries_;
   struct Held {
     uint64_t unique;

@@ -8,51 +8,20 @@
 namespace qcowfs::fuse {
 
 PartitionDirectory::PartitionDirectory(Ino dir, image::BlockDriver* disk, bool writable)
-    : dir_(dir), disk_(disk), writable_(writable) {}
+    : ListedDirectory(dir, kPartitionInoBase), disk_(disk), writable_(writable) {}
 
-const Node* PartitionDirectory::get(Ino ino) const {
-  std::lock_guard lk(mu_);
-  auto it = all_.find(ino);
-  return it == all_.end() ? nullptr : &it->second->node;
-}
-
-const Node* PartitionDirectory::lookup(Ino, std::string_view name) const {
-  std::lock_guard lk(mu_);
-  for (const Entry* e : current_)
-    if (e->node.name == name) return &e->node;
-  return nullptr;
-}
-
-std::vector<Ino> PartitionDirectory::children(Ino) const {
-  std::lock_guard lk(mu_);
-  std::vector<Ino> out;
-  for (const Entry* e : current_) out.push_back(e->node.ino);
-  return out;
-}
-
-std::vector<ImageFile*> PartitionDirectory::image_files() const {
-  std::lock_guard lk(mu_);
-  std::vector<ImageFile*> out;
-  for (const auto& [ino, e] : all_) out.push_back(e->node.file.get());
-  return out;
-}
-
-PartitionDirectory::Entry* PartitionDirectory::find_or_make(const image::Partition& p) {
-  for (auto& [ino, e] : all_)
-    if (e->partition.number == p.number && e->partition.offset == p.offset && e->partition.size == p.size)
-      return e.get();
-  auto e = std::make_unique<Entry>();
+PartitionEntry* PartitionDirectory::find_or_make(const image::Partition& p) {
+  if (PartitionEntry* e = find([&p](const PartitionEntry& kept) {
+        return kept.partition.number == p.number && kept.partition.offset == p.offset &&
+               kept.partition.size == p.size;
+      }))
+    return e;
+  auto e = std::make_unique<PartitionEntry>();
   e->partition = p;
   e->window = std::make_unique<image::WindowDriver>(disk_, p.offset, p.size);
-  e->node.ino = next_ino_++;
-  e->node.parent = dir_;
-  e->node.kind = NodeKind::image;
-  e->node.name = fmt::format("p{}.raw", p.number);
-  e->node.file = std::make_unique<ImageFile>(e->window.get(), writable_);
-  e->node.file->watch_writes(this, p.offset);
-  Entry* raw = e.get();
-  all_.emplace(raw->node.ino, std::move(e));
-  return raw;
+  auto file = std::make_unique<ImageFile>(e->window.get(), writable_);
+  file->watch_writes(this, p.offset);
+  return add(std::move(e), fmt::format("p{}.raw", p.number), std::move(file));
 }
 
 Task<Status> PartitionDirectory::refresh(Ino) {

@@ -10,20 +10,17 @@
 // and entries are given to the kernel with no entry timeout, so every path
 // walk asks again.
 // Thread-safety: all methods may be called concurrently from any event-loop
-// thread; one mutex guards the entries. Nodes are never freed before the
-// directory, so a request holding one stays safe across refreshes.
+// thread (the entries as fuse/listed_dir.h keeps them).
 // note_write() takes no lock: it reads the watched ranges through an atomic
 // pointer to an immutable list (every list ever made is kept until the
 // directory is destroyed; a new one is made only when the table's ranges change).
 #pragma once
 
 #include <atomic>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
-#include "fuse/inode_table.h"
+#include "fuse/listed_dir.h"
 #include "image/views/partition.h"
 #include "image/views/window.h"
 #include "io/engine.h"
@@ -37,16 +34,17 @@ constexpr Ino kPartitionInoBase = Ino{1} << 32;
 // the MBR and, for 512- and 4096-byte sectors, the primary GPT.
 constexpr uint64_t kWatchedHead = 64 * 1024;
 
-class PartitionDirectory final : public DynamicDirectory, public WriteWatch {
+struct PartitionEntry {
+  image::Partition partition;
+  std::unique_ptr<image::WindowDriver> window;
+  Node node;
+};
+
+class PartitionDirectory final : public ListedDirectory<PartitionEntry>, public WriteWatch {
  public:
   // disk is borrowed and must outlive the directory.
   PartitionDirectory(Ino dir, image::BlockDriver* disk, bool writable);
 
-  bool has_directory(Ino dir) const override { return dir == dir_; }
-  const Node* get(Ino ino) const override;
-  const Node* lookup(Ino dir, std::string_view name) const override;
-  std::vector<Ino> children(Ino dir) const override;
-  std::vector<ImageFile*> image_files() const override;
   Task<Status> refresh(Ino dir) override;
   bool needs_refresh(Ino) const override { return stale_.load(std::memory_order_acquire); }
   std::string_view source() const override { return "the partition table"; }
@@ -57,21 +55,12 @@ class PartitionDirectory final : public DynamicDirectory, public WriteWatch {
   bool watched(uint64_t disk_offset, uint64_t len) const;
   void set_watched(Ranges ranges);  // mu_ held
 
-  struct Entry {
-    image::Partition partition;
-    std::unique_ptr<image::WindowDriver> window;
-    Node node;
-  };
-  Entry* find_or_make(const image::Partition& p);  // mu_ held
+  PartitionEntry* find_or_make(const image::Partition& p);  // mu_ held
 
-  const Ino dir_;
   image::BlockDriver* const disk_;
   const bool writable_;
-  mutable std::mutex mu_;  // guards everything below
-  std::map<Ino, std::unique_ptr<Entry>> all_;  // every entry ever made, by inode
-  std::vector<Entry*> current_;                // the listing, by partition number
-  Ino next_ino_ = kPartitionInoBase;
-  std::vector<std::unique_ptr<const Ranges>> watched_lists_;  // every list made, the last is current
+  // Every list made, the last is current; guarded by mu_ (ListedDirectory's).
+  std::vector<std::unique_ptr<const Ranges>> watched_lists_;
   std::atomic<const Ranges*> watched_{nullptr};  // sorted by offset; nullptr: only the head
   std::atomic<bool> stale_{false};
 };

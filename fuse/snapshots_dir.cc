@@ -2,57 +2,27 @@
 
 namespace qcowfs::fuse {
 
-SnapshotDirectory::SnapshotDirectory(Ino dir, image::BlockDriver* disk) : dir_(dir), disk_(disk) {}
+SnapshotDirectory::SnapshotDirectory(Ino dir, image::BlockDriver* disk)
+    : ListedDirectory(dir, kSnapshotInoBase), disk_(disk) {}
 
-const Node* SnapshotDirectory::get(Ino ino) const {
-  std::lock_guard lk(mu_);
-  auto it = all_.find(ino);
-  return it == all_.end() ? nullptr : &it->second->node;
-}
-
-const Node* SnapshotDirectory::lookup(Ino, std::string_view name) const {
-  std::lock_guard lk(mu_);
-  for (const Entry* e : current_)
-    if (e->node.name == name) return &e->node;
-  return nullptr;
-}
-
-std::vector<Ino> SnapshotDirectory::children(Ino) const {
-  std::lock_guard lk(mu_);
-  std::vector<Ino> out;
-  for (const Entry* e : current_) out.push_back(e->node.ino);
-  return out;
-}
-
-std::vector<ImageFile*> SnapshotDirectory::image_files() const {
-  std::lock_guard lk(mu_);
-  std::vector<ImageFile*> out;
-  for (const auto& [ino, e] : all_) out.push_back(e->node.file.get());
-  return out;
-}
-
-SnapshotDirectory::Entry* SnapshotDirectory::find_or_make(const image::SnapshotInfo& s, std::string name) {
-  for (auto& [ino, e] : all_)
-    if (e->info.id == s.id && e->info.name == s.name && e->info.disk_size == s.disk_size && e->node.name == name)
-      return e.get();
-  auto e = std::make_unique<Entry>();
+SnapshotEntry* SnapshotDirectory::find_or_make(const image::SnapshotInfo& s, std::string name) {
+  if (SnapshotEntry* e = find([&](const SnapshotEntry& kept) {
+        return kept.info.id == s.id && kept.info.name == s.name && kept.info.disk_size == s.disk_size &&
+               kept.node.name == name;
+      }))
+    return e;
+  auto e = std::make_unique<SnapshotEntry>();
   e->info = s;
-  e->node.ino = next_ino_++;
-  e->node.parent = dir_;
-  e->node.kind = NodeKind::image;
-  e->node.name = std::move(name);
   // Opened on first open, by id; counted while open (release_view()).
-  e->node.file = std::make_unique<ImageFile>(
+  auto file = std::make_unique<ImageFile>(
       [disk = disk_, id = s.id]() -> Task<Result<std::unique_ptr<image::BlockDriver>>> {
         auto view = co_await disk->open_snapshot(id);
         if (!view) co_return view.status().with_context(fmt::format("opening snapshot {}", id));
         co_return std::move(*view);
       },
       false);
-  e->node.file->set_closed_attributes(s.disk_size, 0);
-  Entry* raw = e.get();
-  all_.emplace(raw->node.ino, std::move(e));
-  return raw;
+  file->set_closed_attributes(s.disk_size, 0);
+  return add(std::move(e), std::move(name), std::move(file));
 }
 
 void SnapshotDirectory::reread() {

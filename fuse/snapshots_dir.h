@@ -17,32 +17,28 @@
 // nothing reads the snapshot's clusters once they are freed.
 //
 // Thread-safety: every method may be called concurrently from any event-loop
-// thread; one mutex guards the entries. Nodes are never freed before the
-// directory, so a request holding one stays safe across refreshes.
+// thread (the entries as fuse/listed_dir.h keeps them).
 #pragma once
 
-#include <map>
-#include <memory>
-#include <mutex>
-#include <vector>
+#include <string>
 
-#include "fuse/inode_table.h"
+#include "fuse/listed_dir.h"
 
 namespace qcowfs::fuse {
 
 // Snapshot inodes start here, above the partitions' (a catalogue has neither).
 constexpr Ino kSnapshotInoBase = Ino{3} << 32;
 
-class SnapshotDirectory final : public DynamicDirectory {
+struct SnapshotEntry {
+  image::SnapshotInfo info;
+  Node node;
+};
+
+class SnapshotDirectory final : public ListedDirectory<SnapshotEntry> {
  public:
   // disk is borrowed and must outlive the directory's views.
   SnapshotDirectory(Ino dir, image::BlockDriver* disk);
 
-  bool has_directory(Ino dir) const override { return dir == dir_; }
-  const Node* get(Ino ino) const override;
-  const Node* lookup(Ino dir, std::string_view name) const override;
-  std::vector<Ino> children(Ino dir) const override;
-  std::vector<ImageFile*> image_files() const override;
   Task<Status> refresh(Ino dir) override;
   bool needs_refresh(Ino) const override { return true; }  // an in-memory table: cheap
   std::string_view source() const override { return "the snapshot table"; }
@@ -54,18 +50,9 @@ class SnapshotDirectory final : public DynamicDirectory {
   void reread();
 
  private:
-  struct Entry {
-    image::SnapshotInfo info;
-    Node node;
-  };
-  Entry* find_or_make(const image::SnapshotInfo& s, std::string name);  // mu_ held
+  SnapshotEntry* find_or_make(const image::SnapshotInfo& s, std::string name);  // mu_ held
 
-  const Ino dir_;
   image::BlockDriver* const disk_;
-  mutable std::mutex mu_;  // guards everything below
-  std::map<Ino, std::unique_ptr<Entry>> all_;  // every entry ever made, by inode
-  std::vector<Entry*> current_;                // the listing, in the table's order
-  Ino next_ino_ = kSnapshotInoBase;
 };
 
 // Adds DIR/snapshots/ under the root for `disk` (borrowed, must outlive the

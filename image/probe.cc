@@ -90,8 +90,10 @@ Task<Result<const FormatInfo*>> probe_format_info(io::HostFile& file) {
   auto n = co_await file.read(0, head);
   if (!n) co_return n.status().with_context("probing format");
   head.resize(*n);
+  // A signature at the start decides alone: the tail (a fixed VHD's footer, a
+  // DMG trailer) is read only without one (over a network a read is a round trip).
   uint64_t size = file.size();
-  if (size >= kProbeTailBytes) {
+  if (detect_head(head).empty() && size >= kProbeTailBytes) {
     tail.resize(kProbeTailBytes);
     auto t = co_await file.read(size - kProbeTailBytes, tail);
     if (!t) co_return t.status().with_context("probing format (file tail)");

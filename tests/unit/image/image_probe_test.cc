@@ -190,6 +190,21 @@ TEST_F(ImageChooseFormat, FixedVhdIsFoundByItsFooter) {
   EXPECT_EQ(*r, "vpc");
 }
 
+// A signature at offset 0 decides: the tail is not read (over a network each
+// read is a round trip at mount); without one both ends are read.
+TEST_F(ImageChooseFormat, TailIsReadOnlyWithoutASignatureAtTheStart) {
+  io::MemFile qcow2({}, bytes(std::string_view("QFI\xfb\0\0\0\3", 8), 1 << 20));
+  auto r = io::run_sync(*engine_, probe_format_info(qcow2));
+  ASSERT_TRUE(r) << r.status().to_string();
+  EXPECT_EQ((*r)->name, "qcow2");
+  EXPECT_EQ(qcow2.counters().reads, 1u);
+  io::MemFile raw({}, bytes("", 1 << 20));
+  r = io::run_sync(*engine_, probe_format_info(raw));
+  ASSERT_TRUE(r) << r.status().to_string();
+  EXPECT_EQ((*r)->name, "raw");
+  EXPECT_EQ(raw.counters().reads, 2u);
+}
+
 TEST_F(ImageChooseFormat, ExplicitRawServesAForeignFile) {
   auto r = choose(bytes("KDMV", 4096), "raw");
   ASSERT_TRUE(r) << r.status().to_string();
