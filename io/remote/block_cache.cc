@@ -66,12 +66,20 @@ struct BlockCache::Plan {
 
 namespace {
 
-constexpr size_t kPooledBuffers = 16;  // block buffers kept for reuse
-
 BlockCacheConfig checked(BlockCacheConfig c) {
   if (c.small_fetch >= c.block_size || !std::has_single_bit(c.small_fetch)) c.small_fetch = 0;
   c.max_request = std::max(c.max_request, c.block_size);
   return c;
+}
+
+// Block buffers kept for reuse: as many as the cache holds at its fullest
+// (capacity plus the readahead budget), so a buffer is freed only at the end
+// and the memory kept never exceeds what the cache itself may hold. Fewer (16
+// before) freed the buffers of each eviction burst and took fresh ones for the
+// next readahead: a quarter of a sequential stream's pages were faulted in anew
+// (and zeroed by the kernel) inside the network thread's copy.
+size_t pooled_buffers(const BlockCacheConfig& c) {
+  return static_cast<size_t>((c.capacity + std::max(c.readahead_max, c.max_request)) / c.block_size);
 }
 
 }  // namespace
@@ -80,7 +88,7 @@ BlockCache::BlockCache(uint64_t object_size, BlockCacheConfig cfg, Fetch fetch)
     : size_(object_size),
       cfg_(checked(cfg)),
       fetch_(std::move(fetch)),
-      pool_(std::make_unique<BufferPool>(cfg_.block_size, kPooledBuffers)) {}
+      pool_(std::make_unique<BufferPool>(cfg_.block_size, pooled_buffers(cfg_))) {}
 
 BlockCache::~BlockCache() = default;
 

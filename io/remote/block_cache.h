@@ -27,7 +27,7 @@
 // fetched: the reads under way, and blocks read ahead, which are never more
 // than readahead_max bytes (or one request) in flight at once, whatever the
 // access pattern (a readahead past that budget is left out, not queued). Block
-// buffers of evicted blocks are recycled (up to 16 are kept for reuse), never
+// buffers of evicted blocks are recycled (as many are kept as the cache holds at its fullest), never
 // zero-filled.
 // Thread-safety: read() may be called concurrently from any event-loop thread;
 // done callbacks may come from any thread. The cache must outlive every fetch
