@@ -67,6 +67,7 @@ struct BlockCacheStats {
   uint64_t requests = 0;      // fetches started (adjacent ranges share one)
   uint64_t bytes_fetched = 0;
   uint64_t failures = 0;      // ranges whose fetch failed
+  uint64_t buffers = 0;       // block buffers allocated (recycled ones are not counted)
 };
 
 class BlockCache {
