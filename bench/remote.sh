@@ -31,7 +31,9 @@
 # median, default 1), SIZE (default 1G), SYSTEMS (default all four; also qcowfs-http-base: over http
 # with the binary QCOWFS_BASE, to compare two builds in one run), QCOWFS_OPTS (extra -o for
 # qcowfs, e.g. remote-block-size=64K), QSD_CURL_OPTS (extra options of QEMU's curl node, e.g.
-# readahead=1M), WORK (scratch dir, default /var/tmp), OUT (table file).
+# readahead=1M), JOBS (the fio jobs to run, default all four: seqread1m seqread1m-qd1
+# randread4k-qd1 randread4k; the others' cells say "-"), FIRST_BYTE (0: skip the mount-to-first-byte
+# column), CURL (0: no curl row), WORK (scratch dir, default /var/tmp), OUT (table file).
 # Needs root, iproute2, nginx-light, qemu-utils, qemu-system-common, qemu-block-extra, fio, curl.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -208,7 +210,11 @@ median() {
     awk '{v[NR]=$1} END{if (!NR) print "failed"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'
 }
 
-jobs=(seqread1m seqread1m-qd1 randread4k-qd1 randread4k)
+all_jobs=(seqread1m seqread1m-qd1 randread4k-qd1 randread4k)
+read -ra jobs <<<"${JOBS:-${all_jobs[*]}}"
+for job in "${jobs[@]}"; do
+  case " ${all_jobs[*]} " in *" $job "*) ;; *) echo "unknown job $job (JOBS: ${all_jobs[*]})" >&2; exit 1;; esac
+done
 table=$work/table.md
 {
   echo "| RTT (TCP connect) | system | seqread1m QD8 MiB/s | seqread1m QD1 MiB/s | randread4k QD1 IOPS | randread4k QD32 IOPS | mount to first byte ms |"
@@ -224,7 +230,9 @@ for rtt in $rtts_run; do
   conn=$(in_ns curl -s -o /dev/null -w '%{time_connect}' "$url" | awk '{printf "%.2f ms", $1*1000}')
   for sys in $SYSTEMS; do
     log "rtt $rtt ms: $sys..."
-    fb=$(median "$(first_byte_ms "$sys")" "$(first_byte_ms "$sys")" "$(first_byte_ms "$sys")")
+    fb=-
+    [ "${FIRST_BYTE:-1}" != 0 ] &&
+      fb=$(median "$(first_byte_ms "$sys")" "$(first_byte_ms "$sys")" "$(first_byte_ms "$sys")")
     mnt=$work/mnt-$sys
     declare -A vals=()
     mounted=0
@@ -254,7 +262,8 @@ for rtt in $rtts_run; do
     done
     umount_system "$mnt"
     row="| $rtt ms ($conn) | $sys |"
-    for job in "${jobs[@]}"; do
+    for job in "${all_jobs[@]}"; do
+      case " ${jobs[*]} " in *" $job "*) ;; *) row="$row - |"; continue;; esac
       # shellcheck disable=SC2086
       m=$(median ${vals[$job]:-})
       [ "$m" = failed ] && case " ${vals[$job]:-} " in *" hangs "*) m="hangs";; esac
@@ -263,6 +272,7 @@ for rtt in $rtts_run; do
     echo "$row $fb |" >> "$table"
     unset vals
   done
+  [ "${CURL:-1}" = 0 ] && continue
   log "rtt $rtt ms: curl..."
   speeds=()
   for _ in $(seq "$ROUNDS"); do

@@ -16,7 +16,10 @@
 // - Adjacent ranges started by one read are fetched by one request of at most
 //   max_request bytes (0: one block): a sequential stream fetches megabytes
 //   per request rather than a block. Readahead tops the window up only when a
-//   request's worth of it (max_request, at most half the window) is missing.
+//   request's worth of it (max_request, at most half the window) is missing,
+//   and in whole requests (but for the object's last blocks): what the budget
+//   or the request size cuts off waits for the next top-up, so concurrent
+//   sequential readers ride one stream of full-size requests.
 //
 // Fetches go through a Fetch function given at construction: it starts the
 // transfer of [off, off + total) into the buffers (adjacent in the object, in
@@ -27,8 +30,8 @@
 // fetched: the reads under way, and blocks read ahead, which are never more
 // than readahead_max bytes (or one request) in flight at once, whatever the
 // access pattern (a readahead past that budget is left out, not queued). Block
-// buffers of evicted blocks are recycled (up to 16 are kept for reuse), never
-// zero-filled.
+// buffers of evicted blocks are recycled (as many are kept as the cache holds
+// at its fullest), never zero-filled.
 // Thread-safety: read() may be called concurrently from any event-loop thread;
 // done callbacks may come from any thread. The cache must outlive every fetch
 // it started (the owner stops its transfers before destroying it).
@@ -67,6 +70,7 @@ struct BlockCacheStats {
   uint64_t requests = 0;      // fetches started (adjacent ranges share one)
   uint64_t bytes_fetched = 0;
   uint64_t failures = 0;      // ranges whose fetch failed
+  uint64_t buffers = 0;       // block buffers allocated (recycled ones are not counted)
 };
 
 class BlockCache {
