@@ -39,35 +39,6 @@ struct NbdFile::Op {
   }
 };
 
-// A fetch of the block cache: done once every command has answered.
-struct NbdFile::FetchGroup {
-  NbdFile* file;
-  uint64_t off;
-  std::function<void(Status)> done;
-  std::atomic<size_t> left;
-  std::atomic<int> err{0};
-  FetchGroup(NbdFile* f, uint64_t o, std::function<void(Status)> d, size_t n)
-      : file(f), off(o), done(std::move(d)), left(n) {}
-  // One command answered (err 0: its bytes are in place).
-  void finish_one(int e) {
-    if (e) {
-      int none = 0;
-      err.compare_exchange_strong(none, e);
-    }
-    if (left.fetch_sub(1) != 1) return;
-    const int first = err.load();
-    done(first ? file->error("read", off, first) : Status::ok());
-  }
-};
-
-// One read command of a fetch; freed by libnbd (free_fetch_command) once it is
-// retired or could not be issued.
-struct NbdFile::FetchCommand {
-  std::shared_ptr<FetchGroup> group;
-  uint64_t id = 0;
-  size_t len = 0;
-};
-
 namespace {
 
 constexpr uint64_t kNbdMaxRequest = 32u << 20;     // what every server accepts
@@ -93,7 +64,8 @@ bool handshake(nbd_handle* h, const std::string& uri, int wake_fd, std::chrono::
                const std::atomic<bool>* stopping, std::string* why, int* err) {
   *err = 0;
   // libnbd zeroes every read buffer before the read by default (for callers
-  // that use a failed read's buffer); ours never do: a failed read is an error.
+  // that look at a failed read's buffer); a failed read here is an error, its
+  // buffer unused, so that is a memset of every byte read for nothing.
   nbd_set_pread_initialize(h, false);
   if (nbd_aio_connect_uri(h, uri.c_str()) == 0) {
     while (!(stopping && stopping->load()) && nbd_aio_is_ready(h) != 1 && nbd_aio_is_dead(h) != 1 &&
@@ -130,14 +102,6 @@ bool handshake(nbd_handle* h, const std::string& uri, int wake_fd, std::chrono::
 
 }  // namespace
 
-BlockCacheConfig nbd_cache_config(const RemoteOptions& o) {
-  // Read-ahead blocks must fit in the cache beside what is being read.
-  const uint64_t readahead = std::min(o.readahead, o.cache_size / 2);
-  // A fetch of several adjacent blocks still goes out as one command a block.
-  const uint64_t max_request = std::max<uint64_t>(o.block_size, 1u << 20);
-  return BlockCacheConfig{o.block_size, o.cache_size, readahead, max_request, 4096};
-}
-
 std::vector<ReadPiece> split_read(size_t n, size_t piece, size_t max_request) {
   constexpr size_t kMaxPieces = 16;
   size_t len = max_request;
@@ -150,23 +114,12 @@ std::vector<ReadPiece> split_read(size_t n, size_t piece, size_t max_request) {
   return out;
 }
 
-NbdFile::NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms,
-                 const RemoteOptions& opts)
+NbdFile::NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms)
     : uri_(std::move(uri)), wake_(std::move(wake)), size_(size), writable_(writable), timeout_(timeout_ms), h_(h) {
   can_flush_ = nbd_can_flush(h_) == 1;
   can_trim_ = nbd_can_trim(h_) == 1;
   can_zero_ = nbd_can_zero(h_) == 1;
   can_status_ = nbd_can_meta_context(h_, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
-  if (!writable_) {
-    const BlockCacheConfig cfg = nbd_cache_config(opts);
-    cache_settings_ = fmt::format(", blocks of {} KiB, small reads in {} KiB, cache {} MiB, readahead up to {} KiB",
-                                  cfg.block_size / 1024, cfg.small_fetch / 1024, cfg.capacity >> 20,
-                                  cfg.readahead_max / 1024);
-    cache_ = std::make_unique<BlockCache>(size_, cfg, [this](uint64_t off, BlockCache::Buffers dst,
-                                                              std::function<void(Status)> done) {
-      fetch(off, std::move(dst), std::move(done));
-    });
-  }
   thread_ = std::thread([this] { run(); });
   registration_.emplace([this] { return describe(); });
 }
@@ -177,9 +130,7 @@ NbdFile::~NbdFile() {
   stopping_.store(true);
   wake();
   thread_.join();
-  if (h_) nbd_close(h_);  // frees the commands still in flight (their fetches hold cache_'s ranges)
-  h_ = nullptr;
-  cache_.reset();
+  if (h_) nbd_close(h_);
 }
 
 RemoteStatsSnapshot NbdFile::describe() const {
@@ -187,18 +138,10 @@ RemoteStatsSnapshot NbdFile::describe() const {
   s.url = uri_;
   s.protocol = "nbd";
   s.size = size_;
-  s.settings = fmt::format("{}{}, timeout {} s, server offers flush {}, trim {}, write zeroes {}, block status {}",
-                           writable_ ? "read-write" : "read-only", cache_settings_, timeout_.count() / 1000,
-                           can_flush_ ? "yes" : "no", can_trim_ ? "yes" : "no", can_zero_ ? "yes" : "no",
-                           can_status_ ? "yes" : "no");
+  s.settings = fmt::format("{}, timeout {} s, server offers flush {}, trim {}, write zeroes {}, block status {}",
+                           writable_ ? "read-write" : "read-only", timeout_.count() / 1000, can_flush_ ? "yes" : "no",
+                           can_trim_ ? "yes" : "no", can_zero_ ? "yes" : "no", can_status_ ? "yes" : "no");
   counters_.fill(s);
-  if (cache_) {
-    const BlockCacheStats cs = cache_->stats();
-    s.cache_hits = cs.hits;
-    s.cache_misses = cs.misses;
-    s.readahead_blocks = cs.readahead;
-    s.readahead_bytes = cs.readahead * cache_->config().block_size;
-  }
   return s;
 }
 
@@ -224,7 +167,7 @@ Result<std::unique_ptr<NbdFile>> NbdFile::open(const std::string& uri, const Ope
   if (size < 0) return fail(nbd_get_errno(), nbd_get_error());
   if (opts.writable && nbd_is_read_only(h) == 1) return fail(EROFS, "the server exports it read-only");
   std::unique_ptr<NbdFile> f(
-      new NbdFile(uri, h, std::move(wake), static_cast<uint64_t>(size), opts.writable, ro->timeout_ms, *ro));
+      new NbdFile(uri, h, std::move(wake), static_cast<uint64_t>(size), opts.writable, ro->timeout_ms));
   log::debug("{}", format_remote_identity(f->describe()));
   return f;
 }
@@ -272,7 +215,7 @@ void NbdFile::serve_connection(nbd_handle* h) {
 void NbdFile::check_deadlines(nbd_handle* h) {
   std::chrono::steady_clock::time_point oldest;
   {
-    std::lock_guard lk(flight_mu_);
+    std::lock_guard lk(mu_);
     if (in_flight_.empty() || timed_out_.load()) return;
     oldest = std::min_element(in_flight_.begin(), in_flight_.end(),
                               [](const auto& a, const auto& b) { return a.second < b.second; })->second;
@@ -378,19 +321,16 @@ Task<Status> NbdFile::command_with(std::string_view what, uint64_t off, Op& op, 
     // Under mu_ so the network thread cannot close the handle meanwhile.
     std::lock_guard lk(mu_);
     lost = !connected_;
-    {
-      std::lock_guard fl(flight_mu_);
-      id = next_id_++;
-      if (!lost) in_flight_.emplace(id, std::chrono::steady_clock::now());
-    }
+    id = next_id_++;
     if (!lost) {
+      in_flight_.emplace(id, std::chrono::steady_clock::now());
       RemoteCounters::add(counters_.requests);
       cookie = submit(h_, cb, op);
     }
     if (!lost && cookie < 0) {
       err = timed_out_.load() ? EIO : nbd_get_errno();
       why = nbd_get_error() ? nbd_get_error() : "";
-      retire(id);
+      in_flight_.erase(id);
     }
   }
   if (lost) {
@@ -404,93 +344,18 @@ Task<Status> NbdFile::command_with(std::string_view what, uint64_t off, Op& op, 
   }
   wake();
   co_await op.done.wait();
-  retire(id);
+  {
+    std::lock_guard lk(mu_);
+    in_flight_.erase(id);
+  }
   if (op.err) {
     RemoteCounters::add(counters_.errors);
-    co_return error(what, off, reported_errno(op.err));
+    // A lost connection is EIO to the reader, as a failing disk is.
+    const bool lost_now = timed_out_.load() || op.err == ENOTCONN || op.err == ESHUTDOWN || op.err == ECONNRESET ||
+                          op.err == EPIPE;
+    co_return error(what, off, lost_now ? EIO : op.err);
   }
   co_return Status::ok();
-}
-
-void NbdFile::retire(uint64_t id) {
-  std::lock_guard lk(flight_mu_);
-  in_flight_.erase(id);
-}
-
-int NbdFile::reported_errno(int err) const {
-  // A lost connection is EIO to the reader, as a failing disk is.
-  const bool lost = timed_out_.load() || err == ENOTCONN || err == ESHUTDOWN || err == ECONNRESET || err == EPIPE;
-  return lost ? EIO : err;
-}
-
-int NbdFile::on_fetch_done(void* user, int* error) {
-  auto* c = static_cast<FetchCommand*>(user);
-  NbdFile* f = c->group->file;
-  f->retire(c->id);
-  RemoteCounters::sub(f->counters_.in_flight_bytes, c->len);
-  if (*error) RemoteCounters::add(f->counters_.errors);
-  else RemoteCounters::add(f->counters_.bytes_fetched, c->len);
-  c->group->finish_one(*error ? f->reported_errno(*error) : 0);
-  return 1;  // retire the command
-}
-
-void NbdFile::free_fetch_command(void* user) {
-  auto* c = static_cast<FetchCommand*>(user);
-  delete c;
-}
-
-void NbdFile::fetch(uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done) {
-  // The commands: each buffer in pieces of at most kNbdReadPiece.
-  std::vector<std::pair<uint64_t, std::span<std::byte>>> cmds;
-  uint64_t at = off;
-  for (std::span<std::byte> b : dst) {
-    for (size_t o = 0; o < b.size(); o += kNbdReadPiece) {
-      cmds.emplace_back(at + o, b.subspan(o, std::min(kNbdReadPiece, b.size() - o)));
-    }
-    at += b.size();
-  }
-  auto group = std::make_shared<FetchGroup>(this, off, std::move(done), cmds.size());
-  if (cmds.empty()) return group->done(Status::ok());
-  size_t failed = 0;
-  int err = 0;
-  std::string why;
-  {
-    std::lock_guard lk(mu_);  // the network thread cannot close the handle meanwhile
-    for (const auto& [pos, buf] : cmds) {
-      if (!connected_) {
-        err = EIO;
-        why = "the connection to the server is lost (connecting again)";
-        ++failed;
-        continue;
-      }
-      auto* c = new FetchCommand{group, 0, buf.size()};
-      {
-        std::lock_guard fl(flight_mu_);
-        c->id = next_id_++;
-        in_flight_.emplace(c->id, std::chrono::steady_clock::now());
-      }
-      RemoteCounters::add(counters_.requests);
-      RemoteCounters::add(counters_.in_flight_bytes, buf.size());
-      const uint64_t id = c->id;
-      // libnbd owns c from here: it calls free_fetch_command once, also when the command is not issued.
-      nbd_completion_callback cb{&NbdFile::on_fetch_done, c, &NbdFile::free_fetch_command};
-      if (nbd_aio_pread(h_, buf.data(), buf.size(), pos, cb, 0) < 0) {
-        if (!err) {
-          err = timed_out_.load() ? EIO : nbd_get_errno();
-          why = nbd_get_error() ? nbd_get_error() : "";
-        }
-        retire(id);
-        RemoteCounters::sub(counters_.in_flight_bytes, buf.size());
-        ++failed;
-      }
-    }
-  }
-  if (failed < cmds.size()) wake();
-  if (failed) {
-    RemoteCounters::add(counters_.errors, failed);
-    if (!why.empty()) log::debug("{}: read at {}: {}", uri_, off, why);
-    for (size_t i = 0; i < failed; ++i) group->finish_one(err ? err : EIO);
-  }
 }
 
 Task<Status> NbdFile::read_piece(uint64_t off, std::span<std::byte> buf) {
@@ -505,7 +370,6 @@ Task<Status> NbdFile::read_piece(uint64_t off, std::span<std::byte> buf) {
 
 Task<Result<size_t>> NbdFile::read(uint64_t off, std::span<std::byte> buf) {
   if (off >= size_) co_return size_t{0};
-  if (cache_) co_return co_await cache_->read(off, buf);
   const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size_ - off));
   if (n < 2 * kNbdReadPiece) {  // one command (split_read's answer), without its allocations
     QCOWFS_CO_TRY(co_await read_piece(off, buf.first(n)));
@@ -520,7 +384,6 @@ Task<Result<size_t>> NbdFile::read(uint64_t off, std::span<std::byte> buf) {
 }
 
 Task<Result<size_t>> NbdFile::readv(uint64_t off, std::span<const iovec> iov) {
-  if (cache_) return cache_->readv(off, iov);
   return read_iov(off, iov, [this](uint64_t at, std::span<std::byte> buf) { return read(at, buf); });
 }
 

@@ -15,13 +15,6 @@
 // back-off (100 ms doubling up to 2 s, each attempt bounded by the timeout);
 // meanwhile commands fail with EIO at once. A server that comes back with an
 // export of another size is refused (everything keeps failing, logged once).
-// Reads of a read-only file go through a BlockCache (io/remote/block_cache.h:
-// remote-block-size blocks, a remote-cache-size LRU, readahead growing on
-// sequential access up to remote-readahead, 4 KiB granules for small random
-// reads), each block one NBD read command, so that a sequential reader finds
-// its next blocks fetched or under way. A writable file reads directly (no
-// cache to keep coherent with its writes): a large read goes out as pieces in
-// flight together (split_read()).
 // Identity, settings and counters are registered for the daemon's statistics
 // (io/remote/remote_stats.h) while the file is open.
 // Thread-safety: as HostFile: all methods from any event-loop thread.
@@ -29,7 +22,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,8 +32,6 @@
 
 #include "io/fd.h"
 #include "io/host_file.h"
-#include "io/remote/block_cache.h"
-#include "io/remote/remote_options.h"
 #include "io/remote/remote_stats.h"
 
 struct nbd_handle;
@@ -60,13 +50,8 @@ struct ReadPiece {
 };
 std::vector<ReadPiece> split_read(size_t n, size_t piece, size_t max_request);
 
-// Pieces of a large NBD read in flight together (see split_read()), and the
-// most one command of a cached fetch asks: qemu-nbd 7.2 serves 256 KiB
-// commands several times faster than 1 MiB ones (bench/RESULTS.md, issue 33).
+// Pieces of a large NBD read in flight together (see split_read()).
 inline constexpr size_t kNbdReadPiece = 256 * 1024;
-
-// The BlockCache settings of a read-only NbdFile from the remote options.
-BlockCacheConfig nbd_cache_config(const RemoteOptions& o);
 
 class NbdFile final : public HostFile {
  public:
@@ -98,10 +83,7 @@ class NbdFile final : public HostFile {
 
  private:
   struct Op;
-  struct FetchGroup;
-  struct FetchCommand;
-  NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms,
-          const RemoteOptions& opts);
+  NbdFile(std::string uri, nbd_handle* h, UniqueFd wake, uint64_t size, bool writable, unsigned timeout_ms);
   void run();
   // Drives the connection for one poll round.
   void serve_connection(nbd_handle* h);
@@ -125,15 +107,6 @@ class NbdFile final : public HostFile {
   // One NBD read command of buf.size() bytes at off.
   Task<Status> read_piece(uint64_t off, std::span<std::byte> buf);
   Status error(std::string_view what, uint64_t off, int err) const;
-  // The BlockCache's fetch: one read command per buffer (pieces of at most
-  // kNbdReadPiece), done(status) once all have answered.
-  void fetch(uint64_t off, BlockCache::Buffers dst, std::function<void(Status)> done);
-  static int on_fetch_done(void* user, int* error);
-  static void free_fetch_command(void* user);
-  // Erases id from in_flight_ (a command was answered).
-  void retire(uint64_t id);
-  // The errno a failed command reports (EIO for a lost connection).
-  int reported_errno(int err) const;
 
   const std::string uri_;
   UniqueFd wake_;  // eventfd: a command was queued, or stop
@@ -143,12 +116,9 @@ class NbdFile final : public HostFile {
   const std::chrono::milliseconds timeout_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> timed_out_{false};  // the current connection was dropped for a timeout
-  mutable std::mutex mu_;  // guards h_ and connected_ (held while a command is submitted)
+  mutable std::mutex mu_;  // guards h_, connected_, in_flight_ and next_id_
   nbd_handle* h_;          // replaced by the network thread when it reconnects
   bool connected_ = true;
-  // Taken alone or inside mu_ (never the reverse): completion callbacks take
-  // it, and libnbd may run them inside a submit that holds mu_.
-  mutable std::mutex flight_mu_;  // guards in_flight_ and next_id_
   std::map<uint64_t, std::chrono::steady_clock::time_point> in_flight_;  // id -> when issued
   uint64_t next_id_ = 0;
   // Network thread only.
@@ -157,8 +127,6 @@ class NbdFile final : public HostFile {
   bool reconnect_failure_logged_ = false;
   RemoteCounters counters_;
   std::thread thread_;
-  std::unique_ptr<BlockCache> cache_;  // read-only files; reset after the handle is closed
-  std::string cache_settings_;
   std::optional<RemoteStatsRegistration> registration_;  // reset first in the destructor
 };
 

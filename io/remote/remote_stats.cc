@@ -57,7 +57,7 @@ std::vector<RemoteStatsSnapshot> remote_stats_snapshot() {
 
 std::string format_remote_counters(const RemoteStatsSnapshot& s) {
   std::string line = fmt::format("{}: ", s.url);
-  if (s.protocol != "nbd" || s.cache_hits || s.cache_misses)  // nbd: read-only files have a cache
+  if (s.protocol != "nbd")
     line += fmt::format("{} block hits, {} misses, {} blocks ({} bytes) read ahead, ", s.cache_hits, s.cache_misses,
                         s.readahead_blocks, s.readahead_bytes);
   line += fmt::format("{} requests, {} bytes fetched, ", s.requests, s.bytes_fetched);
@@ -68,7 +68,7 @@ std::string format_remote_counters(const RemoteStatsSnapshot& s) {
 
 std::string format_remote_identity(const RemoteStatsSnapshot& s) {
   std::string line = fmt::format("{}: {} bytes over {}", s.url, s.size, s.protocol);
-  if (s.protocol != "nbd" || s.cache_hits || s.cache_misses)  // nbd: read-only files have a cache
+  if (s.protocol != "nbd")
     line += fmt::format(", ETag {}, Last-Modified {}", s.etag.empty() ? "-" : s.etag,
                         s.last_modified.empty() ? "-" : s.last_modified);
   if (!s.settings.empty()) line += "; " + s.settings;

@@ -27,7 +27,7 @@ struct RemoteStatsSnapshot {
   std::string etag;           // http/s3: the identity pinned at open
   std::string last_modified;
   std::string settings;       // block size, cache, readahead, timeout, ... as one line
-  // The in-memory block cache (http/s3, read-only nbd; zero for a writable nbd file).
+  // The in-memory block cache (http/s3; zero for nbd, which has none).
   uint64_t cache_hits = 0;    // blocks found cached or already being fetched
   uint64_t cache_misses = 0;  // blocks a read had to fetch
   uint64_t readahead_blocks = 0;
