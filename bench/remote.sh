@@ -33,8 +33,11 @@
 # qcowfs, e.g. remote-block-size=64K), QSD_CURL_OPTS (extra options of QEMU's curl node, e.g.
 # readahead=1M), JOBS (the fio jobs to run, default all four: seqread1m seqread1m-qd1
 # randread4k-qd1 randread4k; the others' cells say "-"), FIRST_BYTE (0: skip the mount-to-first-byte
-# column), CURL (0: no curl row), WORK (scratch dir, default /var/tmp), OUT (table file).
-# Needs root, iproute2, nginx-light, qemu-utils, qemu-system-common, qemu-block-extra, fio, curl.
+# column), CURL (0: no curl row), NBDCOPY (0: no row for the plain libnbd client, nbdcopy: see
+# below), WORK (scratch dir, default /var/tmp), OUT (table file). Only the nbd rows:
+# SYSTEMS="qcowfs-nbd qsd-nbd" CURL=0.
+# Needs root, iproute2, nginx-light, qemu-utils, qemu-system-common, qemu-block-extra, fio, curl,
+# libnbd-bin.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(readlink -f "${1:-$here/../build/qcowfs}")
@@ -210,6 +213,16 @@ median() {
     awk '{v[NR]=$1} END{if (!NR) print "failed"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'
 }
 
+# nbdcopy_mibs ARGS...: MiB/s of `nbdcopy -C 1 ARGS nbd null:` (the whole export), "failed" on error.
+nbdcopy_mibs() {
+  local t0 t1 bytes
+  bytes=$(in_ns nbdinfo --size "$nbd") || { echo failed; return; }
+  t0=$(date +%s.%N)
+  in_ns nbdcopy -C 1 "$@" "$nbd" null: || { echo failed; return; }
+  t1=$(date +%s.%N)
+  awk -v n="$bytes" -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", n/1048576/(b-a)}'
+}
+
 all_jobs=(seqread1m seqread1m-qd1 randread4k-qd1 randread4k)
 read -ra jobs <<<"${JOBS:-${all_jobs[*]}}"
 for job in "${jobs[@]}"; do
@@ -228,6 +241,16 @@ for rtt in $rtts_run; do
     echo "tc netem failed for $rtt ms" >&2; exit 1
   fi
   conn=$(in_ns curl -s -o /dev/null -w '%{time_connect}' "$url" | awk '{printf "%.2f ms", $1*1000}')
+  # The plain libnbd client: what qemu-nbd serves nbdcopy reading the whole export to null:, one
+  # connection, 8 x 256 KiB commands in flight (QD8 column) and 1 MiB commands one at a time (QD1).
+  if [ "${NBDCOPY:-1}" != 0 ]; then
+    log "rtt $rtt ms: nbdcopy..."
+    nc8=(); nc1=()
+    for _ in $(seq "$ROUNDS"); do
+      nc8+=("$(nbdcopy_mibs -R 8 --request-size=262144)"); nc1+=("$(nbdcopy_mibs -R 1 --request-size=1048576)")
+    done
+    echo "| $rtt ms ($conn) | nbdcopy (libnbd, 1 connection) | $(median "${nc8[@]}") | $(median "${nc1[@]}") | - | - | - |" >> "$table"
+  fi
   for sys in $SYSTEMS; do
     log "rtt $rtt ms: $sys..."
     fb=-

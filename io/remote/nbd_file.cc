@@ -63,6 +63,10 @@ void ack_now(int fd) {
 bool handshake(nbd_handle* h, const std::string& uri, int wake_fd, std::chrono::steady_clock::time_point deadline,
                const std::atomic<bool>* stopping, std::string* why, int* err) {
   *err = 0;
+  // libnbd zeroes every read buffer before the read by default (for callers
+  // that look at a failed read's buffer); a failed read here is an error, its
+  // buffer unused, so that is a memset of every byte read for nothing.
+  nbd_set_pread_initialize(h, false);
   if (nbd_aio_connect_uri(h, uri.c_str()) == 0) {
     while (!(stopping && stopping->load()) && nbd_aio_is_ready(h) != 1 && nbd_aio_is_dead(h) != 1 &&
            nbd_aio_is_closed(h) != 1) {

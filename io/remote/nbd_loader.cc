@@ -39,7 +39,8 @@
   X(nbd_get_errno)              \
   X(nbd_get_error)              \
   X(nbd_get_size)               \
-  X(nbd_is_read_only)
+  X(nbd_is_read_only)           \
+  X(nbd_set_pread_initialize)
 
 namespace qcowfs::io {
 namespace nbd_shim {
@@ -142,6 +143,7 @@ QCOWFS_NBD_HANDLE_FN(int, nbd_can_trim, (struct nbd_handle * h), (h))
 QCOWFS_NBD_HANDLE_FN(int, nbd_can_zero, (struct nbd_handle * h), (h))
 QCOWFS_NBD_HANDLE_FN(int64_t, nbd_get_size, (struct nbd_handle * h), (h))
 QCOWFS_NBD_HANDLE_FN(int, nbd_is_read_only, (struct nbd_handle * h), (h))
+QCOWFS_NBD_HANDLE_FN(int, nbd_set_pread_initialize, (struct nbd_handle * h, bool request), (h, request))
 
 #undef QCOWFS_NBD_HANDLE_FN
 #undef QCOWFS_NBD_REAL
