@@ -417,8 +417,6 @@ RingPlan plan_ring_queues(unsigned loop, unsigned loops, unsigned kernel_queues)
   return plan;
 }
 
-bool reads_fuse(unsigned loop, unsigned queues_option) { return loop == 0 || queues_option != 0; }
-
 Status Server::start_loops() {
   const unsigned n = opts_.queues ? opts_.queues : default_queue_count();
   loop_count_ = n;
@@ -432,7 +430,6 @@ Status Server::start_loops() {
     cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
     cfg.on_init = [this] { on_init(); };
     cfg.passthrough = wants_passthrough();
-    cfg.reads_fuse = reads_fuse(i, opts_.queues);
     RingPlan plan = plan_ring_queues(i, n, kernel_queues);
     cfg.ring_qids = std::move(plan.qids);
     cfg.ring_depth = plan.depth;

@@ -150,15 +150,6 @@ struct RingPlan {
 };
 RingPlan plan_ring_queues(unsigned loop, unsigned loops, unsigned kernel_queues);
 
-// Whether loop `loop` reads requests from /dev/fuse. By default only loop 0
-// does: over /dev/fuse every request then wakes the same thread, as in the
-// floor daemon (with two loops taking turns, a 4 KiB request at queue depth 1
-// or 32 cost 1.2-1.8x the CPU; bench/RESULTS.md, issue 36, "One /dev/fuse
-// reader"). The other loops serve their FUSE-over-io_uring queues. With
-// `-o queues=N` given (queues_option != 0) every loop reads /dev/fuse, for
-// request paths that are CPU-bound (LUKS, compressed clusters).
-bool reads_fuse(unsigned loop, unsigned queues_option);
-
 // EBUSY "already mounted" when /proc/self/mounts lists a FUSE mount at
 // mountpoint (an absolute, resolved path); mounting again would stack a second one.
 Status refuse_if_mounted(const std::string& mountpoint);

@@ -1,5 +1,4 @@
-// plan_ring_queues(): which kernel FUSE io_uring queues each event loop serves;
-// reads_fuse(): which loops read /dev/fuse.
+// plan_ring_queues(): which kernel FUSE io_uring queues each event loop serves.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -60,17 +59,6 @@ TEST(RingPlan, EveryQueueHasEntriesWhateverTheCounts) {
 }
 
 TEST(RingPlan, NoQueuesNoRing) { EXPECT_TRUE(plan_ring_queues(0, 2, 0).qids.empty()); }
-
-TEST(FuseReaders, ByDefaultOnlyTheFirstLoopReadsDevFuse) {
-  EXPECT_TRUE(reads_fuse(0, 0));
-  EXPECT_FALSE(reads_fuse(1, 0));
-  EXPECT_FALSE(reads_fuse(3, 0));
-}
-
-TEST(FuseReaders, ExplicitQueuesAllReadDevFuse) {
-  for (unsigned i = 0; i < 4; ++i) EXPECT_TRUE(reads_fuse(i, 4));
-  EXPECT_TRUE(reads_fuse(0, 1));
-}
 
 }  // namespace
 }  // namespace qcowfs::fuse
