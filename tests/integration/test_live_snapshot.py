@@ -176,6 +176,33 @@ def assert_final(seqs: list[int], final: list[int]) -> None:
         assert writer_blocks(seqs, k) == [last_write(j, final[k]) for j in range(SPAN)], f"writer {k}"
 
 
+def assert_daemon_refuses_other_user(image: Path, sock: Path) -> None:
+    """With the directory and socket opened up, the daemon's SO_PEERCRED check
+    still refuses a user other than the mount's owner."""
+    os.chmod(sock.parent, 0o711)
+    os.chmod(sock, 0o666)
+    try:
+        r = qcowfs_snapshot("-c", "x", image, user=True)
+    finally:
+        os.chmod(sock, 0o600)
+        os.chmod(sock.parent, 0o700)
+    assert r.returncode == 1 and "only that user and root may use" in r.stderr.decode(), r.stderr.decode()
+
+
+def assert_qemu_sees_s1_as_it_was(image: Path, workdir: Path, names: list[str], low: list[int],
+                                  high: list[int], final: list[int]) -> None:
+    """After unmount: qemu-img lists exactly NAMES, check is clean, snapshot s1
+    holds every write acknowledged before it (and none begun after), and the
+    active layer every write acknowledged at the end."""
+    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
+    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == names, qemu_list
+    helpers.qemu_img_check(image)
+    snap = workdir / "s1.raw"
+    helpers.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-l", "snapshot.name=s1", image, snap])
+    assert_prefix(stamps(snap), low, high)
+    assert_final(stamps(helpers.convert_to_raw(image, workdir / "active.raw")), final)
+
+
 def test_live_internal_snapshot_while_writing(workdir):
     image = workdir / "disk.qcow2"
     helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, str(SIZE)])
@@ -203,29 +230,14 @@ def test_live_internal_snapshot_while_writing(workdir):
         assert r.returncode == 1 and "unmount it first" in r.stderr.decode(), r.stderr.decode()
         r = qcowfs_snapshot("-c", "x", image, user=True)
         assert r.returncode == 1 and "only the mount's owner and root" in r.stderr.decode(), r.stderr.decode()
-        # With the directory and socket opened up, the daemon's SO_PEERCRED
-        # check still refuses the other user.
-        os.chmod(sock.parent, 0o711)
-        os.chmod(sock, 0o666)
-        try:
-            r = qcowfs_snapshot("-c", "x", image, user=True)
-        finally:
-            os.chmod(sock, 0o600)
-            os.chmod(sock.parent, 0o700)
-        assert r.returncode == 1 and "only that user and root may use" in r.stderr.decode(), r.stderr.decode()
+        assert_daemon_refuses_other_user(image, sock)
         assert qcowfs_snapshot("-c", "s2", image).returncode == 0
         r = qcowfs_snapshot("-d", "s2", image)
         assert r.returncode == 0, r.stderr.decode()
         assert sock.is_socket()
     assert not sock.exists(), "the daemon left its control socket behind"
 
-    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
-    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["s1"], qemu_list
-    helpers.qemu_img_check(image)
-    snap = workdir / "s1.raw"
-    helpers.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-l", "snapshot.name=s1", image, snap])
-    assert_prefix(stamps(snap), low, high)
-    assert_final(stamps(helpers.convert_to_raw(image, workdir / "active.raw")), final)
+    assert_qemu_sees_s1_as_it_was(image, workdir, ["s1"], low, high, final)
 
     # Offline again: a stale socket is skipped (and removed), the image opened.
     stale_socket(sock)
@@ -370,14 +382,7 @@ def test_live_snapshots_of_a_catalogue_image(workdir):
             assert r.returncode == 1 and "unmount it first" in r.stderr.decode(), r.stderr.decode()
             r = qcowfs_snapshot("--external", workdir / "new.qcow2", image)
             assert r.returncode == 1 and "catalogue view" in r.stderr.decode(), r.stderr.decode()
-            os.chmod(sock.parent, 0o711)
-            os.chmod(sock, 0o666)
-            try:
-                r = qcowfs_snapshot("-c", "x", image, user=True)
-            finally:
-                os.chmod(sock, 0o600)
-                os.chmod(sock.parent, 0o700)
-            assert r.returncode == 1 and "only that user and root may use" in r.stderr.decode(), r.stderr.decode()
+            assert_daemon_refuses_other_user(image, sock)
             with open(snaps / "s1.raw", "rb"):
                 r = qcowfs_snapshot("-d", "s1", image)
                 assert r.returncode == 1 and "open under" in r.stderr.decode() and "d.d/snapshots" in r.stderr.decode(), \
@@ -398,10 +403,4 @@ def test_live_snapshots_of_a_catalogue_image(workdir):
         assert r.returncode == 0, r.stderr.decode()
         assert sorted(os.listdir(snaps)) == ["s1.raw", "s3.raw"]
     assert not sock.exists()
-    qemu_list = helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode()
-    assert [line.split()[1] for line in qemu_list.splitlines()[2:]] == ["s1", "s3"], qemu_list
-    helpers.qemu_img_check(image)
-    snap = workdir / "s1.raw"
-    helpers.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", "-l", "snapshot.name=s1", image, snap])
-    assert_prefix(stamps(snap), low, high)
-    assert_final(stamps(helpers.convert_to_raw(image, workdir / "active.raw")), final)
+    assert_qemu_sees_s1_as_it_was(image, workdir, ["s1", "s3"], low, high, final)
