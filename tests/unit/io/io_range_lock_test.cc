@@ -6,19 +6,13 @@
 #include "io/engine.h"
 #include "io/iov.h"
 #include "io/range_lock.h"
+#include "io_test_util.h"
 
 namespace qcowfs::io {
 namespace {
 
-class RangeLockTest : public ::testing::Test {
+class RangeLockTest : public testing::ThreadsEngineTest {
  protected:
-  void SetUp() override {
-    auto e = make_engine(EngineKind::threads);
-    ASSERT_TRUE(e.is_ok());
-    engine_ = std::move(*e);
-    scope_ = std::make_unique<ScopedEngine>(engine_.get());
-  }
-  void TearDown() override { scope_.reset(); }
   // Starts a coroutine taking [s, e) and recording when it holds the lock.
   void take(uint64_t s, uint64_t e, RangeLock::Mode m, bool* held, RangeLock::Guard* out) {
     auto t = [](RangeLock& l, uint64_t s2, uint64_t e2, RangeLock::Mode m2, bool* h, RangeLock::Guard* o) -> Task<void> {
@@ -27,11 +21,6 @@ class RangeLockTest : public ::testing::Test {
     };
     spawn(t(lock_, s, e, m, held, out));
   }
-  void settle() {
-    for (int i = 0; i < 5; ++i) engine_->run_once(0);
-  }
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<ScopedEngine> scope_;
   RangeLock lock_;
 };
 

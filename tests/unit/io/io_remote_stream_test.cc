@@ -59,18 +59,8 @@ struct QueuedRemote {
   }
 };
 
-class StreamTest : public ::testing::Test {
+class StreamTest : public testing::ThreadsEngineTest {
  protected:
-  void SetUp() override {
-    auto e = make_engine(EngineKind::threads);
-    ASSERT_TRUE(e.is_ok());
-    engine_ = std::move(*e);
-    scope_ = std::make_unique<ScopedEngine>(engine_.get());
-  }
-  void TearDown() override { scope_.reset(); }
-  void settle() {
-    for (int i = 0; i < 5; ++i) engine_->run_once(0);
-  }
 
   // Reads [0, total) in kRead pieces with depth reads in flight (wrapping at
   // the object's end), answering the oldest fetch (or, with burst, every
@@ -118,8 +108,6 @@ class StreamTest : public ::testing::Test {
     while (remote.release_one()) settle();  // read-ahead past the end
   }
 
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<ScopedEngine> scope_;
 };
 
 // The HTTP defaults, scaled (http_file.cc: requests of readahead / connections).

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,9 +19,29 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "io/engine.h"
 #include "io/task.h"
 
 namespace qcowfs::io::testing {
+
+// A test fixture with a threads engine made current for the test (coroutines
+// spawned in the test run on it); settle() runs a few non-blocking iterations.
+class ThreadsEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = make_engine(EngineKind::threads);
+    ASSERT_TRUE(e.is_ok());
+    engine_ = std::move(*e);
+    scope_ = std::make_unique<ScopedEngine>(engine_.get());
+  }
+  void TearDown() override { scope_.reset(); }
+  void settle() {
+    for (int i = 0; i < 5; ++i) engine_->run_once(0);
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ScopedEngine> scope_;
+};
 
 // The long crash-consistency tests (every flush and cut point of a random
 // workload, each image checked by qemu-img) run 1/kSanitizerScale of their
