@@ -98,11 +98,9 @@ void EventLoop::thread_main(std::promise<Status>* started) {
 }
 
 void EventLoop::serve(io::Engine& engine) {
-  // A loop that does not read /dev/fuse runs until stopped (request_stop()'s
-  // post wakes it), then until its requests have replied.
-  bool reader_done = !cfg_.reads_fuse;
-  if (cfg_.reads_fuse) spawn_then(reader(), [&reader_done] { reader_done = true; });
-  while (!reader_done || inflight_ > 0 || !(cfg_.reads_fuse || stop_requested())) engine.run_once(-1);
+  bool reader_done = false;
+  spawn_then(reader(), [&reader_done] { reader_done = true; });
+  while (!reader_done || inflight_ > 0) engine.run_once(-1);
   if (ring_) ring_->stop();
   engine.run_once(0);  // submits the ring commits of the last replies
 }

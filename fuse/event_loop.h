@@ -10,8 +10,7 @@
 // The reader polls /dev/fuse itself as an exclusive waiter (io_uring's
 // EPOLLEXCLUSIVE poll): FUSE wakes one exclusive waiter per queued request, so
 // a request wakes one loop, not all of them. request_stop() posts to the loop
-// a cancel of that poll. Loops configured without Config::reads_fuse do not
-// read /dev/fuse at all (see fuse/DESIGN.md, "Event loops"). Stopping: the reader stops reading, in-flight
+// a cancel of that poll. Stopping: the reader stops reading, in-flight
 // requests finish and reply, the thread ends.
 // A read() of /dev/fuse failing with ENODEV means the filesystem was unmounted
 // externally; the loop reports it through Config::on_session_end.
@@ -80,10 +79,6 @@ class EventLoop {
     // kernel offers it, so the connection keeps it even if fuse.enable_uring
     // is switched off later (every loop serves at least one queue, so all or none do).
     unsigned ring_depth = 0;
-    // This loop reads requests from /dev/fuse (INIT, FORGET, INTERRUPT and,
-    // without io_uring, every request). A loop that does not only serves its
-    // FUSE-over-io_uring queues (and stops when asked).
-    bool reads_fuse = true;
     // The INIT reply claims FUSE passthrough (fuse/passthrough.h) when the
     // kernel offers it; on_init then registers the backing file.
     bool passthrough = false;
