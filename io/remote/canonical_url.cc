@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <vector>
 
 #include <fmt/format.h>
@@ -65,13 +64,25 @@ std::optional<std::string> url_encode(std::string_view s) {
   return std::string(out.get());
 }
 
+// The pieces of s between the separators (std::views::split does not build
+// with clang over libstdc++ 12).
+std::vector<std::string_view> pieces(std::string_view s, char separator) {
+  std::vector<std::string_view> out;
+  for (size_t from = 0;;) {
+    const size_t at = s.find(separator, from);
+    out.push_back(s.substr(from, at == std::string_view::npos ? std::string_view::npos : at - from));
+    if (at == std::string_view::npos) return out;
+    from = at + 1;
+  }
+}
+
 // A decoded path encoded again segment by segment, '/' kept: one spelling
 // for each path (CURLU_URLENCODE would keep a '%' that was encoded before).
 std::optional<std::string> encode_path(std::string_view path) {
   std::string out;
   bool first = true;
-  for (auto piece : path | std::views::split('/')) {
-    auto segment = url_encode(std::string_view(piece.begin(), piece.end()));
+  for (std::string_view piece : pieces(path, '/')) {
+    auto segment = url_encode(piece);
     if (!segment) return std::nullopt;
     out += (first ? "" : "/") + *segment;
     first = false;
@@ -120,8 +131,7 @@ std::string canonical_socket_path(const std::string& path) {
 // encoded again and sorted.
 std::optional<std::string> canonical_nbd_query(const std::string& query, bool unix_socket) {
   std::vector<std::string> params;
-  for (auto piece : query | std::views::split('&')) {
-    const std::string_view param(piece.begin(), piece.end());
+  for (std::string_view param : pieces(query, '&')) {
     if (param.empty()) continue;
     const size_t eq = param.find('=');
     auto name = url_decode(param.substr(0, eq));
