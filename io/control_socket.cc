@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "io/remote/canonical_url.h"
 #include "io/remote/remote_options.h"
 
 namespace qcowfs::io {
@@ -70,11 +71,13 @@ std::string control_directory(uid_t uid) {
 }
 
 namespace {
-// A URL's socket: SHA-256 of the URL as written (128 bits of it, hex).
+// A URL's socket: SHA-256 of the URL's canonical form (128 bits of it, hex).
+// The canonical form may hold the URL's user name: it is hashed, never logged.
 std::string url_socket_name(const std::string& url) {
+  const std::string canonical = canonical_remote_location(url);
   sha256_ctx ctx;
   sha256_init(&ctx);
-  sha256_update(&ctx, url.size(), reinterpret_cast<const uint8_t*>(url.data()));
+  sha256_update(&ctx, canonical.size(), reinterpret_cast<const uint8_t*>(canonical.data()));
   uint8_t digest[SHA256_DIGEST_SIZE];
   sha256_digest(&ctx, sizeof digest, digest);
   std::string name = "url-";

@@ -13,8 +13,10 @@
 // SO_PEERCRED uid (the mount's owner or root only).
 //
 // A URL (io::is_remote_location) has no (st_dev, st_ino): its socket is
-// `url-<hex>.sock`, 128 bits of the SHA-256 of the URL as written, so a client
-// finds the daemon when it names the URL as the mount did (fuse/DESIGN.md).
+// `url-<hex>.sock`, 128 bits of the SHA-256 of the URL's canonical form
+// (io/remote/canonical_url.h), so a client finds the daemon when it names the
+// URL as the mount did or in an equivalent spelling (upper-case host, default
+// port, dot segments...; fuse/DESIGN.md).
 //
 // A socket file whose daemon is gone refuses connections (ECONNREFUSED): a
 // listener replaces it, a client removes it if it may and carries on as if

@@ -15,11 +15,14 @@
 
 #define QCOWFS_CURL_FUNCTIONS(X) \
   X(curl_easy_cleanup)           \
+  X(curl_easy_escape)            \
   X(curl_easy_getinfo)           \
   X(curl_easy_header)            \
   X(curl_easy_init)              \
   X(curl_easy_setopt)            \
   X(curl_easy_strerror)          \
+  X(curl_easy_unescape)          \
+  X(curl_free)                   \
   X(curl_global_init)            \
   X(curl_multi_add_handle)       \
   X(curl_multi_cleanup)          \
@@ -31,7 +34,11 @@
   X(curl_multi_setopt)           \
   X(curl_multi_wakeup)           \
   X(curl_slist_append)           \
-  X(curl_slist_free_all)
+  X(curl_slist_free_all)         \
+  X(curl_url)                    \
+  X(curl_url_cleanup)            \
+  X(curl_url_get)                \
+  X(curl_url_set)
 
 namespace qcowfs::io {
 namespace curl_shim {
@@ -200,6 +207,41 @@ struct curl_slist*(curl_slist_append)(struct curl_slist* list, const char* data)
 
 void(curl_slist_free_all)(struct curl_slist* list) {
   if (auto f = QCOWFS_CURL_REAL(curl_slist_free_all)) f(list);
+}
+
+char*(curl_easy_escape)(CURL* handle, const char* string, int length) {
+  auto f = QCOWFS_CURL_REAL(curl_easy_escape);
+  return f ? f(handle, string, length) : nullptr;
+}
+
+char*(curl_easy_unescape)(CURL* handle, const char* string, int length, int* outlength) {
+  auto f = QCOWFS_CURL_REAL(curl_easy_unescape);
+  return f ? f(handle, string, length, outlength) : nullptr;
+}
+
+void(curl_free)(void* p) {
+  if (auto f = QCOWFS_CURL_REAL(curl_free)) f(p);
+}
+
+// The URL API (io/remote/canonical_url.cc). Without the library: no handle,
+// and every call fails as on a handle libcurl refused.
+CURLU*(curl_url)(void) {
+  auto f = QCOWFS_CURL_REAL(curl_url);
+  return f ? f() : nullptr;
+}
+
+void(curl_url_cleanup)(CURLU* handle) {
+  if (auto f = QCOWFS_CURL_REAL(curl_url_cleanup)) f(handle);
+}
+
+CURLUcode(curl_url_get)(CURLU* handle, CURLUPart what, char** part, unsigned int flags) {
+  auto f = QCOWFS_CURL_REAL(curl_url_get);
+  return f ? f(handle, what, part, flags) : CURLUE_BAD_HANDLE;
+}
+
+CURLUcode(curl_url_set)(CURLU* handle, CURLUPart what, const char* part, unsigned int flags) {
+  auto f = QCOWFS_CURL_REAL(curl_url_set);
+  return f ? f(handle, what, part, flags) : CURLUE_BAD_HANDLE;
 }
 
 #undef QCOWFS_CURL_REAL

@@ -823,9 +823,10 @@ def test_nbd_reconnects_after_the_server_returns(site, workdir):
     assert "did not answer within 2 s" in log and log.count("connected to the server again") >= 2, log
 
 
-def url_control_socket(url: str) -> Path:
-    """A URL mount's control socket (root's): 128 bits of the SHA-256 of the URL as written."""
-    return Path("/run/qcowfs") / f"url-{hashlib.sha256(url.encode()).hexdigest()[:32]}.sock"
+def url_control_socket(canonical: str) -> Path:
+    """A URL mount's control socket (root's): 128 bits of the SHA-256 of the URL's
+    canonical form (io/remote/canonical_url.h), which the caller writes out."""
+    return Path("/run/qcowfs") / f"url-{hashlib.sha256(canonical.encode()).hexdigest()[:32]}.sock"
 
 
 def test_live_snapshot_of_a_writable_nbd_url(workdir):
@@ -839,7 +840,9 @@ def test_live_snapshot_of_a_writable_nbd_url(workdir):
     # writes and the snapshot allocate (free space a qcow2 may have at its end).
     os.truncate(image, 4 * SIZE)
     with qemu_nbd(image, workdir / "live.sock") as uri:
-        sock = url_control_socket(uri)
+        # Canonical: the socket's real path, every reserved byte encoded (as curl_easy_escape).
+        sock = url_control_socket(
+            f"nbd+unix:///exp?socket={urllib.parse.quote(str((workdir / 'live.sock').resolve()), safe='')}")
         with mount_url(uri, workdir / "view", ["rw"]) as view:
             assert sock.is_socket()
             with Writers(view) as w:
@@ -860,7 +863,8 @@ def test_live_snapshot_of_a_writable_nbd_url(workdir):
 
 def test_snapshots_of_a_read_only_url(site, workdir):
     """Over HTTP: -l lists (offline, and through a mount's daemon), -c and -d
-    fail with EROFS naming why, mounted or not."""
+    fail with EROFS naming why, mounted or not. Another spelling of the mounted
+    URL reaches its daemon; a different URL of the same bytes does not."""
     from test_live_snapshot import qcowfs_snapshot
     image = site.root / "www" / "snapped.qcow2"
     helpers.run(["qemu-img", "create", "-q", "-f", "qcow2", image, "1M"])
@@ -872,12 +876,27 @@ def test_snapshots_of_a_read_only_url(site, workdir):
     assert r.returncode == 1 and "images over HTTP and S3 are read-only" in r.stderr.decode(), r.stderr.decode()
     with mount_url(url, workdir / "view"):
         assert url_control_socket(url).is_socket()
-        listing = qcowfs_snapshot("-l", url)
-        assert listing.returncode == 0 and " base " in listing.stdout.decode(), listing.stderr.decode()
-        for args in (["-c", "s1"], ["-d", "base"]):
-            r = qcowfs_snapshot(*args, url)
-            err = r.stderr.decode()
-            assert r.returncode == 1 and "is mounted read-only on" in err, err
-            assert args[0] == "-d" or "-30 (Read-only file system" in err, err  # EROFS, as qemu-img words it
+        # A snapshot added on the server since the mount opened the image: only
+        # the offline path (a fresh read) lists it, the daemon lists what it holds.
+        helpers.run(["qemu-img", "snapshot", "-c", "later", image])
+        # Equivalent spellings (host and path as curl normalises them) meet the
+        # daemon; its answers to -c and -d name the mount point.
+        respelled = url.replace("127.0.0.1", "127.1").replace("/snapped", "/sub/../snapped")
+        assert respelled != url
+        for spelling in (url, respelled):
+            listing = qcowfs_snapshot("-l", spelling)
+            out = listing.stdout.decode()
+            assert listing.returncode == 0 and " base " in out and " later " not in out, listing.stderr.decode()
+            for args in (["-c", "s1"], ["-d", "base"]):
+                r = qcowfs_snapshot(*args, spelling)
+                err = r.stderr.decode()
+                assert r.returncode == 1 and f"is mounted read-only on {workdir / 'view'}" in err, err
+                assert args[0] == "-d" or "-30 (Read-only file system" in err, err  # EROFS, as qemu-img words it
+        # The same object under a query is another URL: the offline path answers.
+        listing = qcowfs_snapshot("-l", url + "?v=1")
+        assert listing.returncode == 0 and " later " in listing.stdout.decode(), listing.stderr.decode()
+        r = qcowfs_snapshot("-c", "s1", url + "?v=1")
+        err = r.stderr.decode()
+        assert r.returncode == 1 and "images over HTTP and S3 are read-only" in err and "mounted" not in err, err
     assert [line.split()[1] for line in
-            helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode().splitlines()[2:]] == ["base"]
+            helpers.run(["qemu-img", "snapshot", "-l", image]).stdout.decode().splitlines()[2:]] == ["base", "later"]
