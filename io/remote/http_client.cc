@@ -68,7 +68,7 @@ std::string without_query(const std::string& url) { return url.substr(0, url.fin
 constexpr size_t kMaxErrorBody = 8192;
 // libcurl's receive buffer (its default is 16 KiB): fewer recv calls and
 // callbacks per request of a megabyte (not more: it is allocated per transfer,
-// and 512 KiB cost a third more daemon CPU per GiB read; 128 and 256 KiB no
+// and 512 KiB cost 45% more daemon CPU per GiB read; 128 and 256 KiB no
 // less than 64: bench/RESULTS.md).
 constexpr long kReceiveBuffer = 64 * 1024;
 // Idle curl handles kept for reuse beyond the connections.

@@ -1,7 +1,7 @@
 // HttpClient: ranged GETs of one HTTP(S) object on dedicated network threads,
 // each running a libcurl multi handle, so no event-loop thread ever waits for
 // the network. Connections are kept alive and reused (at most `connections` of
-// them, split between the threads); requests past that wait in libcurl's
+// them, split between the remote-threads= threads); requests past that wait in libcurl's
 // queue. A request goes to the thread with the fewest bytes in flight (a
 // retry stays on its thread). Several threads let the receive copies (socket
 // -> libcurl's buffer -> the request's buffers) of one sequential stream run
@@ -23,8 +23,8 @@
 // an S3 server's answer adds the error code and message of its XML body).
 //
 // Thread-safety: get_range() may be called from any thread; `done` runs on
-// the network thread. The destructor fails transfers still under way with
-// ECANCELED and joins the thread.
+// one of the network threads. The destructor fails transfers still under way
+// with ECANCELED and joins the threads.
 #pragma once
 
 #include <atomic>
@@ -62,7 +62,7 @@ class HttpClient {
   using Buffers = std::vector<std::span<std::byte>>;
   struct Transfer;
 
-  // Starts the network thread and pins the object's identity (blocks the
+  // Starts the network threads and pins the object's identity (blocks the
   // calling thread for that first request only).
   static Result<std::unique_ptr<HttpClient>> open(const std::string& url, const RemoteOptions& opts);
   ~HttpClient();
@@ -70,7 +70,7 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   // Fetches [off, off + total size of dst) into dst's buffers in order;
-  // done(status) once, on the network thread.
+  // done(status) once, on one of the network threads.
   void get_range(uint64_t off, Buffers dst, Done done);
 
   const HttpIdentity& identity() const { return identity_; }
