@@ -407,6 +407,7 @@ std::string usage_text(std::string_view program) {
       "  remote-readahead=SIZE   most read ahead of sequential reads (default 16M, 0: off)\n"
       "  remote-timeout=SECONDS  a request fails with EIO after this (default 30)\n"
       "  remote-connections=N    connections kept alive to the server (default 8)\n"
+      "  remote-threads=N        http(s)/s3 network threads sharing them (default 2)\n"
       "  remote-cache-dir=DIR    keep fetched http(s)/s3 blocks in DIR across mounts\n"
       "  remote-cache-dir-size=SIZE  the most kept in DIR (default 1G)\n"
       "  sslverify=on|off     verify the server's TLS certificate (default on)\n"

@@ -36,6 +36,11 @@ json_object* remote_json(const io::RemoteStatsSnapshot& s) {
   num("bytes_written", s.bytes_written);
   num("in_flight_bytes", s.in_flight_bytes);
   num("reconnects", s.reconnects);
+  if (!s.requests_per_thread.empty()) {
+    json_object* a = json_object_new_array();
+    for (uint64_t n : s.requests_per_thread) json_object_array_add(a, json_object_new_uint64(n));
+    json_object_object_add(o, "requests_per_thread", a);
+  }
   return o;
 }
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <future>
 
+#include <pthread.h>
+
 #include "io/log.h"
 #include "io/remote/lazy_library.h"
 #include "io/remote/s3.h"
@@ -26,6 +28,7 @@ struct HttpClient::Transfer {
   bool overflow = false;
   bool probe = false;  // open(): records the identity instead of checking it
   Done done;
+  Worker* worker = nullptr;  // the network thread it runs on (set by submit())
   Clock::time_point deadline;
   Clock::time_point retry_at;
   unsigned attempts = 0;
@@ -34,6 +37,23 @@ struct HttpClient::Transfer {
   char errbuf[CURL_ERROR_SIZE] = {};
   std::string range;
   std::string error_body;  // the start of a 4xx/5xx answer's body (an S3 error's XML)
+};
+
+struct HttpClient::Worker {
+  void* multi = nullptr;  // CURLM*, used on this worker's thread (and wakeup)
+  unsigned connections = 1;
+  std::atomic<uint64_t> in_flight{0};  // bytes of its transfers not yet delivered
+  std::atomic<uint64_t> requests{0};   // attempts started
+
+  std::mutex mu;  // guards incoming and stopping
+  std::deque<std::unique_ptr<Transfer>> incoming;
+  bool stopping = false;
+
+  // This worker's thread only.
+  std::unordered_set<Transfer*> active;
+  std::vector<void*> idle_easy;  // CURL* handles done with, for the next requests
+  std::vector<std::unique_ptr<Transfer>> waiting_retry;
+  std::thread thread;
 };
 
 namespace {
@@ -47,7 +67,9 @@ std::string without_query(const std::string& url) { return url.substr(0, url.fin
 
 constexpr size_t kMaxErrorBody = 8192;
 // libcurl's receive buffer (its default is 16 KiB): fewer recv calls and
-// callbacks per request of a megabyte (not more: it is allocated per transfer).
+// callbacks per request of a megabyte (not more: it is allocated per transfer,
+// and 512 KiB cost 45% more daemon CPU per GiB read; 128 and 256 KiB no
+// less than 64: bench/RESULTS.md).
 constexpr long kReceiveBuffer = 64 * 1024;
 // Idle curl handles kept for reuse beyond the connections.
 constexpr size_t kSpareHandles = 4;
@@ -132,15 +154,25 @@ HttpClient::HttpClient(std::string url, RemoteOptions opts)
     : url_(std::move(url)), display_url_(without_query(url_)), opts_(std::move(opts)) {}
 
 HttpClient::~HttpClient() {
-  {
-    std::lock_guard lk(mu_);
-    stopping_ = true;
+  for (auto& w : workers_) {
+    {
+      std::lock_guard lk(w->mu);
+      w->stopping = true;
+    }
+    curl_multi_wakeup(static_cast<CURLM*>(w->multi));
   }
-  if (multi_) curl_multi_wakeup(static_cast<CURLM*>(multi_));
-  if (thread_.joinable()) thread_.join();
-  for (void* e : idle_easy_) curl_easy_cleanup(static_cast<CURL*>(e));
-  if (multi_) curl_multi_cleanup(static_cast<CURLM*>(multi_));
+  for (auto& w : workers_) {
+    if (w->thread.joinable()) w->thread.join();
+    for (void* e : w->idle_easy) curl_easy_cleanup(static_cast<CURL*>(e));
+    curl_multi_cleanup(static_cast<CURLM*>(w->multi));
+  }
   curl_slist_free_all(headers_);
+}
+
+std::vector<uint64_t> HttpClient::requests_per_thread() const {
+  std::vector<uint64_t> n;
+  for (const auto& w : workers_) n.push_back(w->requests.load(std::memory_order_relaxed));
+  return n;
 }
 
 Status HttpClient::probe(size_t length, std::byte* buf) {
@@ -183,14 +215,25 @@ Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, con
 
 Status HttpClient::start() {
   if (!curl_library().loaded()) return Status::errorf(ELIBACC, "{}: {}", display_url_, curl_library().error());
-  CURLM* m = curl_multi_init();
-  if (!m) return Status::errorf(ENOMEM, "{}: cannot make a curl multi handle", display_url_);
-  multi_ = m;
-  curl_multi_setopt(m, CURLMOPT_MAX_HOST_CONNECTIONS, static_cast<long>(opts_.connections));
-  curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(opts_.connections));
-  curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, static_cast<long>(opts_.connections));
   for (const std::string& h : opts_.headers) headers_ = curl_slist_append(headers_, h.c_str());
-  thread_ = std::thread([this] { run(); });
+  // Each thread its share of the connections (a thread without one would idle).
+  const unsigned threads = std::clamp(opts_.network_threads, 1u, std::max(1u, opts_.connections));
+  for (unsigned i = 0; i < threads; ++i) {
+    CURLM* m = curl_multi_init();
+    if (!m) return Status::errorf(ENOMEM, "{}: cannot make a curl multi handle", display_url_);
+    auto w = std::make_unique<Worker>();
+    w->multi = m;
+    w->connections = opts_.connections / threads + (i < opts_.connections % threads ? 1 : 0);
+    const long conns = static_cast<long>(w->connections);
+    curl_multi_setopt(m, CURLMOPT_MAX_HOST_CONNECTIONS, conns);
+    curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, conns);
+    curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, conns);
+    workers_.push_back(std::move(w));
+  }
+  for (auto& w : workers_) {
+    w->thread = std::thread([this, wp = w.get()] { run(*wp); });
+    pthread_setname_np(w->thread.native_handle(), "qcowfs-net");  // top -H, perf --per-thread
+  }
   return Status::ok();
 }
 
@@ -203,13 +246,27 @@ void HttpClient::get_range(uint64_t off, Buffers dst, Done done) {
   submit(std::move(t));
 }
 
+HttpClient::Worker& HttpClient::pick_worker() {
+  const unsigned n = static_cast<unsigned>(workers_.size());
+  const unsigned first = next_worker_.fetch_add(1, std::memory_order_relaxed) % n;
+  Worker* best = workers_[first].get();
+  for (unsigned k = 1; k < n; ++k) {
+    Worker* w = workers_[(first + k) % n].get();
+    if (w->in_flight.load(std::memory_order_relaxed) < best->in_flight.load(std::memory_order_relaxed)) best = w;
+  }
+  return *best;
+}
+
 void HttpClient::submit(std::unique_ptr<Transfer> t) {
+  Worker& w = pick_worker();
+  t->worker = &w;
   t->deadline = Clock::now() + std::chrono::milliseconds(opts_.timeout_ms);
   RemoteCounters::add(counters_.in_flight_bytes, t->length);
+  RemoteCounters::add(w.in_flight, t->length);
   {
-    std::lock_guard lk(mu_);
-    if (!stopping_) {
-      incoming_.push_back(std::move(t));
+    std::lock_guard lk(w.mu);
+    if (!w.stopping) {
+      w.incoming.push_back(std::move(t));
       t = nullptr;
     }
   }
@@ -217,15 +274,15 @@ void HttpClient::submit(std::unique_ptr<Transfer> t) {
     deliver(*t, Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
     return;
   }
-  curl_multi_wakeup(static_cast<CURLM*>(multi_));
+  curl_multi_wakeup(static_cast<CURLM*>(w.multi));
 }
 
-void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
+void HttpClient::start_attempt(Worker& w, std::unique_ptr<Transfer> t) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t->deadline - Clock::now());
   CURL* e = nullptr;
-  if (!idle_easy_.empty()) {
-    e = static_cast<CURL*>(idle_easy_.back());
-    idle_easy_.pop_back();
+  if (!w.idle_easy.empty()) {
+    e = static_cast<CURL*>(w.idle_easy.back());
+    w.idle_easy.pop_back();
   } else {
     e = curl_easy_init();
   }
@@ -235,6 +292,7 @@ void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
   }
   ++t->attempts;
   RemoteCounters::add(counters_.requests);
+  RemoteCounters::add(w.requests);
   t->error_body.clear();
   t->received = 0;
   t->part = 0;
@@ -267,8 +325,8 @@ void HttpClient::start_attempt(std::unique_ptr<Transfer> t) {
     curl_easy_setopt(e, CURLOPT_USERPWD, opts_.aws_userpwd.c_str());
     curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);  // a key's "." and ".." segments are its own (io/remote/s3.h)
   }
-  active_.insert(t.get());
-  curl_multi_add_handle(static_cast<CURLM*>(multi_), e);
+  w.active.insert(t.get());
+  curl_multi_add_handle(static_cast<CURLM*>(w.multi), e);
   t.release();  // owned through active_ until complete()
 }
 
@@ -325,14 +383,15 @@ Status HttpClient::s3_refusal(const Transfer& t, long code) const {
 void HttpClient::deliver(Transfer& t, Status st) {
   if (t.probe) probe_received_ = t.received;  // read by open() after done
   RemoteCounters::sub(counters_.in_flight_bytes, t.length);
+  RemoteCounters::sub(t.worker->in_flight, t.length);
   if (st) RemoteCounters::add(counters_.bytes_fetched, t.received);
   else if (st.code() != ECANCELED) RemoteCounters::add(counters_.errors);
   t.done(std::move(st));
 }
 
-void HttpClient::complete(Transfer* raw, int curl_code) {
+void HttpClient::complete(Worker& w, Transfer* raw, int curl_code) {
   std::unique_ptr<Transfer> t(raw);
-  active_.erase(raw);
+  w.active.erase(raw);
   const auto rc = static_cast<CURLcode>(curl_code);
   long code = 0;
   curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
@@ -344,8 +403,8 @@ void HttpClient::complete(Transfer* raw, int curl_code) {
     transient = transient_curl_error(rc) && !t->overflow;
     st = Status::errorf(EIO, "{}: {}", display_url_, t->errbuf[0] ? t->errbuf : curl_easy_strerror(rc));
   }
-  curl_multi_remove_handle(static_cast<CURLM*>(multi_), t->easy);
-  if (idle_easy_.size() < opts_.connections + kSpareHandles) idle_easy_.push_back(t->easy);
+  curl_multi_remove_handle(static_cast<CURLM*>(w.multi), t->easy);
+  if (w.idle_easy.size() < w.connections + kSpareHandles) w.idle_easy.push_back(t->easy);
   else curl_easy_cleanup(t->easy);
   t->easy = nullptr;
   if (st) {
@@ -358,7 +417,7 @@ void HttpClient::complete(Transfer* raw, int curl_code) {
     RemoteCounters::add(counters_.retries);
     t->retry_at = now + backoff(t->attempts);
     t->last_error = std::move(st);
-    waiting_retry_.push_back(std::move(t));
+    w.waiting_retry.push_back(std::move(t));
     return;
   }
   if (transient) {
@@ -368,23 +427,23 @@ void HttpClient::complete(Transfer* raw, int curl_code) {
   deliver(*t, std::move(st));
 }
 
-void HttpClient::run() {
-  auto* m = static_cast<CURLM*>(multi_);
+void HttpClient::run(Worker& w) {
+  auto* m = static_cast<CURLM*>(w.multi);
   while (true) {
     std::deque<std::unique_ptr<Transfer>> fresh;
     {
-      std::lock_guard lk(mu_);
-      if (stopping_) break;
-      fresh.swap(incoming_);
+      std::lock_guard lk(w.mu);
+      if (w.stopping) break;
+      fresh.swap(w.incoming);
     }
-    for (auto& t : fresh) start_attempt(std::move(t));
+    for (auto& t : fresh) start_attempt(w, std::move(t));
     const auto now = Clock::now();
-    auto due = std::partition(waiting_retry_.begin(), waiting_retry_.end(),
+    auto due = std::partition(w.waiting_retry.begin(), w.waiting_retry.end(),
                               [&](const std::unique_ptr<Transfer>& t) { return t->retry_at > now; });
     std::vector<std::unique_ptr<Transfer>> ready(std::make_move_iterator(due),
-                                                 std::make_move_iterator(waiting_retry_.end()));
-    waiting_retry_.erase(due, waiting_retry_.end());
-    for (auto& t : ready) start_attempt(std::move(t));
+                                                 std::make_move_iterator(w.waiting_retry.end()));
+    w.waiting_retry.erase(due, w.waiting_retry.end());
+    for (auto& t : ready) start_attempt(w, std::move(t));
 
     int running = 0;
     curl_multi_perform(m, &running);
@@ -393,33 +452,33 @@ void HttpClient::run() {
       if (msg->msg != CURLMSG_DONE) continue;
       void* priv = nullptr;
       curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
-      complete(static_cast<Transfer*>(priv), msg->data.result);
+      complete(w, static_cast<Transfer*>(priv), msg->data.result);
     }
     int wait_ms = 1000;
-    for (const auto& t : waiting_retry_) {
+    for (const auto& t : w.waiting_retry) {
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t->retry_at - Clock::now()).count();
       wait_ms = std::clamp<int>(static_cast<int>(ms) + 1, 0, wait_ms);
     }
     curl_multi_poll(m, nullptr, 0, wait_ms, nullptr);
   }
-  fail_all(Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
+  fail_all(w, Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
 }
 
-void HttpClient::fail_all(const Status& st) {
-  auto* m = static_cast<CURLM*>(multi_);
-  for (Transfer* raw : active_) {
+void HttpClient::fail_all(Worker& w, const Status& st) {
+  auto* m = static_cast<CURLM*>(w.multi);
+  for (Transfer* raw : w.active) {
     std::unique_ptr<Transfer> t(raw);
     curl_multi_remove_handle(m, t->easy);
     curl_easy_cleanup(t->easy);
     deliver(*t, st);
   }
-  active_.clear();
-  for (auto& t : waiting_retry_) deliver(*t, st);
-  waiting_retry_.clear();
+  w.active.clear();
+  for (auto& t : w.waiting_retry) deliver(*t, st);
+  w.waiting_retry.clear();
   std::deque<std::unique_ptr<Transfer>> rest;
   {
-    std::lock_guard lk(mu_);
-    rest.swap(incoming_);
+    std::lock_guard lk(w.mu);
+    rest.swap(w.incoming);
   }
   for (auto& t : rest) deliver(*t, st);
 }

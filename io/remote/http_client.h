@@ -1,9 +1,14 @@
-// HttpClient: ranged GETs of one HTTP(S) object on a dedicated network thread
-// running a libcurl multi handle, so no event-loop thread ever waits for the
-// network. Connections are kept alive and reused (at most `connections` of
-// them); requests past that wait in libcurl's queue. A request fills several
-// buffers in order (one range for adjacent cache blocks), straight from
-// libcurl's receive buffer; curl handles are reused, not made per request.
+// HttpClient: ranged GETs of one HTTP(S) object on dedicated network threads,
+// each running a libcurl multi handle, so no event-loop thread ever waits for
+// the network. Connections are kept alive and reused (at most `connections` of
+// them, split between the remote-threads= threads); requests past that wait in libcurl's
+// queue. A request goes to the thread with the fewest bytes in flight (a
+// retry stays on its thread). Several threads let the receive copies (socket
+// -> libcurl's buffer -> the request's buffers) of one sequential stream run
+// on several CPUs: one thread was the bottleneck of a fast network. A request
+// fills several buffers in order (one range for adjacent cache blocks),
+// straight from libcurl's receive buffer; curl handles are reused, not made
+// per request.
 //
 // Identity: open() fetches the first block (block_size bytes; two bytes after
 // a 416 or a server too slow to send a block in time) and pins the object's size, ETag
@@ -18,8 +23,8 @@
 // an S3 server's answer adds the error code and message of its XML body).
 //
 // Thread-safety: get_range() may be called from any thread; `done` runs on
-// the network thread. The destructor fails transfers still under way with
-// ECANCELED and joins the thread.
+// one of the network threads. The destructor fails transfers still under way
+// with ECANCELED and joins the threads.
 #pragma once
 
 #include <atomic>
@@ -57,7 +62,7 @@ class HttpClient {
   using Buffers = std::vector<std::span<std::byte>>;
   struct Transfer;
 
-  // Starts the network thread and pins the object's identity (blocks the
+  // Starts the network threads and pins the object's identity (blocks the
   // calling thread for that first request only).
   static Result<std::unique_ptr<HttpClient>> open(const std::string& url, const RemoteOptions& opts);
   ~HttpClient();
@@ -65,7 +70,7 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   // Fetches [off, off + total size of dst) into dst's buffers in order;
-  // done(status) once, on the network thread.
+  // done(status) once, on one of the network threads.
   void get_range(uint64_t off, Buffers dst, Done done);
 
   const HttpIdentity& identity() const { return identity_; }
@@ -76,19 +81,26 @@ class HttpClient {
   const std::string& display_url() const { return display_url_; }
   // Requests, retries, errors, bytes fetched and bytes in flight (io/remote/remote_stats.h).
   const RemoteCounters& counters() const { return counters_; }
+  // Requests sent (each attempt counts) by each network thread.
+  std::vector<uint64_t> requests_per_thread() const;
 
  private:
+  // One network thread: its multi handle, queue and transfers.
+  struct Worker;
+
   HttpClient(std::string url, RemoteOptions opts);
   Status start();
   // open()'s identity request of [0, length) into buf; waits for it.
   Status probe(size_t length, std::byte* buf);
   void submit(std::unique_ptr<Transfer> t);
-  void run();
-  void start_attempt(std::unique_ptr<Transfer> t);
-  void complete(Transfer* t, int curl_code);
+  // The worker with the fewest bytes in flight.
+  Worker& pick_worker();
+  void run(Worker& w);
+  void start_attempt(Worker& w, std::unique_ptr<Transfer> t);
+  void complete(Worker& w, Transfer* t, int curl_code);
   Status check_response(Transfer& t, long http_code, bool* transient);
   Status s3_refusal(const Transfer& t, long http_code) const;
-  void fail_all(const Status& st);
+  void fail_all(Worker& w, const Status& st);
   // Calls t's done once, after counting it.
   void deliver(Transfer& t, Status st);
 
@@ -102,18 +114,9 @@ class HttpClient {
   std::atomic<bool> change_logged_{false};
   RemoteCounters counters_;
 
-  void* multi_ = nullptr;          // CURLM*, used on the network thread (and wakeup)
-  ::curl_slist* headers_ = nullptr;
-
-  std::mutex mu_;  // guards incoming_ and stopping_
-  std::deque<std::unique_ptr<Transfer>> incoming_;
-  bool stopping_ = false;
-
-  // Network thread only.
-  std::unordered_set<Transfer*> active_;
-  std::vector<void*> idle_easy_;  // CURL* handles done with, for the next requests
-  std::vector<std::unique_ptr<Transfer>> waiting_retry_;
-  std::thread thread_;
+  ::curl_slist* headers_ = nullptr;  // set by start(), read-only after
+  std::vector<std::unique_ptr<Worker>> workers_;  // made by start()
+  std::atomic<unsigned> next_worker_{0};  // round-robin among equally loaded workers
 };
 
 }  // namespace qcowfs::io

@@ -66,6 +66,7 @@ RemoteStatsSnapshot HttpFile::describe() const {
   s.last_modified = id.last_modified;
   s.settings = settings_;
   client_->counters().fill(s);
+  s.requests_per_thread = client_->requests_per_thread();
   const BlockCacheStats cs = cache_->stats();
   s.cache_hits = cs.hits;
   s.cache_misses = cs.misses;
@@ -87,9 +88,9 @@ Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const 
   const uint64_t small_fetch = opts.cache_dir.empty() ? kSmallFetch : 0;
   std::string settings = fmt::format(
       "blocks of {} KiB, requests up to {} KiB, small reads in {} KiB, cache {} MiB, readahead up to {} KiB, "
-      "timeout {} s, {} connections", opts.block_size / 1024, max_request / 1024,
+      "timeout {} s, {} connections on {} network threads", opts.block_size / 1024, max_request / 1024,
       (small_fetch ? small_fetch : opts.block_size) / 1024, opts.cache_size >> 20, readahead / 1024,
-      opts.timeout_ms / 1000, opts.connections);
+      opts.timeout_ms / 1000, opts.connections, std::min(opts.network_threads, opts.connections));
   if (url.starts_with("https://"))
     settings += opts.ssl_verify ? fmt::format(", TLS verified{}", opts.ca_file.empty() ? "" : " with " + opts.ca_file)
                                 : ", TLS NOT verified (sslverify=off)";

@@ -97,6 +97,10 @@ Result<bool> apply_known(RemoteOptions& o, std::string_view key, std::string_vie
     unsigned n = 0;
     if (!parse_remote_uint(value, n) || n < 1 || n > 64) return bad_remote_value(key, value, "a number from 1 to 64");
     o.connections = n;
+  } else if (key == "remote-threads") {
+    unsigned n = 0;
+    if (!parse_remote_uint(value, n) || n < 1 || n > 8) return bad_remote_value(key, value, "a number from 1 to 8");
+    o.network_threads = n;
   } else if (key == "remote-cache-dir") {
     if (value.empty()) return bad_remote_value(key, value, "a directory");
     std::error_code ec;

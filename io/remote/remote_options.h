@@ -22,6 +22,7 @@ struct RemoteOptions {
   uint64_t readahead = 16 * 1024 * 1024;   // remote-readahead=: most a sequential reader runs ahead (0: off)
   unsigned timeout_ms = 30000;             // remote-timeout= (seconds): a request fails with EIO after this
   unsigned connections = 8;                // remote-connections=: kept-alive connections (requests in flight)
+  unsigned network_threads = 2;            // remote-threads=: network threads of http(s)/s3 (at most connections)
   // remote-cache-dir=: keep fetched blocks of http(s)/s3 objects in this
   // folder across mounts (io/remote/disk_cache.h); "" for none. Made absolute
   // when given. remote-cache-dir-size=: most bytes kept there, all objects.

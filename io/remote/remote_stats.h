@@ -40,6 +40,7 @@ struct RemoteStatsSnapshot {
   uint64_t bytes_written = 0; // nbd: payload bytes sent
   uint64_t in_flight_bytes = 0;  // buffers of requests under way now
   uint64_t reconnects = 0;    // nbd: connections made again after one was lost
+  std::vector<uint64_t> requests_per_thread;  // http/s3: requests sent by each network thread
 };
 
 // The network counters a client bumps (relaxed: they are statistics).

@@ -479,14 +479,19 @@ def test_statistics_count_a_miss_then_a_hit(site, workdir):
         misses = m1["cache_misses"] - m0["cache_misses"]
         assert misses >= 1
         assert m1["requests"] - m0["requests"] == misses
+        # Two network threads (remote-threads= default): the identity request went to the first,
+        # the next request to the second (the one with fewer bytes in flight, round robin on a tie).
+        per_thread = m1["requests_per_thread"]
+        assert len(per_thread) == 2 and sum(per_thread) == m1["requests"], m1
+        assert min(per_thread) >= 1, m1
         # A small random read fetches its 4 KiB granule, not the 64 KiB block.
         assert m1["bytes_fetched"] - m0["bytes_fetched"] == misses * 4096
         assert uncached_pread(view, MiB + 4096, 4096) == ref[MiB + 4096:MiB + 8192]  # the same granule
         hit = after_signal(missed)
         m2 = hit["remotes"][0]
         assert m2["cache_hits"] > m1["cache_hits"]
-        assert (m2["cache_misses"], m2["requests"], m2["bytes_fetched"]) == \
-            (m1["cache_misses"], m1["requests"], m1["bytes_fetched"])
+        assert (m2["cache_misses"], m2["requests"], m2["bytes_fetched"], m2["requests_per_thread"]) == \
+            (m1["cache_misses"], m1["requests"], m1["bytes_fetched"], m1["requests_per_thread"])
         assert (m2["retries"], m2["errors"], m2["in_flight_bytes"]) == (0, 0, 0)
     log = (workdir / "view.log").read_text()
     # At mount: size, identity and settings; on SIGUSR1: the counters.

@@ -17,13 +17,17 @@ TEST(RemoteOptions, ParsesValuesAndRefusesBadOnes) {
   EXPECT_TRUE(*apply_remote_option(o, "remote-block-size", "1M"));
   EXPECT_TRUE(*apply_remote_option(o, "remote-timeout", "5"));
   EXPECT_TRUE(*apply_remote_option(o, "sslverify", "off"));
+  EXPECT_EQ(o.network_threads, 2u);
+  EXPECT_TRUE(*apply_remote_option(o, "remote-threads", "3"));
+  EXPECT_EQ(o.network_threads, 3u);
   EXPECT_EQ(o.block_size, 1u << 20);
   EXPECT_EQ(o.timeout_ms, 5000u);
   EXPECT_FALSE(o.ssl_verify);
   EXPECT_TRUE(o.set_by_user);
   EXPECT_FALSE(*apply_remote_option(o, "cache", "none"));  // not a remote option
   for (auto [k, v] : {std::pair{"remote-block-size", "3000"}, {"remote-timeout", "0"}, {"sslverify", "no"},
-                      {"remote-connections", "x"}, {"token-file", "/nonexistent/token"}}) {
+                      {"remote-connections", "x"}, {"remote-threads", "0"}, {"remote-threads", "9"},
+                      {"token-file", "/nonexistent/token"}}) {
     auto r = apply_remote_option(o, k, v);
     ASSERT_FALSE(r) << k;
     EXPECT_NE(r.status().message().find(k), std::string::npos) << r.status().message();
