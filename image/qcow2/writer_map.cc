@@ -71,7 +71,7 @@ Status Qcow2Writer::take_entry(Plan& plan, Slot& s) const {
 // (L1Table::load), and the L2 cache is internally synchronised.
 Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, Plan& plan) {
   const Geometry& g = img_.geometry;
-  plan = Plan{};
+  plan.reset();
   const GuestCluster first_gc = guest >> g.cluster_bits, last_gc = (guest + len - 1) >> g.cluster_bits;
   plan.slots.reserve(static_cast<size_t>(last_gc - first_gc + 1));
   for (GuestCluster gc = first_gc; gc <= last_gc; ++gc) {
@@ -93,7 +93,7 @@ Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, P
 
 Task<Status> Qcow2Writer::map_exclusive(GuestOffset guest, uint64_t len, Plan& plan) {
   const Geometry& g = img_.geometry;
-  plan = Plan{};
+  plan.reset();
   const GuestCluster first_gc = guest >> g.cluster_bits, last_gc = (guest + len - 1) >> g.cluster_bits;
   plan.slots.reserve(static_cast<size_t>(last_gc - first_gc + 1));
   for (GuestCluster gc = first_gc; gc <= last_gc; ++gc) {
