@@ -16,6 +16,7 @@ void OpenFile::truncate_to_zero() {
   written_.clear();
   size_ = 0;
   overflowed_ = false;
+  recording_.store(true, std::memory_order_release);
 }
 
 void OpenFile::set_size(uint64_t size) {
@@ -23,8 +24,11 @@ void OpenFile::set_size(uint64_t size) {
   if (truncating_) size_ = size;
 }
 
+// The unlocked check orders as taking the mutex first would: a write noted
+// before a concurrent ftruncate(fd, 0) may be missed, which the truncation
+// would have cleared anyway; one that follows it reads true.
 void OpenFile::note_written(uint64_t off, uint64_t len) {
-  if (len == 0) return;
+  if (len == 0 || !recording_.load(std::memory_order_acquire)) return;
   uint64_t end = off + len;  // inside the disk: no overflow
   std::lock_guard lk(mu_);
   if (!truncating_ || overflowed_) return;
@@ -42,6 +46,7 @@ void OpenFile::note_written(uint64_t off, uint64_t len) {
   written_.emplace(off, end);
   if (written_.size() > kMaxTrackedRanges) {
     overflowed_ = true;
+    recording_.store(false, std::memory_order_release);
     written_.clear();
   }
 }

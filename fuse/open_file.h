@@ -19,8 +19,11 @@
 //
 // Thread-safety: every method may be called concurrently (writes of one open
 // are dispatched on any event-loop thread); a mutex guards the ranges.
+// note_written() of an open that records nothing (never truncated, or
+// overflowed) returns after one atomic load, without the mutex.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -40,7 +43,7 @@ class OpenFile {
   };
 
   // truncating: opened with O_TRUNC.
-  explicit OpenFile(bool truncating) : truncating_(truncating) {}
+  explicit OpenFile(bool truncating) : truncating_(truncating), recording_(truncating) {}
   OpenFile(const OpenFile&) = delete;
   OpenFile& operator=(const OpenFile&) = delete;
 
@@ -69,6 +72,9 @@ class OpenFile {
   std::map<uint64_t, uint64_t> written_;  // start -> end, disjoint, not touching
   uint64_t size_ = 0;                     // the size last set since truncating
   bool overflowed_ = false;
+  // truncating_ && !overflowed_: whether note_written() records. Written
+  // under mu_ with them, read by note_written() without it.
+  std::atomic<bool> recording_;
 };
 
 }  // namespace qcowfs::fuse

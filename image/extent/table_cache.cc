@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "image/endian.h"
@@ -112,6 +113,17 @@ Result<TableCache::Ref> TableCache::try_get(uint64_t host) {
     ++e->pins;
   }
   return Ref(this, std::move(e));
+}
+
+bool TableCache::try_read(uint64_t host, size_t at, std::span<std::byte> out) {
+  std::lock_guard lk(mu_);
+  auto it = map_.find(host);
+  if (it == map_.end()) return false;
+  Entry& e = *it->second;
+  if (!e.loaded.is_set() || !e.load_status.is_ok()) return false;
+  lru_.splice(lru_.begin(), lru_, e.lru);
+  std::memcpy(out.data(), e.data.data() + at, out.size());
+  return true;
 }
 
 Task<Status> TableCache::load(Entry& e) {

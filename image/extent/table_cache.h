@@ -92,6 +92,12 @@ class TableCache {
   // The slice if it is cached and loaded (pinned, moved to the LRU front);
   // otherwise an error Status and nothing changes. Never suspends.
   Result<Ref> try_get(uint64_t host);
+  // Copies out.size() bytes at `at` of the slice at `host` when it is cached
+  // and loaded (moved to the LRU front), under one mutex round and with no
+  // pin: for a caller whose range lock keeps those bytes from changing and
+  // that needs no more of the slice afterwards. False (out untouched) when
+  // try_get would fail. Never suspends.
+  bool try_read(uint64_t host, size_t at, std::span<std::byte> out);
   // The file the slices are read from (and written back to).
   io::HostFile& file() const { return file_; }
 

@@ -81,6 +81,10 @@ Task<Result<std::unique_ptr<PersistentBitmaps>>> PersistentBitmaps::load(io::Hos
     QCOWFS_CO_TRY(co_await load_one_bitmap(f, h, load_data, t, loaded_bytes));
     out->bitmaps_.push_back(std::move(t));
   }
+  {
+    std::lock_guard lock(out->mu_);
+    out->recount();
+  }
   QCOWFS_CO_TRY(check_bitmap_ranges_disjoint(out->held_ranges(h.cluster_size())));
   co_return out;
 }
@@ -115,7 +119,18 @@ std::vector<BitmapDirEntry> PersistentBitmaps::entries() const {
   return out;
 }
 
+void PersistentBitmaps::recount() {
+  noting_.store(std::any_of(bitmaps_.begin(), bitmaps_.end(),
+                            [](const TrackedBitmap& t) { return t.bits && t.entry.enabled(); }),
+                std::memory_order_release);
+}
+
+// The unlocked check orders like the locked path: a write whose note comes
+// before an add()/enable's store of noting_ may miss the new bitmap, as it
+// would by taking the mutex first; one after it (e.g. a write issued once
+// the `qcowfs bitmap` request returned) reads true and takes the mutex.
 void PersistentBitmaps::note_write(uint64_t guest, uint64_t len) {
+  if (!noting_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(mu_);
   for (TrackedBitmap& t : bitmaps_)
     if (t.bits && t.entry.enabled()) t.bits->set(guest, len);
@@ -207,6 +222,7 @@ Status PersistentBitmaps::add(const std::string& name, uint64_t granularity, boo
   t.bits = std::make_shared<DirtyBitmap>(disk_size, t.entry.granularity_bits);
   bitmaps_.push_back(std::move(t));
   modified_ = true;
+  recount();
   return Status::ok();
 }
 
@@ -219,6 +235,7 @@ Status PersistentBitmaps::remove(const std::string& name) {
   removed_.insert(removed_.end(), it->held.begin(), it->held.end());
   bitmaps_.erase(it);
   modified_ = true;
+  recount();
   return Status::ok();
 }
 
@@ -259,6 +276,7 @@ Status PersistentBitmaps::set_enabled(const std::string& name, bool enabled) {
   QCOWFS_TRY(find_consistent(name, &t));
   t->entry.flags = enabled ? (t->entry.flags | kBitmapFlagAuto) : (t->entry.flags & ~kBitmapFlagAuto);
   modified_ = true;
+  recount();
   return Status::ok();
 }
 
@@ -306,6 +324,7 @@ void PersistentBitmaps::stored(std::vector<TrackedBitmap> done, BitmapHostRange 
     }
   removed_.clear();
   modified_ = false;
+  recount();
   dir_ = std::move(dir);
 }
 

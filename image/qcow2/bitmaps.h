@@ -20,9 +20,12 @@
 // read-only): they never change then.
 //
 // Thread-safety: every member function is safe to call concurrently (one
-// mutex, never held across I/O); load() is a plain factory.
+// mutex, never held across I/O); load() is a plain factory. note_write()
+// returns without the mutex when no bitmap is enabled and loaded (an atomic
+// every change of the set or of a flag recomputes under the mutex).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -119,6 +122,9 @@ class PersistentBitmaps {
   bool changed() const;  // loaded bitmaps or removals to store
 
  private:
+  // Recomputes noting_ from bitmaps_; called with mu_ held after every change
+  // of the set, of a bitmap's bits pointer or of its flags.
+  void recount();
   TrackedBitmap* find(const std::string& name);
   const TrackedBitmap* find(const std::string& name) const;
   Status find_consistent(const std::string& name, TrackedBitmap** out);
@@ -128,6 +134,9 @@ class PersistentBitmaps {
   std::vector<BitmapHostRange> removed_;    // clusters of removed bitmaps, freed at the next store
   bool modified_ = false;                   // an operation changed the set or a flag
   BitmapHostRange dir_;                     // the directory on disk (length 0: none)
+  // Whether some bitmap is loaded and enabled, i.e. note_write() has bits to
+  // set. Written under mu_ (recount()), read by note_write() without it.
+  std::atomic<bool> noting_{false};
 };
 
 }  // namespace qcowfs::image::qcow2

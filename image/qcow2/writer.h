@@ -197,6 +197,7 @@ class Qcow2Writer {
   HostOffset slice_of(const Slot& s, HostOffset l2_table) const;
   bool pin_cached_slice(Plan& plan, HostOffset slice_host) const;
   Status take_entry(Plan& plan, Slot& s) const;
+  bool read_cached_entry(Slot& s, HostOffset slice_host) const;
   Result<HostOffset> l2_table_of(uint64_t l1_entry, uint64_t l1_index) const;
   Status classify(Slot& s) const;
   void classify_owned(Slot& s, HostOffset host) const;

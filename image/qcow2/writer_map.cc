@@ -3,6 +3,7 @@
 // clusters, with preallocation ahead of small writes into fresh clusters.
 #include <algorithm>
 
+#include "image/endian.h"
 #include "image/qcow2/writer_plan.h"
 #include "io/align.h"
 
@@ -54,6 +55,24 @@ bool Qcow2Writer::pin_cached_slice(Plan& plan, HostOffset slice_host) const {
   return true;
 }
 
+// Reads slot s's entry (and extended L2 bitmap) straight from the cached
+// slice at slice_host, without pinning it: false when the slice is not
+// cached and loaded. For map_overwrite only: the shared range lock keeps
+// this cluster's entry from changing (every mapping change holds it
+// exclusive), and an overwrite needs nothing of the slice after classifying
+// (write_data uses the slot's host offset; only commit() writes entries).
+bool Qcow2Writer::read_cached_entry(Slot& s, HostOffset slice_host) const {
+  const Geometry& g = img_.geometry;
+  const size_t esz = g.l2_entry_size();
+  const size_t index = static_cast<size_t>((s.gc % g.l2_entries()) % img_.l2_slice_entries());
+  std::byte raw[2 * sizeof(uint64_t)];
+  if (!img_.l2_cache->try_read(slice_host, index * esz, std::span(raw, esz))) return false;
+  s.index = index;
+  s.old_entry = load_be64(raw);
+  s.old_bitmap = g.extended_l2 ? load_be64(raw + kExtendedL2BitmapOffset) : 0;
+  return true;
+}
+
 // Reads slot s's entry from the plan's last slice (the slot's) and classifies it.
 Status Qcow2Writer::take_entry(Plan& plan, Slot& s) const {
   const Geometry& g = img_.geometry;
@@ -71,7 +90,7 @@ Status Qcow2Writer::take_entry(Plan& plan, Slot& s) const {
 // (L1Table::load), and the L2 cache is internally synchronised.
 Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, Plan& plan) {
   const Geometry& g = img_.geometry;
-  plan = Plan{};
+  plan.reset();
   const GuestCluster first_gc = guest >> g.cluster_bits, last_gc = (guest + len - 1) >> g.cluster_bits;
   plan.slots.reserve(static_cast<size_t>(last_gc - first_gc + 1));
   for (GuestCluster gc = first_gc; gc <= last_gc; ++gc) {
@@ -81,8 +100,8 @@ Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, P
     auto l2 = l2_table_of(e, l1_index);
     if (!l2) co_return l2.status();
     if (*l2 == 0 || !(e & kOflagCopied)) co_return false;
-    if (pin_cached_slice(plan, slice_of(s, *l2)))  // the common case: no task to await
-      QCOWFS_CO_TRY(take_entry(plan, s));
+    if (read_cached_entry(s, slice_of(s, *l2)))  // the common case: no task to await, no pin
+      QCOWFS_CO_TRY(classify(s));
     else
       QCOWFS_CO_TRY(co_await load_entry(plan, s, *l2));
     if (s.kind != Kind::overwrite) co_return false;
@@ -93,7 +112,7 @@ Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, P
 
 Task<Status> Qcow2Writer::map_exclusive(GuestOffset guest, uint64_t len, Plan& plan) {
   const Geometry& g = img_.geometry;
-  plan = Plan{};
+  plan.reset();
   const GuestCluster first_gc = guest >> g.cluster_bits, last_gc = (guest + len - 1) >> g.cluster_bits;
   plan.slots.reserve(static_cast<size_t>(last_gc - first_gc + 1));
   for (GuestCluster gc = first_gc; gc <= last_gc; ++gc) {

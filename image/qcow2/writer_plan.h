@@ -16,6 +16,7 @@
 
 #include "image/qcow2/writer.h"
 #include "io/buffer.h"
+#include "io/inline_vector.h"
 
 namespace qcowfs::image::qcow2 {
 
@@ -49,11 +50,21 @@ struct Qcow2Writer::Slot {
   bool needs_cow() const { return wr_start != rq_start || wr_end != rq_end; }
 };
 
+// The lists hold two slots and one slice inline: a request inside one or two
+// clusters (every small write) allocates nothing for its plan.
 struct Qcow2Writer::Plan {
-  std::vector<Slot> slots;
-  std::vector<TableCache::Ref> slices;
+  InlineVector<Slot, 2> slots;
+  InlineVector<TableCache::Ref, 1> slices;
   HostCluster first_hc = 0;  // host clusters allocated for this request
   uint64_t run_clusters = 0;
+
+  // Empty again, as constructed (a mapping that starts over).
+  void reset() {
+    slots.clear();
+    slices.clear();
+    first_hc = 0;
+    run_clusters = 0;
+  }
 };
 
 // One host-contiguous write of a request: head COW + guest data + tail COW

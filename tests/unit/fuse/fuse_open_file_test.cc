@@ -58,6 +58,18 @@ TEST(FuseOpenFile, TooScatteredAWriterStopsTrackingAndZeroesNothing) {
   EXPECT_EQ(gaps_of(f), Gaps{});
 }
 
+TEST(FuseOpenFile, ATruncationToZeroRecordsAgainAfterAnOverflow) {
+  // note_written() skips the mutex while the open records nothing (an atomic
+  // flag): the truncation must turn recording back on.
+  OpenFile f(true);
+  for (uint64_t i = 1; i <= kMaxTrackedRanges + 1; ++i) f.note_written(i * 8192, 512);
+  ASSERT_TRUE(f.overflowed());
+  f.truncate_to_zero();
+  EXPECT_FALSE(f.overflowed());
+  f.note_written(8192, 4096);
+  EXPECT_EQ(gaps_of(f), (Gaps{{0, 8192}}));
+}
+
 TEST(FuseOpenFile, ATruncationToZeroMakesAnOpenTruncating) {
   OpenFile f(false);
   f.note_written(0, 4096);  // before the truncation: forgotten by it
