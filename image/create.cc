@@ -53,6 +53,31 @@ Task<Status> write_new_image_file(NewFiles& files, const std::string& path, std:
   co_return co_await (*f)->flush();
 }
 
+namespace {
+
+class NewImageFileCreator final : public Creator {
+ public:
+  explicit NewImageFileCreator(NewImageFile f) : f_(std::move(f)) {}
+
+  std::string formatting() const override { return f_.formatting; }
+
+  Task<Status> write(NewFiles& files) override {
+    io::AlignedBuffer head = f_.make_head();
+    std::span<const std::byte> used = head.span();
+    if (f_.head_bytes != 0) used = used.first(f_.head_bytes);
+    co_return co_await write_new_image_file(files, f_.path, used, f_.length);
+  }
+
+ private:
+  NewImageFile f_;
+};
+
+}  // namespace
+
+std::unique_ptr<Creator> new_image_file_creator(NewImageFile file) {
+  return std::make_unique<NewImageFileCreator>(std::move(file));
+}
+
 Result<uint64_t> required_size(const CreateRequest& request) {
   if (!request.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", request.path);
   return *request.size;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/buffer.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/task.h"
@@ -75,6 +77,21 @@ class Creator {
 // files.create(path), written, flushed.
 Task<Status> write_new_image_file(NewFiles& files, const std::string& path, std::span<const std::byte> head,
                                   uint64_t length);
+
+// What a Creator for such a format (one file, written by write_new_image_file)
+// needs: the file, its Formatting line, its length, and how to build its head.
+struct NewImageFile {
+  std::string path;        // the image file
+  std::string formatting;  // Creator::formatting()
+  uint64_t length = 0;     // the file's size
+  // Builds the metadata, called by write() (so a create refused before it
+  // builds nothing); its first head_bytes bytes are written, all when 0.
+  std::function<io::AlignedBuffer()> make_head;
+  size_t head_bytes = 0;
+};
+
+// The Creator of a NewImageFile (QED, VDI, Parallels).
+std::unique_ptr<Creator> new_image_file_creator(NewImageFile file);
 
 // Checks the request's options for one format and resolves defaults; an
 // unknown option or a bad value is EINVAL with qemu-img's wording where it has
