@@ -160,6 +160,8 @@ class Qcow2Writer {
   Task<Status> prepare_locked();
   Task<Status> set_incompatible_bits(uint64_t bits);
   Task<Status> write_header_bytes(uint64_t header_offset, std::span<const std::byte> bytes);
+  // One 8-byte big-endian header field (autoclear, incompatible features, size), then a flush.
+  Task<Status> write_header_u64(uint64_t header_offset, uint64_t value);
   Task<Status> repair_refcounts();
   Task<Status> clear_autoclear_features(bool keep_bitmaps);
   Task<Status> write_back_all();
