@@ -78,20 +78,13 @@ class Creator {
 Task<Status> write_new_image_file(NewFiles& files, const std::string& path, std::span<const std::byte> head,
                                   uint64_t length);
 
-// What a Creator for such a format (one file, written by write_new_image_file)
-// needs: the file, its Formatting line, its length, and how to build its head.
-struct NewImageFile {
-  std::string path;        // the image file
-  std::string formatting;  // Creator::formatting()
-  uint64_t length = 0;     // the file's size
-  // Builds the metadata, called by write() (so a create refused before it
-  // builds nothing); its first head_bytes bytes are written, all when 0.
-  std::function<io::AlignedBuffer()> make_head;
-  size_t head_bytes = 0;
-};
-
-// The Creator of a NewImageFile (QED, VDI, Parallels).
-std::unique_ptr<Creator> new_image_file_creator(NewImageFile file);
+// The Creator of a format whose new image is one file written by
+// write_new_image_file() (QED, VDI, Parallels): `formatting` is its
+// Formatting line and `length` the file's size; make_head() builds the
+// metadata when write() runs (so a create refused before it builds nothing),
+// and its first head_bytes bytes are written (all of it when 0).
+std::unique_ptr<Creator> new_image_file_creator(std::string path, std::string formatting, uint64_t length,
+                                                std::function<io::AlignedBuffer()> make_head, size_t head_bytes = 0);
 
 // Checks the request's options for one format and resolves defaults; an
 // unknown option or a bad value is EINVAL with qemu-img's wording where it has

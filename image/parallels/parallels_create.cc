@@ -77,12 +77,9 @@ Result<std::unique_ptr<Creator>> prepare_parallels_create(const CreateRequest& r
     return Status::errorf(EINVAL, "{}: Cluster size is too large", r.path);
   if (c.size >= kMaxImageFactor * c.cluster_size)
     return Status::errorf(E2BIG, "{}: Image size is too large for this cluster size", r.path);
-  NewImageFile f;
-  f.path = c.path;
-  f.formatting = fmt::format("fmt=parallels size={} cluster_size={}", c.size_given, c.cluster_given);
-  f.length = c.bat_sectors() * kSector;
-  f.make_head = [c] { return header_sector(c); };
-  return new_image_file_creator(std::move(f));
+  const uint64_t length = c.bat_sectors() * kSector;
+  std::string formatting = fmt::format("fmt=parallels size={} cluster_size={}", c.size_given, c.cluster_given);
+  return new_image_file_creator(c.path, std::move(formatting), length, [c] { return header_sector(c); });
 }
 
 }  // namespace qcowfs::image

@@ -105,14 +105,10 @@ Result<std::unique_ptr<Creator>> prepare_qed_create(const CreateRequest& request
     return Status::errorf(EINVAL,
                           "{}: QED image size must be a non-zero multiple of cluster size and less than {} bytes",
                           r.path, max);
-  NewImageFile f;
-  f.path = c.path;
-  f.formatting = formatting(c);
   // The header and backing file name, then the zeroed L1 table.
-  f.length = uint64_t{c.cluster_size} * (1 + c.table_size);
-  f.head_bytes = kHeaderBytes + c.backing_file.size();
-  f.make_head = [c] { return header_cluster(c); };
-  return new_image_file_creator(std::move(f));
+  const uint64_t length = uint64_t{c.cluster_size} * (1 + c.table_size);
+  const size_t head_bytes = kHeaderBytes + c.backing_file.size();
+  return new_image_file_creator(c.path, formatting(c), length, [c] { return header_cluster(c); }, head_bytes);
 }
 
 }  // namespace qcowfs::image

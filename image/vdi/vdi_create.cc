@@ -81,13 +81,10 @@ Result<std::unique_ptr<Creator>> prepare_vdi_create(const CreateRequest& request
   if (c.disk_size > kMaxDiskSize)
     return Status::errorf(EINVAL, "{}: Unsupported VDI image size (size is {:#x}, max supported is {:#x})", r.path,
                           c.disk_size, kMaxDiskSize);
-  NewImageFile f;
-  f.path = c.path;
-  f.formatting = fmt::format("fmt=vdi size={} static={}", c.size, c.static_text);
   // A static image's file holds every block.
-  f.length = c.offset_data() + (c.is_static ? uint64_t{c.blocks()} * kBlockSize : 0);
-  f.make_head = [c] { return metadata(c); };
-  return new_image_file_creator(std::move(f));
+  const uint64_t length = c.offset_data() + (c.is_static ? uint64_t{c.blocks()} * kBlockSize : 0);
+  std::string formatting = fmt::format("fmt=vdi size={} static={}", c.size, c.static_text);
+  return new_image_file_creator(c.path, std::move(formatting), length, [c] { return metadata(c); });
 }
 
 }  // namespace qcowfs::image
