@@ -76,6 +76,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "image/block_driver.h"
@@ -194,6 +195,9 @@ class Qcow2Writer {
   // Maps for a mapping change (exclusive range lock, metadata lock held):
   // creates or copies L2 tables as needed.
   Task<Status> map_exclusive(GuestOffset guest, uint64_t len, Plan& plan);
+  // Empties plan for the request [guest, guest + len), room made for its
+  // slots; returns the first and last guest clusters it touches.
+  std::pair<GuestCluster, GuestCluster> start_plan(GuestOffset guest, uint64_t len, Plan& plan) const;
   Slot request_slot(GuestCluster gc, GuestOffset guest, uint64_t len) const;
   Task<Status> load_entry(Plan& plan, Slot& s, HostOffset l2_table);
   HostOffset slice_of(const Slot& s, HostOffset l2_table) const;
