@@ -53,6 +53,43 @@ Task<Status> write_new_image_file(NewFiles& files, const std::string& path, std:
   co_return co_await (*f)->flush();
 }
 
+namespace {
+
+class NewImageFileCreator final : public Creator {
+ public:
+  NewImageFileCreator(std::string path, std::string formatting, uint64_t length,
+                      std::function<io::AlignedBuffer()> make_head, size_t head_bytes)
+      : path_(std::move(path)),
+        formatting_(std::move(formatting)),
+        length_(length),
+        make_head_(std::move(make_head)),
+        head_bytes_(head_bytes) {}
+
+  std::string formatting() const override { return formatting_; }
+
+  Task<Status> write(NewFiles& files) override {
+    io::AlignedBuffer head = make_head_();
+    std::span<const std::byte> used = head.span();
+    if (head_bytes_ != 0) used = used.first(head_bytes_);
+    co_return co_await write_new_image_file(files, path_, used, length_);
+  }
+
+ private:
+  std::string path_;
+  std::string formatting_;
+  uint64_t length_;
+  std::function<io::AlignedBuffer()> make_head_;
+  size_t head_bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Creator> new_image_file_creator(std::string path, std::string formatting, uint64_t length,
+                                                std::function<io::AlignedBuffer()> make_head, size_t head_bytes) {
+  return std::make_unique<NewImageFileCreator>(std::move(path), std::move(formatting), length, std::move(make_head),
+                                               head_bytes);
+}
+
 Result<uint64_t> required_size(const CreateRequest& request) {
   if (!request.size) return Status::errorf(EINVAL, "{}: Image creation needs a size parameter", request.path);
   return *request.size;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/buffer.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/task.h"
@@ -75,6 +77,14 @@ class Creator {
 // files.create(path), written, flushed.
 Task<Status> write_new_image_file(NewFiles& files, const std::string& path, std::span<const std::byte> head,
                                   uint64_t length);
+
+// The Creator of a format whose new image is one file written by
+// write_new_image_file() (QED, VDI, Parallels): `formatting` is its
+// Formatting line and `length` the file's size; make_head() builds the
+// metadata when write() runs (so a create refused before it builds nothing),
+// and its first head_bytes bytes are written (all of it when 0).
+std::unique_ptr<Creator> new_image_file_creator(std::string path, std::string formatting, uint64_t length,
+                                                std::function<io::AlignedBuffer()> make_head, size_t head_bytes = 0);
 
 // Checks the request's options for one format and resolves defaults; an
 // unknown option or a bad value is EINVAL with qemu-img's wording where it has

@@ -78,4 +78,17 @@ uint64_t ExtentDriver::allocated_bytes() const {
   return n;
 }
 
+Status take_writer(ExtentImage& img, Result<std::unique_ptr<ExtentWriter>> writer) {
+  if (!writer) return writer.status();
+  img.writer = std::move(*writer);
+  return Status::ok();
+}
+
+std::unique_ptr<BlockDriver> one_file_driver(ExtentImage img, std::unique_ptr<ExtentMap> map,
+                                             std::unique_ptr<io::HostFile> file) {
+  img.map = std::move(map);
+  img.files.push_back(std::move(file));
+  return std::make_unique<ExtentDriver>(std::move(img));
+}
+
 }  // namespace qcowfs::image

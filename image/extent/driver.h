@@ -180,4 +180,15 @@ class ExtentDriver final : public BlockDriver {
   Event drained_;      // while someone waits for batches_ to empty; set when it is
 };
 
+// For a format whose image is one host file (QED, VDI, Parallels): when a
+// read-write open made its writer, img takes it, or the open fails with the
+// Status the writer's making returned.
+Status take_writer(ExtentImage& img, Result<std::unique_ptr<ExtentWriter>> writer);
+
+// The end of opening such a format when nothing is left to open after the
+// writer (VDI, Parallels: no backing file): img takes its map and its file
+// and becomes the driver.
+std::unique_ptr<BlockDriver> one_file_driver(ExtentImage img, std::unique_ptr<ExtentMap> map,
+                                             std::unique_ptr<io::HostFile> file);
+
 }  // namespace qcowfs::image

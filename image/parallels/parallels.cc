@@ -151,15 +151,8 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_parallels(std::unique_ptr<io::Ho
   img.size = h->nb_sectors * kSector;
   auto map =
       std::make_unique<parallels::ClusterMap>(file.get(), path, h->cluster_size(), h->off_multiplier, std::move(*bat));
-  if (opts.file.writable) {
-    auto writer = co_await make_writer(*file, path, *h, *map);
-    if (!writer) co_return writer.status();
-    img.writer = std::move(*writer);
-  }
-  img.map = std::move(map);
-  img.files.push_back(std::move(file));
-  std::unique_ptr<BlockDriver> d = std::make_unique<ExtentDriver>(std::move(img));
-  co_return d;
+  if (opts.file.writable) QCOWFS_CO_TRY(take_writer(img, co_await make_writer(*file, path, *h, *map)));
+  co_return one_file_driver(std::move(img), std::move(map), std::move(file));
 }
 
 }  // namespace qcowfs::image

@@ -51,23 +51,6 @@ io::AlignedBuffer header_sector(const ParallelsCreate& c) {
   return b;
 }
 
-class ParallelsCreator final : public Creator {
- public:
-  explicit ParallelsCreator(ParallelsCreate c) : c_(std::move(c)) {}
-
-  std::string formatting() const override {
-    return fmt::format("fmt=parallels size={} cluster_size={}", c_.size_given, c_.cluster_given);
-  }
-
-  Task<Status> write(NewFiles& files) override {
-    io::AlignedBuffer header = header_sector(c_);
-    co_return co_await write_new_image_file(files, c_.path, header.span(), c_.bat_sectors() * kSector);
-  }
-
- private:
-  ParallelsCreate c_;
-};
-
 }  // namespace
 
 Result<std::unique_ptr<Creator>> prepare_parallels_create(const CreateRequest& request) {
@@ -94,7 +77,9 @@ Result<std::unique_ptr<Creator>> prepare_parallels_create(const CreateRequest& r
     return Status::errorf(EINVAL, "{}: Cluster size is too large", r.path);
   if (c.size >= kMaxImageFactor * c.cluster_size)
     return Status::errorf(E2BIG, "{}: Image size is too large for this cluster size", r.path);
-  return std::unique_ptr<Creator>(new ParallelsCreator(std::move(c)));
+  const uint64_t length = c.bat_sectors() * kSector;
+  std::string formatting = fmt::format("fmt=parallels size={} cluster_size={}", c.size_given, c.cluster_given);
+  return new_image_file_creator(c.path, std::move(formatting), length, [c] { return header_sector(c); });
 }
 
 }  // namespace qcowfs::image

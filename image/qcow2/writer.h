@@ -76,6 +76,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "image/block_driver.h"
@@ -160,6 +161,8 @@ class Qcow2Writer {
   Task<Status> prepare_locked();
   Task<Status> set_incompatible_bits(uint64_t bits);
   Task<Status> write_header_bytes(uint64_t header_offset, std::span<const std::byte> bytes);
+  // One 8-byte big-endian header field (autoclear, incompatible features, size), then a flush.
+  Task<Status> write_header_u64(uint64_t header_offset, uint64_t value);
   Task<Status> repair_refcounts();
   Task<Status> clear_autoclear_features(bool keep_bitmaps);
   Task<Status> write_back_all();
@@ -192,6 +195,9 @@ class Qcow2Writer {
   // Maps for a mapping change (exclusive range lock, metadata lock held):
   // creates or copies L2 tables as needed.
   Task<Status> map_exclusive(GuestOffset guest, uint64_t len, Plan& plan);
+  // Empties plan for the request [guest, guest + len), room made for its
+  // slots; returns the first and last guest clusters it touches.
+  std::pair<GuestCluster, GuestCluster> start_plan(GuestOffset guest, uint64_t len, Plan& plan) const;
   Slot request_slot(GuestCluster gc, GuestOffset guest, uint64_t len) const;
   Task<Status> load_entry(Plan& plan, Slot& s, HostOffset l2_table);
   HostOffset slice_of(const Slot& s, HostOffset l2_table) const;

@@ -55,9 +55,7 @@ void Qcow2Writer::note_guest_change(GuestOffset guest, uint64_t len) {
 
 // One 8-byte write of autoclear_features, then a flush.
 Task<Status> Qcow2Writer::write_autoclear(uint64_t bits) {
-  std::byte b[sizeof(uint64_t)];
-  store_be64(b, bits);
-  QCOWFS_CO_TRY(co_await write_header_bytes(offsetof(HeaderLayout, autoclear_features), b));
+  QCOWFS_CO_TRY(co_await write_header_u64(offsetof(HeaderLayout, autoclear_features), bits));
   img_.header.autoclear_features = bits;
   co_return Status::ok();
 }

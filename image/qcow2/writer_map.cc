@@ -84,15 +84,21 @@ Status Qcow2Writer::take_entry(Plan& plan, Slot& s) const {
   return classify(s);
 }
 
+std::pair<GuestCluster, GuestCluster> Qcow2Writer::start_plan(GuestOffset guest, uint64_t len, Plan& plan) const {
+  const Geometry& g = img_.geometry;
+  plan.reset();
+  const GuestCluster first_gc = guest >> g.cluster_bits, last_gc = (guest + len - 1) >> g.cluster_bits;
+  plan.slots.reserve(static_cast<size_t>(last_gc - first_gc + 1));
+  return {first_gc, last_gc};
+}
+
 // Pure overwrites need no metadata lock: the shared range lock keeps every
 // mapping change of these clusters out (those hold it exclusive); an L1 entry
 // another cluster's allocation sets meanwhile is read atomically
 // (L1Table::load), and the L2 cache is internally synchronised.
 Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, Plan& plan) {
   const Geometry& g = img_.geometry;
-  plan.reset();
-  const GuestCluster first_gc = guest >> g.cluster_bits, last_gc = (guest + len - 1) >> g.cluster_bits;
-  plan.slots.reserve(static_cast<size_t>(last_gc - first_gc + 1));
+  const auto [first_gc, last_gc] = start_plan(guest, len, plan);
   for (GuestCluster gc = first_gc; gc <= last_gc; ++gc) {
     Slot s = request_slot(gc, guest, len);
     const uint64_t l1_index = gc / g.l2_entries();
@@ -112,9 +118,7 @@ Task<Result<bool>> Qcow2Writer::map_overwrite(GuestOffset guest, uint64_t len, P
 
 Task<Status> Qcow2Writer::map_exclusive(GuestOffset guest, uint64_t len, Plan& plan) {
   const Geometry& g = img_.geometry;
-  plan.reset();
-  const GuestCluster first_gc = guest >> g.cluster_bits, last_gc = (guest + len - 1) >> g.cluster_bits;
-  plan.slots.reserve(static_cast<size_t>(last_gc - first_gc + 1));
+  const auto [first_gc, last_gc] = start_plan(guest, len, plan);
   for (GuestCluster gc = first_gc; gc <= last_gc; ++gc) {
     Slot s = request_slot(gc, guest, len);
     auto l2 = co_await ensure_l2(gc / g.l2_entries());

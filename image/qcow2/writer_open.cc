@@ -65,10 +65,14 @@ Task<Status> Qcow2Writer::write_header_bytes(uint64_t header_offset, std::span<c
   co_return co_await img_.file->flush();
 }
 
-Task<Status> Qcow2Writer::set_incompatible_bits(uint64_t bits) {
+Task<Status> Qcow2Writer::write_header_u64(uint64_t header_offset, uint64_t value) {
   std::byte b[sizeof(uint64_t)];
-  store_be64(b, bits);
-  QCOWFS_CO_TRY(co_await write_header_bytes(offsetof(HeaderLayout, incompatible_features), b));
+  store_be64(b, value);
+  co_return co_await write_header_bytes(header_offset, b);
+}
+
+Task<Status> Qcow2Writer::set_incompatible_bits(uint64_t bits) {
+  QCOWFS_CO_TRY(co_await write_header_u64(offsetof(HeaderLayout, incompatible_features), bits));
   img_.header.incompatible_features = bits;
   co_return Status::ok();
 }

@@ -74,9 +74,7 @@ Task<Status> Qcow2Writer::check_tail_unallocated(uint64_t new_size) {
 // A size-only change: one 8-byte header write + flush.
 Task<Status> Qcow2Writer::write_size(uint64_t new_size) {
   auto m = co_await meta_.lock();
-  std::byte b[sizeof(uint64_t)];
-  store_be64(b, new_size);
-  QCOWFS_CO_TRY(co_await write_header_bytes(offsetof(HeaderLayout, size), b));
+  QCOWFS_CO_TRY(co_await write_header_u64(offsetof(HeaderLayout, size), new_size));
   img_.header.size = new_size;
   size_.store(new_size, std::memory_order_release);
   co_return Status::ok();

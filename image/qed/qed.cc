@@ -121,11 +121,7 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_qed(std::unique_ptr<io::HostFile
   img.size = h->image_size;
   img.details = describe(*h, *backing_name);
   auto map = std::make_unique<qed::QedMap>(*file, path, *h, std::move(*l1), opts.table_cache_size);
-  if (opts.file.writable) {
-    auto writer = co_await make_writer(*file, path, *h, *map);
-    if (!writer) co_return writer.status();
-    img.writer = std::move(*writer);
-  }
+  if (opts.file.writable) QCOWFS_CO_TRY(take_writer(img, co_await make_writer(*file, path, *h, *map)));
   img.map = std::move(map);
   img.files.push_back(std::move(file));
   if (!backing_name->empty() && !opts.no_backing) {

@@ -52,30 +52,14 @@ io::AlignedBuffer header_cluster(const QedCreate& c) {
   return b;
 }
 
-class QedCreator final : public Creator {
- public:
-  explicit QedCreator(QedCreate c) : c_(std::move(c)) {}
-
-  std::string formatting() const override {
-    std::string s = fmt::format("fmt=qed size={}", c_.size);
-    if (!c_.backing_file.empty()) s += fmt::format(" backing_file={}", c_.backing_file);
-    if (!c_.backing_format.empty()) s += fmt::format(" backing_fmt={}", c_.backing_format);
-    s += fmt::format(" cluster_size={}", c_.cluster_size);
-    if (c_.table_size_given) s += fmt::format(" table_size={}", c_.table_size);
-    return s;
-  }
-
-  // The header and backing file name, then the zeroed L1 table.
-  Task<Status> write(NewFiles& files) override {
-    io::AlignedBuffer header = header_cluster(c_);
-    const size_t used = kHeaderBytes + c_.backing_file.size();
-    co_return co_await write_new_image_file(files, c_.path, header.span().first(used),
-                                            uint64_t{c_.cluster_size} * (1 + c_.table_size));
-  }
-
- private:
-  QedCreate c_;
-};
+std::string formatting(const QedCreate& c) {
+  std::string s = fmt::format("fmt=qed size={}", c.size);
+  if (!c.backing_file.empty()) s += fmt::format(" backing_file={}", c.backing_file);
+  if (!c.backing_format.empty()) s += fmt::format(" backing_fmt={}", c.backing_format);
+  s += fmt::format(" cluster_size={}", c.cluster_size);
+  if (c.table_size_given) s += fmt::format(" table_size={}", c.table_size);
+  return s;
+}
 
 Result<uint32_t> take_u32(CreateRequest& r, std::string_view key, uint32_t def, bool* given = nullptr) {
   auto v = take_create_option(r.options, key);
@@ -121,7 +105,10 @@ Result<std::unique_ptr<Creator>> prepare_qed_create(const CreateRequest& request
     return Status::errorf(EINVAL,
                           "{}: QED image size must be a non-zero multiple of cluster size and less than {} bytes",
                           r.path, max);
-  return std::unique_ptr<Creator>(new QedCreator(std::move(c)));
+  // The header and backing file name, then the zeroed L1 table.
+  const uint64_t length = uint64_t{c.cluster_size} * (1 + c.table_size);
+  const size_t head_bytes = kHeaderBytes + c.backing_file.size();
+  return new_image_file_creator(c.path, formatting(c), length, [c] { return header_cluster(c); }, head_bytes);
 }
 
 }  // namespace qcowfs::image

@@ -100,14 +100,8 @@ Task<Result<std::unique_ptr<BlockDriver>>> open_vdi(std::unique_ptr<io::HostFile
   img.details.cluster_size = h->block_size;
   img.details.dirty = false;  // qemu-img info prints "dirty-flag": false (vdi_get_info)
   auto map = std::make_unique<vdi::VdiMap>(*file, path, *h, std::move(*bmap));
-  if (opts.file.writable) {
-    auto writer = co_await make_writer(*file, path, *h, *map);
-    if (!writer) co_return writer.status();
-    img.writer = std::move(*writer);
-  }
-  img.map = std::move(map);
-  img.files.push_back(std::move(file));
-  co_return std::unique_ptr<BlockDriver>(std::make_unique<ExtentDriver>(std::move(img)));
+  if (opts.file.writable) QCOWFS_CO_TRY(take_writer(img, co_await make_writer(*file, path, *h, *map)));
+  co_return one_file_driver(std::move(img), std::move(map), std::move(file));
 }
 
 }  // namespace qcowfs::image

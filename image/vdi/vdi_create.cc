@@ -60,23 +60,6 @@ io::AlignedBuffer metadata(const VdiCreate& c) {
   return b;
 }
 
-class VdiCreator final : public Creator {
- public:
-  explicit VdiCreator(VdiCreate c) : c_(std::move(c)) {}
-
-  std::string formatting() const override { return fmt::format("fmt=vdi size={} static={}", c_.size, c_.static_text); }
-
-  // A static image's file holds every block.
-  Task<Status> write(NewFiles& files) override {
-    io::AlignedBuffer meta = metadata(c_);
-    const uint64_t data = c_.is_static ? uint64_t{c_.blocks()} * kBlockSize : 0;
-    co_return co_await write_new_image_file(files, c_.path, meta.span(), c_.offset_data() + data);
-  }
-
- private:
-  VdiCreate c_;
-};
-
 }  // namespace
 
 Result<std::unique_ptr<Creator>> prepare_vdi_create(const CreateRequest& request) {
@@ -98,7 +81,10 @@ Result<std::unique_ptr<Creator>> prepare_vdi_create(const CreateRequest& request
   if (c.disk_size > kMaxDiskSize)
     return Status::errorf(EINVAL, "{}: Unsupported VDI image size (size is {:#x}, max supported is {:#x})", r.path,
                           c.disk_size, kMaxDiskSize);
-  return std::unique_ptr<Creator>(new VdiCreator(std::move(c)));
+  // A static image's file holds every block.
+  const uint64_t length = c.offset_data() + (c.is_static ? uint64_t{c.blocks()} * kBlockSize : 0);
+  std::string formatting = fmt::format("fmt=vdi size={} static={}", c.size, c.static_text);
+  return new_image_file_creator(c.path, std::move(formatting), length, [c] { return metadata(c); });
 }
 
 }  // namespace qcowfs::image

@@ -9,8 +9,6 @@
 // Input: the image file's bytes (seeds: make_seeds.py FORMAT_IMAGES).
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -18,9 +16,9 @@
 #include "image/block_driver.h"
 #include "image/format.h"
 #include "io/buffer.h"
-#include "io/engine.h"
 #include "io/mem_file.h"
 #include "io/run_sync.h"
+#include "fuzz_driver.h"
 
 #ifndef QCOWFS_FUZZ_FORMAT
 #error "QCOWFS_FUZZ_FORMAT names the format (tests/fuzz/CMakeLists.txt)"
@@ -30,48 +28,15 @@ namespace io = qcowfs::io;
 namespace image = qcowfs::image;
 using qcowfs::Status;
 using qcowfs::Task;
+namespace fuzz = qcowfs::fuzz;
 
 namespace {
 
-constexpr uint64_t kChunk = 64 * 1024;
-constexpr uint64_t kHeadBytes = 1 << 20;  // read the first MiB fully
-constexpr int kSamples = 16;              // plus this many chunks spread over the disk
-constexpr int kStatusQueries = 32;
+using fuzz::engine;
+using fuzz::kChunk;
+
 constexpr uint64_t kGrowLimit = 16 << 20;  // a writable copy grows by at most this
 constexpr int kWrites = 6;
-
-io::Engine& engine() {
-  static std::unique_ptr<io::Engine> e = [] {
-    auto r = io::make_engine(io::EngineKind::threads);
-    if (!r) {
-      std::fprintf(stderr, "no engine: %s\n", r.status().to_string().c_str());
-      std::abort();
-    }
-    return std::move(*r);
-  }();
-  return *e;
-}
-
-Task<void> read_some(image::BlockDriver& d) {
-  io::AlignedBuffer buf(kChunk, d.mem_align(), false);
-  const uint64_t size = d.size();
-  for (uint64_t off = 0; off < size && off < kHeadBytes; off += kChunk) {
-    uint64_t n = std::min(kChunk, size - off);
-    (void)co_await d.read(off, buf.span().first(n));
-  }
-  for (int i = 1; i <= kSamples && size > 0; ++i) {
-    uint64_t off = size / (kSamples + 1) * static_cast<uint64_t>(i);
-    uint64_t n = std::min(kChunk, size - off);
-    if (n > 0) (void)co_await d.read(off, buf.span().first(n));
-  }
-  uint64_t off = 0;
-  for (int i = 0; i < kStatusQueries && off < size; ++i) {
-    auto st = co_await d.block_status(off, size - off);
-    if (!st || st->length == 0) break;
-    off += st->length;
-  }
-  (void)d.details();
-}
 
 Task<void> write_some(image::BlockDriver& d) {
   io::AlignedBuffer buf(kChunk, d.mem_align(), false);
@@ -116,7 +81,8 @@ Task<void> fuzz_one(std::vector<std::byte> bytes) {
   opts.table_cache_size = 64 * 1024;
   auto d = co_await f->open(std::move(file), mo.path, opts);
   if (!d) co_return;
-  co_await read_some(**d);
+  co_await fuzz::read_some(**d);
+  (void)(*d)->details();
   (void)co_await (*d)->close();
 }
 

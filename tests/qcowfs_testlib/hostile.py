@@ -97,6 +97,33 @@ def to_raw(image: Path, out: Path, fmt: str = "qcow2") -> Path:
     return out
 
 
+def read_at(img: Path, off: int, fmt: str) -> int:
+    """The value of struct format fmt at file offset off of img."""
+    with open(img, "rb") as f:
+        f.seek(off)
+        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def write_at(img: Path, off: int, data: bytes) -> None:
+    """Overwrites img with data at file offset off."""
+    with open(img, "r+b") as f:
+        f.seek(off)
+        f.write(data)
+
+
+def edited(base: Callable[[Path], Path], edit: Callable[[Path], None],
+           pristine_fmt: str | None = None) -> Callable[[Path], Built]:
+    """A case maker for the other formats' modules: base(d) makes the valid
+    image, edit(img) damages it in place; with pristine_fmt (the image's
+    qemu-img format) its raw rendering is taken before the damage."""
+    def make(d: Path) -> Built:
+        img = base(d)
+        raw = to_raw(img, img.with_suffix(".pristine.raw"), pristine_fmt) if pristine_fmt else None
+        edit(img)
+        return Built(img, [img], raw)
+    return make
+
+
 # --------------------------------------------------------------------------
 # Valid starting images
 

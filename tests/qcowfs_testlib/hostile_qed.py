@@ -7,6 +7,7 @@ docs/interop/qed_spec.txt; L1/L2 entries are found by walking the tables."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -59,56 +60,33 @@ def base(h, d: Path) -> Path:
     return img
 
 
-def pristine(h, img: Path) -> Path:
-    out = img.with_suffix(".pristine.raw")
-    h.run("qemu-img", "convert", "-f", "qed", "-O", "raw", img, out)
-    return out
-
-
 def fields(h, **values):
-    def make(d: Path):
-        img = base(h, d)
+    def edit(img: Path):
         for name, value in values.items():
             set_field(img, name, value(img) if callable(value) else value)
-        return h.Built(img, [img])
-    return make
+    return h.edited(lambda d: base(h, d), edit)
 
 
 def truncated(h, size: int):
-    def make(d: Path):
-        img = base(h, d)
-        with open(img, "r+b") as f:
-            f.truncate(size)
-        return h.Built(img, [img])
-    return make
+    return h.edited(lambda d: base(h, d), lambda img: os.truncate(img, size))
 
 
 def entry_patch(h, where, value):
     """Patches the 64-bit table entry at where(img) to value(img, old)."""
-    def make(d: Path):
-        img = base(h, d)
-        raw = pristine(h, img)
+    def edit(img: Path):
         at = where(img)
-        with open(img, "rb") as f:
-            f.seek(at)
-            old = struct.unpack("<Q", f.read(8))[0]
-        put(img, at, "<Q", value(img, old))
-        return h.Built(img, [img], raw)
-    return make
+        put(img, at, "<Q", value(img, h.read_at(img, at, "<Q")))
+    return h.edited(lambda d: base(h, d), edit, pristine_fmt="qed")
 
 
 def backing_self(h):
-    def make(d: Path):
-        img = base(h, d)
+    def edit(img: Path):
         name = img.name.encode()
-        with open(img, "r+b") as f:
-            f.seek(64)
-            f.write(name)
+        h.write_at(img, 64, name)
         set_field(img, "features", 1)
         set_field(img, "backing_filename_offset", 64)
         set_field(img, "backing_filename_size", len(name))
-        return h.Built(img, [img])
-    return make
+    return h.edited(lambda d: base(h, d), edit)
 
 
 def past_eof(img: Path, old: int) -> int:

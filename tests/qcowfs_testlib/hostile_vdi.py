@@ -6,6 +6,7 @@ VdiHeader (block/vdi.c); block map entries at offset_bmap + 4 * block."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -40,40 +41,25 @@ def base(h, d: Path) -> Path:
 
 
 def fields(h, **values):
-    def make(d: Path):
-        img = base(h, d)
+    def edit(img: Path):
         for name, value in values.items():
             off, fmt = FIELDS[name]
             put(img, off, struct.pack(fmt, value(img) if callable(value) else value))
-        return h.Built(img, [img])
-    return make
+    return h.edited(lambda d: base(h, d), edit)
 
 
 def raw_patch(h, off: int, data: bytes):
-    def make(d: Path):
-        img = base(h, d)
-        put(img, off, data)
-        return h.Built(img, [img])
-    return make
+    return h.edited(lambda d: base(h, d), lambda img: put(img, off, data))
 
 
 def truncated(h, size: int):
-    def make(d: Path):
-        img = base(h, d)
-        with open(img, "r+b") as f:
-            f.truncate(size)
-        return h.Built(img, [img])
-    return make
+    return h.edited(lambda d: base(h, d), lambda img: os.truncate(img, size))
 
 
 def bmap_patch(h, block: int, value):
-    def make(d: Path):
-        img = base(h, d)
-        raw = img.with_suffix(".pristine.raw")
-        h.run("qemu-img", "convert", "-f", "vdi", "-O", "raw", img, raw)
+    def edit(img: Path):
         put(img, get(img, "offset_bmap") + 4 * block, struct.pack("<I", value(img)))
-        return h.Built(img, [img], raw)
-    return make
+    return h.edited(lambda d: base(h, d), edit, pristine_fmt="vdi")
 
 
 def cases(h) -> dict:

@@ -7,45 +7,17 @@
 #include "image/parallels/format.h"
 #include "image/parallels/parallels.h"
 #include "io/mem_file.h"
-#include "unit/qcow2/qcow2_write_test_util.h"
+#include "unit/image/driver_test_fixtures.h"
 
 namespace qcowfs::image {
 namespace {
 
-using qcow2::testing::read_file;
-using qcow2::testing::shell;
-
-class ParallelsWrite : public ::testing::Test {
+class ParallelsWrite : public testing::QemuImageWriteTest {
  protected:
-  void SetUp() override {
-    engine_ = std::move(*io::make_engine(io::EngineKind::threads));
-    path_ = fmt::format("/var/tmp/qcowfs-parallels-write-{}.hds", ::getpid());
-    std::string out;
-    ASSERT_EQ(shell(fmt::format("qemu-img create -q -f parallels -o cluster_size=4096 {} 8M && qemu-io -f parallels -c "
-                                "'write -P 1 0 4k' "
-                                "-c 'write -P 2 1M 4k' {}",
-                                path_, path_),
-                    &out),
-              0)
-        << out;
-    good_ = read_file(path_);
-  }
-  void TearDown() override { ::unlink(path_.c_str()); }
-  template <typename T>
-  T run(Task<T> t) {
-    return io::run_sync(*engine_, std::move(t));
-  }
-  Result<std::unique_ptr<BlockDriver>> open(io::MemFile** file, const std::vector<std::byte>& bytes, bool rw) {
-    auto mem = std::make_unique<io::MemFile>(io::MemFileOptions{}, bytes);
-    *file = mem.get();
-    ImageOptions o;
-    o.file.writable = rw;
-    return run(open_parallels(std::move(mem), path_, o));
-  }
-
-  std::unique_ptr<io::Engine> engine_;
-  std::string path_;
-  std::vector<std::byte> good_;
+  ParallelsWrite()
+      : QemuImageWriteTest(open_parallels, fmt::format("/var/tmp/qcowfs-parallels-write-{}.hds", ::getpid()),
+                           "qemu-img create -q -f parallels -o cluster_size=4096 {0} 8M && qemu-io -f parallels "
+                           "-c 'write -P 1 0 4k' -c 'write -P 2 1M 4k' {0}") {}
 };
 
 TEST_F(ParallelsWrite, InUseWhileOpenReadWriteAndClearedOnClose) {

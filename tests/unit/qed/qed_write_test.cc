@@ -8,46 +8,19 @@
 #include "image/qed/format.h"
 #include "image/qed/qed.h"
 #include "io/mem_file.h"
-#include "unit/qcow2/qcow2_write_test_util.h"
+#include "unit/image/driver_test_fixtures.h"
 
 namespace qcowfs::image {
 namespace {
 
-using qcow2::testing::read_file;
-using qcow2::testing::shell;
-
 constexpr size_t kFeaturesAt = offsetof(qed::HeaderLayout, features);
 
-class QedWrite : public ::testing::Test {
+class QedWrite : public testing::QemuImageWriteTest {
  protected:
-  void SetUp() override {
-    engine_ = std::move(*io::make_engine(io::EngineKind::threads));
-    path_ = fmt::format("/var/tmp/qcowfs-qed-write-{}.qed", ::getpid());
-    std::string out;
-    ASSERT_EQ(
-        shell(fmt::format("qemu-img create -q -f qed {} 8M && qemu-io -f qed -c 'write -P 1 0 4k' {}", path_, path_),
-              &out),
-        0)
-        << out;
-    good_ = read_file(path_);
-  }
-  void TearDown() override { ::unlink(path_.c_str()); }
-  template <typename T>
-  T run(Task<T> t) {
-    return io::run_sync(*engine_, std::move(t));
-  }
-  Result<std::unique_ptr<BlockDriver>> open(io::MemFile** file, const std::vector<std::byte>& bytes) {
-    auto mem = std::make_unique<io::MemFile>(io::MemFileOptions{}, bytes);
-    *file = mem.get();
-    ImageOptions o;
-    o.file.writable = true;
-    return run(open_qed(std::move(mem), path_, o));
-  }
+  QedWrite()
+      : QemuImageWriteTest(open_qed, fmt::format("/var/tmp/qcowfs-qed-write-{}.qed", ::getpid()),
+                           "qemu-img create -q -f qed {0} 8M && qemu-io -f qed -c 'write -P 1 0 4k' {0}") {}
   static uint64_t features(const io::MemFile& f) { return load_le64(f.content().data() + kFeaturesAt); }
-
-  std::unique_ptr<io::Engine> engine_;
-  std::string path_;
-  std::vector<std::byte> good_;
 };
 
 TEST_F(QedWrite, NeedCheckIsSetBeforeTheFirstAllocationAndClearedOnClose) {

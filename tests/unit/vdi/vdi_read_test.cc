@@ -10,9 +10,8 @@
 #include "image/endian.h"
 #include "image/vdi/format.h"
 #include "image/vdi/vdi.h"
-#include "io/engine.h"
-#include "io/mem_file.h"
 #include "io/run_sync.h"
+#include "unit/image/driver_test_fixtures.h"
 
 namespace qcowfs::image {
 namespace {
@@ -48,32 +47,9 @@ struct Image {
   void u64(size_t at, uint64_t v) { store_le64(b.data() + at, v); }
 };
 
-class Vdi : public ::testing::Test {
+class Vdi : public testing::MemReadTest<Image> {
  protected:
-  Vdi() : engine_(std::move(*io::make_engine(io::EngineKind::threads))) {}
-
-  Result<std::unique_ptr<BlockDriver>> open(const Image& img, ImageOptions opts = {}) {
-    io::MemFileOptions o;
-    o.writable = false;
-    o.path = "/tmp/t.vdi";
-    return io::run_sync(*engine_, open_vdi(std::make_unique<io::MemFile>(o, img.b), o.path, opts));
-  }
-  std::unique_ptr<BlockDriver> open_ok(const Image& img) {
-    auto d = open(img);
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    return d.is_ok() ? std::move(*d) : nullptr;
-  }
-  std::string refusal(const Image& img) {
-    auto d = open(img);
-    EXPECT_FALSE(d.is_ok());
-    return d.is_ok() ? "" : d.status().message();
-  }
-  Status read(BlockDriver& d, uint64_t off, Bytes& buf) { return io::run_sync(*engine_, d.read(off, buf)); }
-  Result<BlockStatus> status(BlockDriver& d, uint64_t off, uint64_t len) {
-    return io::run_sync(*engine_, d.block_status(off, len));
-  }
-
-  std::unique_ptr<io::Engine> engine_;
+  Vdi() : MemReadTest(open_vdi, "/tmp/t.vdi") {}
 };
 
 TEST_F(Vdi, ReadsBlocksThroughTheBlockMap) {
