@@ -7,10 +7,12 @@
 // spawn_request(); the Task replies when its I/O completes, so the thread is
 // never blocked on host I/O.
 //
-// The reader polls /dev/fuse itself as an exclusive waiter (io_uring's
-// EPOLLEXCLUSIVE poll): FUSE wakes one exclusive waiter per queued request, so
-// a request wakes one loop, not all of them. request_stop() posts to the loop
-// a cancel of that poll. Stopping: the reader stops reading, in-flight
+// The reader polls /dev/fuse itself; an idle loop as an exclusive waiter
+// (io_uring's EPOLLEXCLUSIVE poll): FUSE wakes one exclusive waiter per queued
+// request, so a request wakes one idle loop, not all of them; a loop with
+// requests in flight as a plain waiter, so a request arriving while it is busy
+// also wakes an idle loop. request_stop() posts to the loop a cancel of that
+// poll. Stopping: the reader stops reading, in-flight
 // requests finish and reply, the thread ends.
 // A read() of /dev/fuse failing with ENODEV means the filesystem was unmounted
 // externally; the loop reports it through Config::on_session_end.
