@@ -95,7 +95,7 @@ void route_log(const fuse::Options& opts, const io::UniqueFd& log_file, bool dae
               "mount with -o log=FILE to keep them",
               kSyslogSocket);
   }
-  log::debug("mounted {} on {}", opts.image, opts.mountpoint);
+  log::debug("mounted {} on {}", opts.printable_image(), opts.mountpoint);
 }
 
 int serve(fuse::Options opts) {

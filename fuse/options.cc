@@ -14,6 +14,8 @@
 
 #include "image/crypto/secret.h"
 #include "image/format.h"
+#include "io/remote/canonical_url.h"
+#include "io/remote/remote_options.h"
 
 namespace qcowfs::fuse {
 namespace {
@@ -439,6 +441,10 @@ std::string usage_text(std::string_view program) {
       "\n"
       "Image tools: {0} create|info|check|map ... (see {0} COMMAND --help).\n",
       program, kMaxDefaultQueues, registry_names(true), registry_names(false), kDefaultIdleTimeout.count() / 1000);
+}
+
+std::string Options::printable_image() const {
+  return io::is_remote_location(image) ? io::printable_remote_location(image) : image;
 }
 
 }  // namespace qcowfs::fuse

@@ -39,6 +39,9 @@ constexpr std::chrono::milliseconds kMaxIdleTimeout{86'400'000};
 
 struct Options {
   std::string image;
+  // The image as logs, messages and the mount table show it: a URL without
+  // its password and query (io::printable_remote_location).
+  std::string printable_image() const;
   std::string mountpoint;
   bool foreground = false;  // -f (and implied by -d)
   bool debug = false;       // -d: debug logging, libfuse request tracing

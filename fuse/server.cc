@@ -79,7 +79,7 @@ struct FuseArgs {
 };
 
 std::string kernel_mount_options(const Options& o, bool writable) {
-  std::string s = "fsname=" + escape_fuse_option(o.image) + ",subtype=qcowfs,default_permissions";
+  std::string s = "fsname=" + escape_fuse_option(o.printable_image()) + ",subtype=qcowfs,default_permissions";
   if (o.allow_other) s += ",allow_other";
   if (!writable) s += ",ro";
   if (o.debug) s += ",debug";
@@ -148,7 +148,7 @@ Status refuse_if_mounted(const std::string& mountpoint) {
 }
 
 Server::Server(Options opts)
-    : opts_(std::move(opts)), status_(opts_.image, opts_.mountpoint, opts_.status_file) {}
+    : opts_(std::move(opts)), status_(opts_.printable_image(), opts_.mountpoint, opts_.status_file) {}
 
 Server::~Server() {
   if (!shut_down_) {
@@ -220,7 +220,7 @@ Status Server::open_image() {
     auto live = std::make_unique<LiveDriver>(std::move(*driver));
     live_ = live.get();
     driver_ = std::move(live);
-    log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
+    log::debug("opened {} ({}, {} bytes, {})", opts_.printable_image(), driver_->format_name(), driver_->size(),
                driver_->read_only() ? "read-only" : "read-write");
     return Status::ok();
   }
@@ -234,7 +234,7 @@ Status Server::open_image() {
     log::debug("writes go to a throwaway overlay in {}", dir);
   }
   driver_ = std::move(*driver);
-  log::debug("opened {} ({}, {} bytes, {})", opts_.image, driver_->format_name(), driver_->size(),
+  log::debug("opened {} ({}, {} bytes, {})", opts_.printable_image(), driver_->format_name(), driver_->size(),
              driver_->read_only() ? "read-only" : "read-write");
   return Status::ok();
 }
@@ -313,7 +313,7 @@ Status Server::start_control() {
         "locks (a URL has none); use a local overlay on the URL";
   auto control = LiveSnapshots::start(std::move(c));
   if (!control) {
-    log::warn("no control socket for {} (no live snapshots): {}", opts_.image, control.status().to_string());
+    log::warn("no control socket for {} (no live snapshots): {}", opts_.printable_image(), control.status().to_string());
     return Status::ok();
   }
   control_ = std::move(*control);
@@ -441,7 +441,7 @@ Status Server::start_loops() {
     if (initialized_) loop->start_ring();  // INIT was answered before this loop was listed
     loops_.push_back(std::move(loop));
   }
-  log::debug("serving {} on {} with {} queue thread{}", opts_.image, opts_.mountpoint, n, n == 1 ? "" : "s");
+  log::debug("serving {} on {} with {} queue thread{}", opts_.printable_image(), opts_.mountpoint, n, n == 1 ? "" : "s");
   return Status::ok();
 }
 
@@ -493,7 +493,7 @@ void Server::register_passthrough() {
     return;
   }
   main_view_->enable_passthrough(backing->id());
-  log::debug("reads of {} pass through to the image file (FUSE passthrough, backing {})", opts_.image, backing->id());
+  log::debug("reads of {} pass through to the image file (FUSE passthrough, backing {})", opts_.printable_image(), backing->id());
   std::lock_guard lk(loops_mu_);
   backing_.emplace(std::move(*backing));
 }
@@ -540,12 +540,12 @@ constexpr unsigned kMaxIdleBackoffShift = 6;
 void Server::idle_writeback() {
   Status st = io::run_sync(*main_engine_, driver_->idle_writeback());
   if (st) {
-    if (idle_failures_ > 0) log::info("writing back metadata of {} works again", opts_.image);
+    if (idle_failures_ > 0) log::info("writing back metadata of {} works again", opts_.printable_image());
     idle_failures_ = 0;
     return;
   }
   if (idle_failures_ == 0)
-    log::warn("writing back metadata of {}: {} (retrying with back-off)", opts_.image, st.to_string());
+    log::warn("writing back metadata of {}: {} (retrying with back-off)", opts_.printable_image(), st.to_string());
   ++idle_failures_;
 }
 
@@ -653,7 +653,7 @@ Status Server::close_images() {
   std::vector<ImageFile*> views;
   if (fs_) views = fs_->table().image_files();
   Status st = io::run_sync(*main_engine_, close_all(std::move(views), *driver_));
-  if (!st) return st.with_context(fmt::format("closing {}", opts_.image));
+  if (!st) return st.with_context(fmt::format("closing {}", opts_.printable_image()));
   return st;
 }
 

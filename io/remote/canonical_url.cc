@@ -176,7 +176,23 @@ std::optional<std::string> canonical_nbd(const std::string& url, std::string_vie
                      params->empty() ? "" : "?" + *params);
 }
 
+std::string printable_http(const std::string& url) {
+  const std::string scheme = url.substr(0, url.find(':'));
+  auto u = parse(url, CURLU_PATH_AS_IS);
+  if (!u || curl_url_set(u->get(), CURLUPART_PASSWORD, nullptr, 0) != CURLUE_OK ||
+      curl_url_set(u->get(), CURLUPART_QUERY, nullptr, 0) != CURLUE_OK ||
+      curl_url_set(u->get(), CURLUPART_FRAGMENT, nullptr, 0) != CURLUE_OK)
+    return fmt::format("{}://(a URL libcurl cannot parse)", scheme);
+  return url_part(u->get(), CURLUPART_URL).value_or(fmt::format("{}://(a URL libcurl cannot parse)", scheme));
+}
+
 }  // namespace
+
+std::string printable_remote_location(std::string_view url) {
+  const std::string text(url);
+  if (text.starts_with("http://") || text.starts_with("https://")) return printable_http(text);
+  return text;
+}
 
 std::string canonical_remote_location(std::string_view url) {
   const std::string text(url);

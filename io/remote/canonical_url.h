@@ -37,4 +37,12 @@ namespace qcowfs::io {
 
 std::string canonical_remote_location(std::string_view url);
 
+// The URL as qcowfs shows it in logs, messages, the status file and the mount
+// table (/proc/mounts, readable by every user): http and https without the
+// password, the query (a presigned URL's signature) and the fragment; nbd,
+// nbd+unix and s3 URLs as written (they hold no secret: libnbd URIs carry no
+// password, S3 keys come from the environment or a file). An http(s) URL curl
+// cannot parse is shown as its scheme alone.
+std::string printable_remote_location(std::string_view url);
+
 }  // namespace qcowfs::io

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include "io/log.h"
+#include "io/remote/canonical_url.h"
 #include "io/remote/lazy_library.h"
 #include "io/remote/s3.h"
 
@@ -62,8 +63,6 @@ void init_curl_once() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
-
-std::string without_query(const std::string& url) { return url.substr(0, url.find('?')); }
 
 constexpr size_t kMaxErrorBody = 8192;
 // libcurl's receive buffer (its default is 16 KiB): fewer recv calls and
@@ -151,7 +150,7 @@ std::chrono::milliseconds backoff(unsigned attempts) {
 }  // namespace
 
 HttpClient::HttpClient(std::string url, RemoteOptions opts)
-    : url_(std::move(url)), display_url_(without_query(url_)), opts_(std::move(opts)) {}
+    : url_(std::move(url)), display_url_(printable_remote_location(url_)), opts_(std::move(opts)) {}
 
 HttpClient::~HttpClient() {
   for (auto& w : workers_) {

@@ -500,6 +500,28 @@ def test_statistics_count_a_miss_then_a_hit(site, workdir):
     assert f"{url}: {m2['cache_hits']} block hits, {m2['cache_misses']} misses" in log, log
 
 
+def test_password_and_query_stay_out_of_logs_status_and_mount_table(site, workdir):
+    # nginx ignores the user, password and query: the URL reads disk.raw, and every place that shows
+    # it (the mount table every user reads, the log, the status file, an error) shows it without them.
+    url = site.url("disk.raw").replace("http://", "http://reader:pa55word@") + "?X-Amz-Signature=51gnature"
+    shown = site.url("disk.raw").replace("http://", "http://reader@")
+    status_file = workdir / "status.json"
+    with mount_url(url, workdir / "view", ["format=raw", f"status-file={status_file}"]) as view:
+        assert direct_pread(view, 0, 4096) == (site.root / "www" / "disk.raw").read_bytes()[:4096]
+        mounts = Path("/proc/mounts").read_text()
+        [line] = [l for l in mounts.splitlines() if f" {view} " in l]
+        assert line.split()[0] == shown, line
+        status = read_status(status_file)
+        assert status["remotes"][0]["url"] == shown, status
+    log = (workdir / "view.log").read_text()
+    assert shown in log, log
+    missing = qcowfs_tool("info", url.replace("disk.raw", "nope.raw"), check=False)
+    err = missing.stderr.decode()
+    assert missing.returncode != 0 and "HTTP 404" in err and shown.replace("disk.raw", "nope.raw") in err, err
+    for text in (mounts, log, json.dumps(status), err):
+        assert "pa55word" not in text and "51gnature" not in text
+
+
 # --- faults: 416, a truncated body ---------------------------------------------------------------
 
 

@@ -111,5 +111,19 @@ TEST(CanonicalUrl, WhatCurlCannotParseOrMustNotTouchIsKeptAsWritten) {
   expect_apart("s3://Bucket/k", "s3://bucket/k");
 }
 
+TEST(PrintableUrl, HttpLosesPasswordQueryAndFragmentKeepsTheRest) {
+  EXPECT_EQ(printable_remote_location("https://user:secret@Host:8443/a/b.qcow2?X-Amz-Signature=abc#frag"),
+            "https://user@Host:8443/a/b.qcow2");
+  EXPECT_EQ(printable_remote_location("http://h/a.qcow2"), "http://h/a.qcow2");
+  EXPECT_EQ(printable_remote_location("http://h/x/../a.qcow2"), "http://h/x/../a.qcow2");
+  // What curl cannot parse is not shown, whatever it holds.
+  EXPECT_EQ(printable_remote_location("http://us er:secret@h:99999/a"), "http://(a URL libcurl cannot parse)");
+}
+
+TEST(PrintableUrl, NbdAndS3AreShownAsWritten) {
+  for (const char* url : {"nbd://host:10809/exp", "nbd+unix:///exp?socket=/run/x.sock", "s3://Bucket/k/../x"})
+    EXPECT_EQ(printable_remote_location(url), url);
+}
+
 }  // namespace
 }  // namespace qcowfs::io
