@@ -103,17 +103,6 @@ struct ExtentReader::LentRun {
   uint64_t len = 0;
 };
 
-namespace {
-
-Task<Status> lend_run(io::HostFile& file, uint64_t host, uint64_t len, io::Loan& out) {
-  auto part = co_await file.lend(host, static_cast<size_t>(len));
-  if (!part) co_return part.status();
-  out = std::move(*part);
-  co_return Status::ok();
-}
-
-}  // namespace
-
 Task<Result<io::Loan>> ExtentReader::lend(uint64_t off, uint64_t len) {
   const auto refuse = [&] { return Status::errorf(ENOTSUP, "{}: bytes at {:#x} need a copy", path_, off); };
   if (filter_ != nullptr) co_return refuse();
@@ -148,22 +137,17 @@ Task<Result<io::Loan>> ExtentReader::lend(uint64_t off, uint64_t len) {
       runs.push_back(run);
     guest += e.length;
   }
-  // Every host run lent at once (their fetches go out together, as read()'s
-  // host reads do), then the pieces put in guest order.
-  std::vector<io::Loan> parts(runs.size());
-  std::vector<Task<Status>> lends;
-  for (size_t i = 0; i < runs.size(); ++i)
-    if (runs[i].file != nullptr) lends.push_back(lend_run(*runs[i].file, runs[i].host, runs[i].len, parts[i]));
-  if (lends.size() == 1) {
-    QCOWFS_CO_TRY(co_await std::move(lends.front()));
-  } else if (!lends.empty()) {
-    QCOWFS_CO_TRY(co_await io::when_all(std::move(lends)));
-  }
   io::Loan loan;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const uint64_t got = runs[i].file != nullptr ? parts[i].bytes : 0;
-    if (runs[i].file != nullptr) loan.append(std::move(parts[i]));
-    if (got < runs[i].len) loan.add_zeros(runs[i].len - got);  // zeros, or past the host file's end (as read())
+  for (const LentRun& r : runs) {
+    if (r.file == nullptr) {
+      loan.add_zeros(r.len);
+      continue;
+    }
+    auto part = co_await r.file->lend(r.host, static_cast<size_t>(r.len));
+    if (!part) co_return part.status();
+    const uint64_t got = part->bytes;
+    loan.append(std::move(*part));
+    if (got < r.len) loan.add_zeros(r.len - got);  // past the end of the host file: zeros, as read() does
   }
   co_return loan;
 }

@@ -411,11 +411,9 @@ Bytes gather(const io::Loan& loan) {
 }
 
 TEST_F(Qcow2Image, LentReadsAreQemusBytesAndRefusedWhereACopyIsNeeded) {
-  // 0-1M data (its second half written first: two host runs in reverse order), 1M-2M zero
-  // clusters, 2M-3M unallocated (no backing), 3M-3M+64K compressed.
+  // 0-1M data, 1M-2M zero clusters, 2M-3M unallocated (no backing), 3M-3M+64K compressed.
   sh("qemu-img create -q -f qcow2 -o cluster_size=64k lend.qcow2 4M");
-  sh("qemu-io -f qcow2 -c 'write -P 0x5a 512k 512k' -c 'write -P 0x5b 0 512k' -c 'write -z 1m 1m' "
-     "-c 'write -c -P 0x6b 3m 64k' lend.qcow2");
+  sh("qemu-io -f qcow2 -c 'write -P 0x5a 0 1m' -c 'write -z 1m 1m' -c 'write -c -P 0x6b 3m 64k' lend.qcow2");
   sh("qemu-img convert -O raw lend.qcow2 lend.ref");
   const Bytes ref = slurp(path("lend.ref"));
   std::atomic<int> loans{0};
