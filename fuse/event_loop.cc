@@ -304,10 +304,6 @@ PooledBuffer EventLoop::read_buffer(size_t size) {
   return PooledBuffer(this, read_pool_.take(size));
 }
 
-PooledBuffer EventLoop::pool_buffer(size_t size) { return PooledBuffer(this, read_pool_.take(size)); }
-
-bool EventLoop::replies_by_write() const { return !ring_ || ring_->dispatching_payload().empty(); }
-
 void EventLoop::recycle(io::AlignedBuffer buf) {
   if (buf.size() == kRequestBufferSize) {
     request_pool_.give(std::move(buf));

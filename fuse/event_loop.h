@@ -121,14 +121,6 @@ class EventLoop {
   // A buffer for the data of a READ reply of `size` bytes, aligned for
   // O_DIRECT: for a ring request its entry's payload buffer (no copy on reply).
   PooledBuffer read_buffer(size_t size);
-  // A buffer of the loop's pool, whatever request is being dispatched (for a
-  // task that already suspended: read_buffer() is for the dispatching request).
-  PooledBuffer pool_buffer(size_t size);
-  // Whether the request being dispatched is answered by a write to /dev/fuse,
-  // which copies a reply from any memory (a ring request's reply is its
-  // entry's payload buffer: read_buffer() reads into it, and nothing is saved
-  // by lending).
-  bool replies_by_write() const;
   // Gives a buffer back for reuse.
   void recycle(io::AlignedBuffer buf);
   // The libfuse reply path (fuse_custom_io::writev): replies to ring requests

@@ -94,36 +94,6 @@ Task<void> read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t
   fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), len);
 }
 
-// Most pieces a lent reply is written from (writev takes at most IOV_MAX,
-// 1024, with the header); a loan in more pieces is gathered into a buffer.
-constexpr size_t kMaxReplyPieces = 512;
-
-// A read answered from memory the driver lends (a remote object's cache
-// blocks): the reply is written from it, with no copy into a read buffer.
-// Where the driver cannot lend these bytes (ENOTSUP), an ordinary read.
-Task<void> lent_read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t len) {
-  auto loan = co_await d.lend(off, len);
-  if (!loan && loan.status().code() != ENOTSUP) {
-    reply_error(req, loan.status());
-    co_return;
-  }
-  if (loan && loan->bytes == len && loan->pieces.size() <= kMaxReplyPieces) {
-    fuse_reply_iov(req, loan->pieces.data(), static_cast<int>(loan->pieces.size()));
-    co_return;
-  }
-  PooledBuffer buf = EventLoop::current()->pool_buffer(len);
-  if (loan && loan->bytes == len) {
-    size_t at = 0;
-    for (const iovec& v : loan->pieces) {
-      std::memcpy(buf.data() + at, v.iov_base, v.iov_len);
-      at += v.iov_len;
-    }
-    fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), len);
-    co_return;
-  }
-  co_await read_task(req, d, off, len, std::move(buf));
-}
-
 // `payload` points into `owner`, kept alive until the write is done.
 Task<void> write_task(fuse_req_t req, const ImageFile& file, uint64_t off, std::span<const std::byte> payload,
                       [[maybe_unused]] PooledBuffer owner) {
@@ -415,10 +385,6 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     return;
   }
   EventLoop* loop = EventLoop::current();
-  if (d->lends() && loop->replies_by_write()) {
-    loop->spawn_request(lent_read_task(req, *d, static_cast<uint64_t>(off), len));
-    return;
-  }
   loop->spawn_request(read_task(req, *d, static_cast<uint64_t>(off), len, loop->read_buffer(len)));
 }
 

@@ -144,11 +144,6 @@ bool LiveDriver::read_only() const {
   auto* d = g.driver();
   return d ? d->read_only() : true;
 }
-bool LiveDriver::lends() const {
-  Getter g(*this);
-  auto* d = g.driver();
-  return d && d->lends();
-}
 size_t LiveDriver::mem_align() const {
   Getter g(*this);
   auto* d = g.driver();
@@ -197,7 +192,6 @@ Result<image::BitmapRun> LiveDriver::bitmap_run(std::string_view name, uint64_t 
   co_return co_await (*d)->call
 
 Task<Status> LiveDriver::read(uint64_t off, std::span<std::byte> buf) { QCOWFS_LIVE_CALL(read(off, buf)); }
-Task<Result<io::Loan>> LiveDriver::lend(uint64_t off, uint64_t len) { QCOWFS_LIVE_CALL(lend(off, len)); }
 Task<Status> LiveDriver::write(uint64_t off, std::span<const std::byte> buf) { QCOWFS_LIVE_CALL(write(off, buf)); }
 Task<Status> LiveDriver::flush() { QCOWFS_LIVE_CALL(flush()); }
 Task<Status> LiveDriver::discard(uint64_t off, uint64_t len) { QCOWFS_LIVE_CALL(discard(off, len)); }

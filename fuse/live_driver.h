@@ -61,8 +61,6 @@ class LiveDriver final : public image::BlockDriver {
   bool read_only() const override;
   size_t mem_align() const override;
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
-  Task<Result<io::Loan>> lend(uint64_t off, uint64_t len) override;
-  bool lends() const override;
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t off, uint64_t len) override;

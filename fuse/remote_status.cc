@@ -29,7 +29,6 @@ json_object* remote_json(const io::RemoteStatsSnapshot& s) {
   num("cache_misses", s.cache_misses);
   num("readahead_blocks", s.readahead_blocks);
   num("readahead_bytes", s.readahead_bytes);
-  num("bytes_lent", s.bytes_lent);
   num("requests", s.requests);
   num("retries", s.retries);
   num("errors", s.errors);

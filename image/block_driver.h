@@ -105,13 +105,6 @@ class BlockDriver {
   virtual size_t mem_align() const = 0;
 
   virtual Task<Status> read(uint64_t off, std::span<std::byte> buf) = 0;
-  // The guest bytes [off, off + len) (inside the image) lent in place rather
-  // than copied (io/loan.h): the host file's own memory and shared zeros.
-  // ENOTSUP where the driver cannot (lends() false, or bytes this request
-  // needs are decompressed, decrypted, or read from a backing file): the
-  // caller reads instead. Default: ENOTSUP.
-  virtual Task<Result<io::Loan>> lend(uint64_t off, uint64_t len);
-  virtual bool lends() const { return false; }
   virtual Task<Status> write(uint64_t off, std::span<const std::byte> buf) = 0;
   // Makes all completed writes (data and metadata) durable per the cache mode.
   virtual Task<Status> flush() = 0;

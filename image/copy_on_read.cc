@@ -30,9 +30,6 @@ class CopyOnReadDriver final : public ForwardingDriver {
       : ForwardingDriver(std::move(inner)), cluster_(cluster) {}
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
-  // Every read may fill the image: none is lent.
-  Task<Result<io::Loan>> lend(uint64_t off, uint64_t len) override { return BlockDriver::lend(off, len); }
-  bool lends() const override { return false; }
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override {
     auto guard = co_await lock_.lock(padded_start(off), padded_end(off + buf.size()), io::RangeLock::Mode::shared);
     co_return co_await inner().write(off, buf);

@@ -28,8 +28,6 @@ class ForwardingDriver : public BlockDriver {
   bool read_only() const override { return inner_->read_only(); }
   size_t mem_align() const override { return inner_->mem_align(); }
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override { return inner_->read(off, buf); }
-  Task<Result<io::Loan>> lend(uint64_t off, uint64_t len) override { return inner_->lend(off, len); }
-  bool lends() const override { return inner_->lends(); }
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override { return inner_->write(off, buf); }
   Task<Status> flush() override { return inner_->flush(); }
   Task<Status> discard(uint64_t off, uint64_t len) override { return inner_->discard(off, len); }

@@ -12,10 +12,6 @@ Task<Result<std::unique_ptr<BlockDriver>>> BlockDriver::open_snapshot(std::strin
   co_return Status::errorf(ENOENT, "{} images have no snapshot '{}'", format_name(), id_or_name);
 }
 
-Task<Result<io::Loan>> BlockDriver::lend(uint64_t, uint64_t) {
-  co_return Status::errorf(ENOTSUP, "{} images lend no bytes", format_name());
-}
-
 Result<BitmapRun> BlockDriver::bitmap_run(std::string_view name, uint64_t, uint64_t) const {
   return Status::errorf(ENOENT, "Dirty bitmap '{}' not found", name);
 }

@@ -19,8 +19,6 @@ class ForwardingFile : public HostFile {
 
   Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override { return f_->read(off, buf); }
   Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override { return f_->readv(off, iov); }
-  Task<Result<Loan>> lend(uint64_t off, size_t len) override { return f_->lend(off, len); }
-  bool lends() const override { return f_->lends(); }
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override { return f_->write(off, buf); }
   Task<Status> writev(uint64_t off, std::span<const iovec> iov) override { return f_->writev(off, iov); }
   Task<Status> flush() override { return f_->flush(); }

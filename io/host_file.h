@@ -23,7 +23,6 @@
 #include <span>
 #include <string>
 
-#include "io/loan.h"
 #include "io/lock.h"
 #include "io/remote/remote_options.h"
 #include "io/status.h"
@@ -67,12 +66,6 @@ class HostFile {
   virtual Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) = 0;
   // Scatter read; same contract as read().
   virtual Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) = 0;
-  // The bytes [off, off + len) in memory the file already holds (a remote
-  // object's cache blocks), lent rather than copied (io/loan.h): len bytes,
-  // fewer only at end of file. Files that hold no such memory (lends() false)
-  // answer ENOTSUP; the caller reads instead.
-  virtual Task<Result<Loan>> lend(uint64_t off, size_t len);
-  virtual bool lends() const { return false; }
   // Writes all of buf at off (extending the file if needed) or fails.
   virtual Task<Status> write(uint64_t off, std::span<const std::byte> buf) = 0;
   virtual Task<Status> writev(uint64_t off, std::span<const iovec> iov) = 0;

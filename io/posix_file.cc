@@ -265,10 +265,6 @@ uint64_t PosixFile::allocated_bytes() const {
   return static_cast<uint64_t>(st.st_blocks) * 512;
 }
 
-Task<Result<Loan>> HostFile::lend(uint64_t, size_t) {
-  co_return Status::errorf(ENOTSUP, "{}: holds no bytes to lend", path());
-}
-
 std::optional<FileIdentity> file_identity(const HostFile& file) {
   struct stat st;
   if (file.kernel_fd() < 0 || ::fstat(file.kernel_fd(), &st) < 0) return std::nullopt;

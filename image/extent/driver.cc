@@ -54,15 +54,6 @@ Task<Status> ExtentDriver::read_tracked(uint64_t off, std::span<std::byte> buf) 
   co_return co_await reader_.read(off, buf);
 }
 
-bool ExtentDriver::lends() const {
-  return read_only() && std::ranges::any_of(img_.files, [](const auto& f) { return f && f->lends(); });
-}
-
-Task<Result<io::Loan>> ExtentDriver::lend(uint64_t off, uint64_t len) {
-  if (!read_only()) return BlockDriver::lend(off, len);
-  return reader_.lend(off, len);
-}
-
 Task<Result<BlockStatus>> ExtentDriver::block_status(uint64_t off, uint64_t len) {
   const uint64_t disk = size();
   len = std::min(len, disk - std::min(off, disk));

@@ -88,10 +88,6 @@ class ExtentDriver final : public BlockDriver {
   size_t mem_align() const override;
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
-  // Read-only images whose files lend (a remote object's cache): no write can
-  // move a cluster while the loan is held.
-  Task<Result<io::Loan>> lend(uint64_t off, uint64_t len) override;
-  bool lends() const override;
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t off, uint64_t len) override;

@@ -96,62 +96,6 @@ Task<Status> ExtentReader::read(uint64_t off, std::span<std::byte> buf) {
   co_return co_await io::when_all(std::move(tasks));
 }
 
-// A run of a lent read: host bytes [host, host + len) of file, or zeros (file nullptr).
-struct ExtentReader::LentRun {
-  io::HostFile* file = nullptr;
-  uint64_t host = 0;
-  uint64_t len = 0;
-};
-
-Task<Result<io::Loan>> ExtentReader::lend(uint64_t off, uint64_t len) {
-  const auto refuse = [&] { return Status::errorf(ENOTSUP, "{}: bytes at {:#x} need a copy", path_, off); };
-  if (filter_ != nullptr) co_return refuse();
-  const BlockDriver* backing = backing_.get();
-  const uint64_t end = off + len;
-  std::vector<LentRun> runs;
-  for (uint64_t guest = off; guest < end;) {
-    auto found = map_.try_map(guest, end - guest);
-    if (!found) co_return found.status();
-    Extent e;
-    if (*found) {
-      e = **found;
-    } else {
-      auto loaded = co_await map_.map(guest, end - guest);
-      if (!loaded) co_return loaded.status();
-      e = *loaded;
-    }
-    QCOWFS_CO_TRY(check(e, guest, end - guest));
-    LentRun run{nullptr, 0, e.length};
-    if (e.kind == ExtentKind::data) {
-      if (e.file == nullptr || !e.file->lends()) co_return refuse();
-      run.file = e.file;
-      run.host = e.host_offset;
-    } else if (e.kind == ExtentKind::compressed ||
-               (e.kind == ExtentKind::unallocated && backing != nullptr && guest < backing->size())) {
-      co_return refuse();
-    }
-    LentRun* last = runs.empty() ? nullptr : &runs.back();
-    if (last && last->file == run.file && (run.file == nullptr || last->host + last->len == run.host))
-      last->len += run.len;
-    else
-      runs.push_back(run);
-    guest += e.length;
-  }
-  io::Loan loan;
-  for (const LentRun& r : runs) {
-    if (r.file == nullptr) {
-      loan.add_zeros(r.len);
-      continue;
-    }
-    auto part = co_await r.file->lend(r.host, static_cast<size_t>(r.len));
-    if (!part) co_return part.status();
-    const uint64_t got = part->bytes;
-    loan.append(std::move(*part));
-    if (got < r.len) loan.add_zeros(r.len - got);  // past the end of the host file: zeros, as read() does
-  }
-  co_return loan;
-}
-
 // Extent e at guest, read into dst: zeros filled at once, the rest added to
 // out, coalesced with the last sub-read where it continues it (backing reads
 // guest-contiguous, host reads also host-contiguous in one file).

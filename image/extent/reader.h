@@ -59,11 +59,6 @@ class ExtentReader {
 
   // Guest bytes [off, off + buf.size()), inside the image.
   Task<Status> read(uint64_t off, std::span<std::byte> buf);
-  // The same bytes lent (BlockDriver::lend): data extents from host files
-  // that lend, zero and unallocated extents without backing bytes as shared
-  // zeros; ENOTSUP when any byte needs a copy (compressed, filtered, from
-  // the backing image, or in a host file that does not lend).
-  Task<Result<io::Loan>> lend(uint64_t off, uint64_t len);
   // The map's extent at guest, checked: between 1 and len bytes long.
   Task<Result<Extent>> extent_at(uint64_t guest, uint64_t len);
   // The status of [off, off + len) from off on (len > 0, inside the image), as
@@ -74,7 +69,6 @@ class ExtentReader {
 
  private:
   struct SubRead;
-  struct LentRun;
 
   Status check(const Extent& e, uint64_t guest, uint64_t len) const;
   Task<Result<Extent>> load(uint64_t guest, uint64_t len);

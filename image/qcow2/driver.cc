@@ -59,13 +59,6 @@ Task<Status> Qcow2Driver::read(uint64_t guest, std::span<std::byte> buf) {
   return read_whole_sectors(guest, buf);
 }
 
-bool Qcow2Driver::lends() const { return !writer_ && !image_->legacy_cipher && image_->data_io->lends(); }
-
-Task<Result<io::Loan>> Qcow2Driver::lend(uint64_t guest, uint64_t len) {
-  if (!lends()) return BlockDriver::lend(guest, len);
-  return read_path_.lend_unlocked(guest, len);
-}
-
 // Legacy AES decrypts whole 512-byte sectors by guest offset: a request that
 // cuts one reads the sectors around it.
 Task<Status> Qcow2Driver::read_whole_sectors(uint64_t guest, std::span<std::byte> buf) {

@@ -46,10 +46,6 @@ class Qcow2Driver final : public BlockDriver {
   size_t mem_align() const override { return image_->data_file->mem_align(); }
 
   Task<Status> read(uint64_t guest, std::span<std::byte> buf) override;
-  // Read-only views whose data file lends (a remote object's cache), without
-  // legacy AES (a LUKS image's CryptFile does not lend).
-  Task<Result<io::Loan>> lend(uint64_t guest, uint64_t len) override;
-  bool lends() const override;
   Task<Status> write(uint64_t guest, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t guest, uint64_t len) override;

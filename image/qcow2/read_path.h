@@ -88,9 +88,6 @@ class ReadPath {
 
   // Legacy AES: whole sectors only (Qcow2Driver::read aligns the request).
   Task<Status> read(GuestOffset guest, std::span<std::byte> buf);
-  // The bytes lent (ExtentReader::lend), on a view no writer changes (no
-  // range lock is taken: callers lend only from read-only images).
-  Task<Result<io::Loan>> lend_unlocked(GuestOffset guest, uint64_t len) { return reader_.lend(guest, len); }
   // read() without the range lock: the caller holds it (copy-on-write source).
   Task<Status> read_unlocked(GuestOffset guest, std::span<std::byte> buf) { return reader_.read(guest, buf); }
   // [guest, guest + len) inside the view, len > 0 (ExtentReader::block_status).

@@ -34,13 +34,6 @@ Task<Status> RawDriver::read(uint64_t off, std::span<std::byte> buf) {
   co_return Status::ok();
 }
 
-Task<Result<io::Loan>> RawDriver::lend(uint64_t off, uint64_t len) {
-  auto loan = co_await file_->lend(offset_ + off, static_cast<size_t>(len));
-  if (!loan) co_return loan.status();
-  if (loan->bytes < len) loan->add_zeros(len - loan->bytes);
-  co_return loan;
-}
-
 Task<Status> RawDriver::write(uint64_t off, std::span<const std::byte> buf) {
   if (read_only()) co_return Status::error(EROFS, "image is read-only");
   co_return co_await file_->write(offset_ + off, buf);

@@ -31,9 +31,6 @@ class RawDriver final : public BlockDriver {
   size_t mem_align() const override { return file_->mem_align(); }
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
-  // The host file's lent bytes (a remote object's cache), zeros past its end.
-  Task<Result<io::Loan>> lend(uint64_t off, uint64_t len) override;
-  bool lends() const override { return file_->lends(); }
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t off, uint64_t len) override;

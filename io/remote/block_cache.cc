@@ -46,12 +46,12 @@ class BlockCache::BufferPool {
 };
 
 struct BlockCache::Range {
-  Range(std::shared_ptr<BufferPool> p, uint64_t k, uint64_t o, uint64_t n, uint64_t gen)
-      : pool(std::move(p)), key(k), off(o), len(n), generation(gen), mem(pool->get(n)) {}
-  ~Range() { pool->put(std::move(mem), len); }
+  Range(BufferPool& p, uint64_t k, uint64_t o, uint64_t n, uint64_t gen)
+      : pool(p), key(k), off(o), len(n), generation(gen), mem(p.get(n)) {}
+  ~Range() { pool.put(std::move(mem), len); }
   std::span<std::byte> data() const { return {mem.get(), len}; }
 
-  const std::shared_ptr<BufferPool> pool;
+  BufferPool& pool;
   const uint64_t key;
   const uint64_t off;
   const uint64_t len;
@@ -94,7 +94,7 @@ BlockCache::BlockCache(uint64_t object_size, BlockCacheConfig cfg, Fetch fetch)
     : size_(object_size),
       cfg_(checked(cfg)),
       fetch_(std::move(fetch)),
-      pool_(std::make_shared<BufferPool>(cfg_.block_size, pooled_buffers(cfg_))) {}
+      pool_(std::make_unique<BufferPool>(cfg_.block_size, pooled_buffers(cfg_))) {}
 
 BlockCache::~BlockCache() = default;
 
@@ -107,7 +107,7 @@ BlockCache::RangePtr BlockCache::find_locked(uint64_t key) {
 }
 
 BlockCache::RangePtr BlockCache::create_locked(uint64_t key, uint64_t off, uint64_t len) {
-  auto r = std::make_shared<Range>(pool_, key, off, len, generation_);
+  auto r = std::make_shared<Range>(*pool_, key, off, len, generation_);
   ranges_.emplace(key, r);
   return r;
 }
@@ -267,7 +267,9 @@ Task<Result<size_t>> BlockCache::readv(uint64_t off, std::span<const iovec> iov)
   return read_iov(off, iov, [this](uint64_t at, std::span<std::byte> buf) { return read(at, buf); });
 }
 
-std::vector<BlockCache::RangePtr> BlockCache::start_read(uint64_t off, uint64_t end) {
+Task<Result<size_t>> BlockCache::read(uint64_t off, std::span<std::byte> buf) {
+  if (off >= size_ || buf.empty()) co_return size_t{0};
+  const uint64_t end = std::min<uint64_t>(size_, off + buf.size());
   Plan plan;
   {
     std::lock_guard lk(mu_);
@@ -275,13 +277,7 @@ std::vector<BlockCache::RangePtr> BlockCache::start_read(uint64_t off, uint64_t 
   }
   start_fetches(plan.started);
   start_fetches(plan.ahead);
-  return std::move(plan.need);
-}
-
-Task<Result<size_t>> BlockCache::read(uint64_t off, std::span<std::byte> buf) {
-  if (off >= size_ || buf.empty()) co_return size_t{0};
-  const uint64_t end = std::min<uint64_t>(size_, off + buf.size());
-  for (const RangePtr& r : start_read(off, end)) {
+  for (const RangePtr& r : plan.need) {
     co_await r->ready.wait();
     if (!r->status) co_return r->status;
     const uint64_t from = std::max(off, r->off);
@@ -289,25 +285,6 @@ Task<Result<size_t>> BlockCache::read(uint64_t off, std::span<std::byte> buf) {
     std::memcpy(buf.data() + (from - off), r->mem.get() + (from - r->off), to - from);
   }
   co_return static_cast<size_t>(end - off);
-}
-
-Task<Result<Loan>> BlockCache::lend(uint64_t off, size_t len) {
-  Loan loan;
-  if (off >= size_ || len == 0) co_return loan;
-  const uint64_t end = std::min<uint64_t>(size_, off + len);
-  for (RangePtr& r : start_read(off, end)) {
-    co_await r->ready.wait();
-    if (!r->status) co_return r->status;
-    const uint64_t from = std::max(off, r->off);
-    const uint64_t to = std::min(end, r->off + r->len);
-    const std::byte* p = r->mem.get() + (from - r->off);
-    loan.add(p, static_cast<size_t>(to - from), std::move(r));
-  }
-  {
-    std::lock_guard lk(mu_);
-    stats_.bytes_lent += loan.bytes;
-  }
-  co_return loan;
 }
 
 }  // namespace qcowfs::io

@@ -48,7 +48,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "io/loan.h"
 #include "io/status.h"
 #include "io/sync.h"
 #include "io/task.h"
@@ -72,7 +71,6 @@ struct BlockCacheStats {
   uint64_t bytes_fetched = 0;
   uint64_t failures = 0;      // ranges whose fetch failed
   uint64_t buffers = 0;       // block buffers allocated (recycled ones are not counted)
-  uint64_t bytes_lent = 0;    // bytes lend() gave out in place (no copy)
 };
 
 class BlockCache {
@@ -90,9 +88,6 @@ class BlockCache {
   Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf);
   // The same into several buffers, one after another from off.
   Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov);
-  // The same bytes lent in place (io/loan.h): the loan holds the ranges, which
-  // stay unchanged (an evicted or invalidated range lives on until dropped).
-  Task<Result<Loan>> lend(uint64_t off, size_t len);
   // Drops every finished range (a writer changed the object); ranges being
   // fetched are dropped when they finish.
   void invalidate_all();
@@ -109,8 +104,6 @@ class BlockCache {
   static uint64_t block_key(uint64_t i) { return i << 1; }
   static uint64_t small_key(uint64_t j) { return (j << 1) | 1; }
 
-  // Plans [off, end), starts its fetches and its readahead; the ranges it needs.
-  std::vector<RangePtr> start_read(uint64_t off, uint64_t end);
   // The ranges read [off, end) needs and the ones it starts (mu_ held).
   void plan_locked(uint64_t off, uint64_t end, Plan& plan);
   // Readahead ranges after a sequential read ending at end (mu_ held).
@@ -127,8 +120,7 @@ class BlockCache {
   const uint64_t size_;
   const BlockCacheConfig cfg_;
   const Fetch fetch_;
-  // Shared with every range (a range lent out may outlive the cache).
-  const std::shared_ptr<BufferPool> pool_;
+  const std::unique_ptr<BufferPool> pool_;  // declared before ranges_: outlives the ranges returning buffers to it
 
   mutable std::mutex mu_;  // guards everything below
   std::unordered_map<uint64_t, RangePtr> ranges_;  // by key

@@ -72,7 +72,6 @@ RemoteStatsSnapshot HttpFile::describe() const {
   s.cache_misses = cs.misses;
   s.readahead_blocks = cs.readahead;
   s.readahead_bytes = cs.readahead * cache_->config().block_size;
-  s.bytes_lent = cs.bytes_lent;
   return s;
 }
 
@@ -126,8 +125,6 @@ Task<Result<size_t>> HttpFile::read(uint64_t off, std::span<std::byte> buf) {
 Task<Result<size_t>> HttpFile::readv(uint64_t off, std::span<const iovec> iov) {
   co_return co_await cache_->readv(off, iov);
 }
-
-Task<Result<Loan>> HttpFile::lend(uint64_t off, size_t len) { co_return co_await cache_->lend(off, len); }
 
 Task<Status> HttpFile::write(uint64_t, std::span<const std::byte>) { co_return read_only(); }
 Task<Status> HttpFile::writev(uint64_t, std::span<const iovec>) { co_return read_only(); }

@@ -36,9 +36,6 @@ class HttpFile final : public HostFile {
 
   Task<Result<size_t>> read(uint64_t off, std::span<std::byte> buf) override;
   Task<Result<size_t>> readv(uint64_t off, std::span<const iovec> iov) override;
-  // The cache blocks themselves (io/loan.h): a reply is written from them.
-  Task<Result<Loan>> lend(uint64_t off, size_t len) override;
-  bool lends() const override { return true; }
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
   Task<Status> writev(uint64_t off, std::span<const iovec> iov) override;
   Task<Status> flush() override;

@@ -58,8 +58,8 @@ std::vector<RemoteStatsSnapshot> remote_stats_snapshot() {
 std::string format_remote_counters(const RemoteStatsSnapshot& s) {
   std::string line = fmt::format("{}: ", s.url);
   if (s.protocol != "nbd")
-    line += fmt::format("{} block hits, {} misses, {} blocks ({} bytes) read ahead, {} bytes lent, ", s.cache_hits,
-                        s.cache_misses, s.readahead_blocks, s.readahead_bytes, s.bytes_lent);
+    line += fmt::format("{} block hits, {} misses, {} blocks ({} bytes) read ahead, ", s.cache_hits, s.cache_misses,
+                        s.readahead_blocks, s.readahead_bytes);
   line += fmt::format("{} requests, {} bytes fetched, ", s.requests, s.bytes_fetched);
   if (s.protocol == "nbd") line += fmt::format("{} bytes written, {} reconnects, ", s.bytes_written, s.reconnects);
   line += fmt::format("{} retries, {} errors, {} bytes in flight", s.retries, s.errors, s.in_flight_bytes);

@@ -32,7 +32,6 @@ struct RemoteStatsSnapshot {
   uint64_t cache_misses = 0;  // blocks a read had to fetch
   uint64_t readahead_blocks = 0;
   uint64_t readahead_bytes = 0;  // blocks read ahead x the block size
-  uint64_t bytes_lent = 0;    // bytes replied from the cache blocks themselves (no copy)
   // The network.
   uint64_t requests = 0;      // requests sent (each retry counts)
   uint64_t retries = 0;       // attempts repeated after a transient failure

@@ -118,7 +118,7 @@ def make_tls(root: Path) -> None:
 
 
 def make_images(www: Path, work: Path) -> None:
-    """A 4 MiB raw disk (data, zeros, a hole) and qcow2 (compressed, and plain)/VMDK/VHDX copies of it."""
+    """A 4 MiB raw disk (data, zeros, a hole) and qcow2/VMDK/VHDX copies of it."""
     raw = www / "disk.raw"
     with open(raw, "wb") as f:
         f.truncate(4 * MiB)
@@ -127,10 +127,9 @@ def make_images(www: Path, work: Path) -> None:
             f.write(os.urandom(40 * 1024) if i % 3 else bytes([i]) * 60 * 1024)
     helpers.qemu_img("convert", "-f", "raw", "-O", "qcow2", "-c", "-o", "extended_l2=on,cluster_size=64k",
                      raw, www / "disk.qcow2")
-    helpers.qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, www / "plain.qcow2")
     helpers.qemu_img("convert", "-f", "raw", "-O", "vmdk", raw, www / "disk.vmdk")
     helpers.qemu_img("convert", "-f", "raw", "-O", "vhdx", raw, www / "disk.vhdx")
-    for name in ("disk.qcow2", "plain.qcow2", "disk.vmdk", "disk.vhdx"):
+    for name in ("disk.qcow2", "disk.vmdk", "disk.vhdx"):
         helpers.convert_to_raw(www / name, work / f"{name}.ref", fmt=name.split(".")[1])
 
 
@@ -521,39 +520,6 @@ def test_password_and_query_stay_out_of_logs_status_and_mount_table(site, workdi
     assert missing.returncode != 0 and "HTTP 404" in err and shown.replace("disk.raw", "nope.raw") in err, err
     for text in (mounts, log, json.dumps(status), err):
         assert "pa55word" not in text and "51gnature" not in text
-
-
-@pytest.mark.parametrize("name", ["disk.raw", "disk.qcow2", "plain.qcow2", "disk.vmdk", "disk.vhdx"])
-def test_reads_over_dev_fuse_reply_from_the_cache_blocks(site, workdir, name):
-    # Over /dev/fuse a read is answered from the cache blocks themselves (lent, no copy into a reply
-    # buffer), with shared zeros for holes; what needs a copy (disk.qcow2's compressed clusters) is
-    # read as before, and a request that mixes both is read whole. Every read size gives qemu-img convert's bytes, and the status file shows
-    # that bytes were lent.
-    ref_path = site.root / "www" / "disk.raw" if name == "disk.raw" else site.root / f"{name}.ref"
-    ref = ref_path.read_bytes()
-    status_file = workdir / "status.json"
-    opts = ["fuse_uring=off", "remote-block-size=64K", f"status-file={status_file}"]
-    if name == "disk.raw":
-        opts.append("format=raw")
-    with mount_url(site.url(name), workdir / "view", opts) as view:
-        for off in range(0, len(ref), MiB):
-            assert direct_pread(view, off, MiB) == ref[off:off + MiB], f"1 MiB at {off}"
-        for off in (0, 60 * 1024, 192 * 1024 - 4096, 3 * MiB + 4096, len(ref) - 4096):
-            assert direct_pread(view, off, 4096) == ref[off:off + 4096], f"4 KiB at {off}"
-        assert uncached_pread(view, 12345, 200_000) == ref[12345:12345 + 200_000]
-        assert helpers.files_equal(view, ref_path)
-        pid = read_status(status_file)["pid"]
-        seq = read_status(status_file)["sequence"]
-        os.kill(pid, signal.SIGUSR1)
-        remote = read_status(status_file, seq)["remotes"][0]
-        if name == "disk.qcow2":
-            # Each of its clusters with data is part zeros, so all of them are compressed: none is lent.
-            assert remote["bytes_lent"] == 0, remote
-        else:
-            assert remote["bytes_lent"] > 0, remote
-        if name == "disk.raw":
-            # Every byte of a raw image comes from the cache: the 1 MiB reads alone lent the disk.
-            assert remote["bytes_lent"] >= len(ref), remote
 
 
 # --- faults: 416, a truncated body ---------------------------------------------------------------

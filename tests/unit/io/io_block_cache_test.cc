@@ -3,11 +3,8 @@
 // reads and stops on random ones, and failed fetches that are not kept.
 // The fetch policy: small random reads fetch only their 4 KiB granules, a
 // sequential stream fetches whole blocks, adjacent ones in one request.
-// Lent reads give the same bytes in place, and a lent block outlives its
-// eviction and the cache itself.
 // The fetch function here completes at once from an in-memory pattern.
 #include <algorithm>
-#include <memory>
 #include <set>
 #include <vector>
 
@@ -156,85 +153,6 @@ TEST(BlockCache, SequentialStreamFetchesAdjacentBlocksInBigRequests) {
   for (size_t i = remote.requests.size() - 6; i < remote.requests.size(); ++i)
     EXPECT_EQ(remote.requests[i].second, 4 * kBlock) << i;
   EXPECT_LT(remote.requests.size(), 64u / 2);  // fewer requests than the 2-block reads
-}
-
-
-std::vector<std::byte> gather(const Loan& loan) {
-  std::vector<std::byte> out;
-  for (const iovec& v : loan.pieces) {
-    const auto* p = static_cast<const std::byte*>(v.iov_base);
-    out.insert(out.end(), p, p + v.iov_len);
-  }
-  EXPECT_EQ(out.size(), loan.bytes);
-  return out;
-}
-
-TEST(BlockCache, LentBytesAreTheCachedBlocksThemselves) {
-  FakeRemote remote{pattern(10 * kBlock + 100, 7), {}, {}};
-  BlockCache c(remote.data.size(), {kBlock, 64 * kBlock, 0}, remote.fetch());
-  auto loan = run_now(c.lend(kBlock - 10, 2 * kBlock));
-  ASSERT_TRUE(loan) << loan.status().to_string();
-  auto got = gather(*loan);
-  ASSERT_EQ(got.size(), 2 * kBlock);
-  EXPECT_TRUE(std::equal(got.begin(), got.end(), remote.data.begin() + kBlock - 10));
-  EXPECT_EQ(remote.fetched, (std::vector<uint64_t>{0, kBlock, 2 * kBlock}));
-  EXPECT_EQ(loan->pieces.size(), 3u);  // three blocks' buffers: no copy was made
-  // A read of the same bytes is a hit and copies from the same blocks.
-  EXPECT_EQ(read(c, kBlock - 10, 2 * kBlock), got);
-  EXPECT_EQ(remote.fetched.size(), 3u);
-  // At the end of the object: fewer bytes; past it: none.
-  auto tail = run_now(c.lend(10 * kBlock, 4096));
-  ASSERT_TRUE(tail);
-  EXPECT_EQ(tail->bytes, 100u);
-  auto past = run_now(c.lend(remote.data.size(), 10));
-  ASSERT_TRUE(past);
-  EXPECT_EQ(past->bytes, 0u);
-}
-
-TEST(BlockCache, ALoanOutlivesEvictionInvalidationAndTheCache) {
-  FakeRemote remote{pattern(16 * kBlock, 8), {}, {}};
-  auto c = std::make_unique<BlockCache>(remote.data.size(), BlockCacheConfig{kBlock, 2 * kBlock, 0}, remote.fetch());
-  auto loan = run_now(c->lend(0, kBlock));
-  ASSERT_TRUE(loan);
-  for (uint64_t b = 1; b < 8; ++b) read(*c, b * kBlock, 1);  // block 0 evicted
-  c->invalidate_all();
-  read(*c, 0, kBlock);  // fetched again, into another buffer
-  c.reset();
-  auto got = gather(*loan);
-  EXPECT_TRUE(std::equal(got.begin(), got.end(), remote.data.begin()));
-}
-
-TEST(BlockCache, AFailedFetchFailsTheLoan) {
-  FakeRemote remote{pattern(4 * kBlock, 9), {}, {kBlock}};
-  BlockCache c(remote.data.size(), {kBlock, 64 * kBlock, 0}, remote.fetch());
-  auto loan = run_now(c.lend(0, 2 * kBlock));
-  ASSERT_FALSE(loan);
-  EXPECT_EQ(loan.status().code(), EIO);
-  auto again = run_now(c.lend(0, 2 * kBlock));
-  ASSERT_TRUE(again);
-  EXPECT_EQ(gather(*again), std::vector<std::byte>(remote.data.begin(), remote.data.begin() + 2 * kBlock));
-}
-
-TEST(Loan, JoinsContiguousPiecesAndLendsSharedZeros) {
-  std::vector<std::byte> mem(100, std::byte{7});
-  Loan loan;
-  loan.add(mem.data(), 10);
-  loan.add(mem.data() + 10, 30);  // continues the last piece
-  loan.add(mem.data() + 50, 5);   // does not
-  ASSERT_EQ(loan.pieces.size(), 2u);
-  EXPECT_EQ(loan.pieces[0].iov_len, 40u);
-  loan.add_zeros((uint64_t{5} << 20) / 2);  // 2.5 MiB: three pieces of the 1 MiB zero buffer
-  EXPECT_EQ(loan.pieces.size(), 5u);
-  EXPECT_EQ(loan.bytes, 45u + (uint64_t{5} << 20) / 2);
-  for (size_t i = 2; i < loan.pieces.size(); ++i) {
-    const auto* p = static_cast<const std::byte*>(loan.pieces[i].iov_base);
-    EXPECT_TRUE(std::all_of(p, p + loan.pieces[i].iov_len, [](std::byte b) { return b == std::byte{0}; }));
-  }
-  Loan more;
-  more.add(mem.data() + 60, 4, std::make_shared<int>(1));
-  loan.append(std::move(more));
-  EXPECT_EQ(loan.bytes, 49u + (uint64_t{5} << 20) / 2);
-  EXPECT_EQ(loan.holds.size(), 1u);
 }
 
 }  // namespace

@@ -2,12 +2,10 @@
 // every byte read through the driver must equal `qemu-img convert -O raw`.
 // Also: snapshots (vs `qemu-img convert -l`), backing chains, loops, external
 // data files, block status, corrupt metadata and a tiny L2 cache under
-// concurrent readers. Lent reads (BlockDriver::lend) over a host file that
-// lends: the same bytes, in place, and refused where a copy is needed.
+// concurrent readers.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +18,6 @@
 #include "image/endian.h"
 #include "image/qcow2/driver.h"
 #include "io/engine.h"
-#include "io/forwarding_file.h"
 #include "io/run_sync.h"
 #include "io/when_all.h"
 #include "unit/io/io_test_util.h"
@@ -376,96 +373,6 @@ TEST_F(Qcow2Image, OpeningReadOnlyNeverWrites) {
   }
   EXPECT_TRUE(slurp(path("top.qcow2")) == top);
   EXPECT_TRUE(slurp(path("base.qcow2")) == base);
-}
-
-// A host file that lends what it reads (as a remote object's cache does),
-// counting its loans.
-class LendingFile final : public io::ForwardingFile {
- public:
-  explicit LendingFile(std::unique_ptr<io::HostFile> f, std::atomic<int>& loans)
-      : ForwardingFile(std::move(f)), loans_(loans) {}
-  bool lends() const override { return true; }
-  Task<Result<io::Loan>> lend(uint64_t off, size_t len) override {
-    auto mem = std::make_shared<Bytes>(len);
-    auto n = co_await inner().read(off, *mem);
-    if (!n) co_return n.status();
-    ++loans_;
-    io::Loan loan;
-    loan.add(mem->data(), *n, mem);
-    co_return loan;
-  }
-
- private:
-  std::atomic<int>& loans_;
-};
-
-Task<Result<io::Loan>> lend_task(BlockDriver& d, uint64_t off, uint64_t len) { co_return co_await d.lend(off, len); }
-
-Bytes gather(const io::Loan& loan) {
-  Bytes out;
-  for (const iovec& v : loan.pieces) {
-    const auto* p = static_cast<const std::byte*>(v.iov_base);
-    out.insert(out.end(), p, p + v.iov_len);
-  }
-  return out;
-}
-
-TEST_F(Qcow2Image, LentReadsAreQemusBytesAndRefusedWhereACopyIsNeeded) {
-  // 0-1M data, 1M-2M zero clusters, 2M-3M unallocated (no backing), 3M-3M+64K compressed.
-  sh("qemu-img create -q -f qcow2 -o cluster_size=64k lend.qcow2 4M");
-  sh("qemu-io -f qcow2 -c 'write -P 0x5a 0 1m' -c 'write -z 1m 1m' -c 'write -c -P 0x6b 3m 64k' lend.qcow2");
-  sh("qemu-img convert -O raw lend.qcow2 lend.ref");
-  const Bytes ref = slurp(path("lend.ref"));
-  std::atomic<int> loans{0};
-  io::OpenOptions fo;
-  auto f = io::open_host_file(path("lend.qcow2"), fo);
-  ASSERT_TRUE(f) << f.status().to_string();
-  auto d = io::run_sync(*engine_, open_image_file(std::make_unique<LendingFile>(std::move(*f), loans),
-                                                  path("lend.qcow2"), {}));
-  ASSERT_TRUE(d) << d.status().to_string();
-  ASSERT_TRUE((*d)->lends());
-  for (uint64_t chunk : {uint64_t{3} << 20, uint64_t{256} << 10, uint64_t{12345}}) {
-    for (uint64_t off = 0; off < (uint64_t{3} << 20); off += chunk) {
-      const uint64_t n = std::min(chunk, (uint64_t{3} << 20) - off);
-      auto loan = io::run_sync(*engine_, lend_task(**d, off, n));
-      ASSERT_TRUE(loan) << off << ": " << loan.status().to_string();
-      ASSERT_EQ(loan->bytes, n);
-      ASSERT_TRUE(gather(*loan) == Bytes(ref.begin() + static_cast<ptrdiff_t>(off), ref.begin() + static_cast<ptrdiff_t>(off + n)))
-          << "lent bytes at " << off << " differ from qemu-img convert";
-    }
-  }
-  EXPECT_GT(loans.load(), 0);
-  // The compressed cluster needs decompressing: refused, and read() still serves it.
-  auto compressed = io::run_sync(*engine_, lend_task(**d, (3u << 20) - 4096, 8192));
-  ASSERT_FALSE(compressed);
-  EXPECT_EQ(compressed.status().code(), ENOTSUP);
-  auto all = read_all(**d, 65536);
-  ASSERT_TRUE(all);
-  EXPECT_TRUE(*all == ref);
-}
-
-TEST_F(Qcow2Image, LentReadsRefuseBackingBytesAndPlainFilesLendNothing) {
-  sh("qemu-img create -q -f qcow2 base.qcow2 1M && qemu-io -f qcow2 -c 'write -P 0x11 0 1m' base.qcow2");
-  sh("qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 top.qcow2 && qemu-io -f qcow2 -c 'write -P 0x22 0 64k' top.qcow2");
-  std::atomic<int> loans{0};
-  auto f = io::open_host_file(path("top.qcow2"), io::OpenOptions{});
-  ASSERT_TRUE(f);
-  auto d = io::run_sync(*engine_, open_image_file(std::make_unique<LendingFile>(std::move(*f), loans),
-                                                  path("top.qcow2"), {}));
-  ASSERT_TRUE(d) << d.status().to_string();
-  auto own = io::run_sync(*engine_, lend_task(**d, 0, 65536));  // the overlay's own cluster
-  ASSERT_TRUE(own) << own.status().to_string();
-  EXPECT_TRUE(gather(*own) == Bytes(65536, std::byte{0x22}));
-  auto backing = io::run_sync(*engine_, lend_task(**d, 65536, 4096));  // from base.qcow2: a copy
-  ASSERT_FALSE(backing);
-  EXPECT_EQ(backing.status().code(), ENOTSUP);
-  // An image on a plain host file does not lend at all.
-  auto plain = open("top.qcow2");
-  ASSERT_TRUE(plain);
-  EXPECT_FALSE((*plain)->lends());
-  auto refused = io::run_sync(*engine_, lend_task(**plain, 0, 4096));
-  ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.status().code(), ENOTSUP);
 }
 
 }  // namespace
