@@ -176,14 +176,29 @@ std::optional<std::string> canonical_nbd(const std::string& url, std::string_vie
                      params->empty() ? "" : "?" + *params);
 }
 
+// Without libcurl (not installed: the message about it names the URL) or
+// where it cannot parse: the text up to the first '?' or '#', and of an
+// authority's "user:password@" only "user@". Nothing after the cut can hold
+// the password; the authority ends at the first '/'.
+std::string printable_as_text(const std::string& url) {
+  const std::string s = url.substr(0, url.find_first_of("?#"));
+  const size_t begin = s.find("://");
+  if (begin == std::string::npos) return s;
+  const size_t from = begin + 3;
+  const size_t end = std::min(s.find('/', from), s.size());
+  const size_t at = s.rfind('@', end - 1);
+  const size_t colon = s.find(':', from);
+  if (at == std::string::npos || at < from || colon == std::string::npos || colon > at) return s;
+  return s.substr(0, colon) + s.substr(at);
+}
+
 std::string printable_http(const std::string& url) {
-  const std::string scheme = url.substr(0, url.find(':'));
   auto u = parse(url, CURLU_PATH_AS_IS);
   if (!u || curl_url_set(u->get(), CURLUPART_PASSWORD, nullptr, 0) != CURLUE_OK ||
       curl_url_set(u->get(), CURLUPART_QUERY, nullptr, 0) != CURLUE_OK ||
       curl_url_set(u->get(), CURLUPART_FRAGMENT, nullptr, 0) != CURLUE_OK)
-    return fmt::format("{}://(a URL libcurl cannot parse)", scheme);
-  return url_part(u->get(), CURLUPART_URL).value_or(fmt::format("{}://(a URL libcurl cannot parse)", scheme));
+    return printable_as_text(url);
+  return url_part(u->get(), CURLUPART_URL).value_or(printable_as_text(url));
 }
 
 }  // namespace
