@@ -176,11 +176,12 @@ std::optional<std::string> canonical_nbd(const std::string& url, std::string_vie
                      params->empty() ? "" : "?" + *params);
 }
 
-// Without libcurl (not installed: the message about it names the URL) or
-// where it cannot parse: the text up to the first '?' or '#', and of an
-// authority's "user:password@" only "user@". Nothing after the cut can hold
-// the password; the authority ends at the first '/'.
-std::string printable_as_text(const std::string& url) {
+// The text up to the first '?' or '#', and of the authority's
+// "user:password@" only "user@" (the authority ends at the first '/'; a
+// userinfo holds no '/', '?' or '#'). Cut as text, not parsed: it must work
+// without libcurl (whose absence the message that shows the URL reports) and
+// on URLs curl refuses.
+std::string printable_http(const std::string& url) {
   const std::string s = url.substr(0, url.find_first_of("?#"));
   const size_t begin = s.find("://");
   if (begin == std::string::npos) return s;
@@ -190,15 +191,6 @@ std::string printable_as_text(const std::string& url) {
   const size_t colon = s.find(':', from);
   if (at == std::string::npos || at < from || colon == std::string::npos || colon > at) return s;
   return s.substr(0, colon) + s.substr(at);
-}
-
-std::string printable_http(const std::string& url) {
-  auto u = parse(url, CURLU_PATH_AS_IS);
-  if (!u || curl_url_set(u->get(), CURLUPART_PASSWORD, nullptr, 0) != CURLUE_OK ||
-      curl_url_set(u->get(), CURLUPART_QUERY, nullptr, 0) != CURLUE_OK ||
-      curl_url_set(u->get(), CURLUPART_FRAGMENT, nullptr, 0) != CURLUE_OK)
-    return printable_as_text(url);
-  return url_part(u->get(), CURLUPART_URL).value_or(printable_as_text(url));
 }
 
 }  // namespace

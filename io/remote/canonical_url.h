@@ -4,8 +4,7 @@
 // both reach it through control_socket_name, which calls this.
 //
 // libcurl's URL API parses (loaded lazily, io/remote/curl_loader.cc); nothing
-// here parses a URL by hand (printable_remote_location only cuts text where
-// libcurl cannot help).
+// here parses a URL by hand (printable_remote_location only cuts text).
 //  - http, https: scheme and host lower-case, the default port dropped, dot
 //    segments removed, characters curl would encode encoded
 //    (CURLU_URLENCODE), an empty path "/", the fragment dropped (never sent),
@@ -42,9 +41,9 @@ std::string canonical_remote_location(std::string_view url);
 // table (/proc/mounts, readable by every user): http and https without the
 // password, the query (a presigned URL's signature) and the fragment; nbd,
 // nbd+unix and s3 URLs as written (they hold no secret: libnbd URIs carry no
-// password, S3 keys come from the environment or a file). Where libcurl is
-// missing or cannot parse an http(s) URL: the text before any '?' or '#',
-// with "user:password@" cut to "user@".
+// password, S3 keys come from the environment or a file). An http(s) URL is
+// cut as text (before any '?' or '#', "user:password@" to "user@"), so this
+// works without libcurl and on URLs curl refuses.
 std::string printable_remote_location(std::string_view url);
 
 }  // namespace qcowfs::io

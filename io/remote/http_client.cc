@@ -150,7 +150,7 @@ std::chrono::milliseconds backoff(unsigned attempts) {
 }  // namespace
 
 HttpClient::HttpClient(std::string url, RemoteOptions opts)
-    : url_(std::move(url)), display_url_(printable_remote_location(url_)), opts_(std::move(opts)) {}
+    : url_(std::move(url)), printable_url_(printable_remote_location(url_)), opts_(std::move(opts)) {}
 
 HttpClient::~HttpClient() {
   for (auto& w : workers_) {
@@ -204,7 +204,7 @@ Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, con
     // server too slow to send a block within remote-timeout (some bytes came): two bytes, as before.
     if (c->probe_http_code_ != 416 && (st.code() != EIO || c->probe_received_ == 0)) return st;
     log::debug("{}: fetching the first block at open failed ({}); pinning the identity with 2 bytes",
-               c->display_url_, st.message());
+               c->printable_url_, st.message());
   }
   // Two bytes, not one: some servers (s3rver) answer "bytes=0-0" with the whole object.
   std::byte first[2] = {};
@@ -213,13 +213,13 @@ Result<std::unique_ptr<HttpClient>> HttpClient::open(const std::string& url, con
 }
 
 Status HttpClient::start() {
-  if (!curl_library().loaded()) return Status::errorf(ELIBACC, "{}: {}", display_url_, curl_library().error());
+  if (!curl_library().loaded()) return Status::errorf(ELIBACC, "{}: {}", printable_url_, curl_library().error());
   for (const std::string& h : opts_.headers) headers_ = curl_slist_append(headers_, h.c_str());
   // Each thread its share of the connections (a thread without one would idle).
   const unsigned threads = std::clamp(opts_.network_threads, 1u, std::max(1u, opts_.connections));
   for (unsigned i = 0; i < threads; ++i) {
     CURLM* m = curl_multi_init();
-    if (!m) return Status::errorf(ENOMEM, "{}: cannot make a curl multi handle", display_url_);
+    if (!m) return Status::errorf(ENOMEM, "{}: cannot make a curl multi handle", printable_url_);
     auto w = std::make_unique<Worker>();
     w->multi = m;
     w->connections = opts_.connections / threads + (i < opts_.connections % threads ? 1 : 0);
@@ -270,7 +270,7 @@ void HttpClient::submit(std::unique_ptr<Transfer> t) {
     }
   }
   if (t) {
-    deliver(*t, Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
+    deliver(*t, Status::errorf(ECANCELED, "{}: the connection is closing", printable_url_));
     return;
   }
   curl_multi_wakeup(static_cast<CURLM*>(w.multi));
@@ -286,7 +286,7 @@ void HttpClient::start_attempt(Worker& w, std::unique_ptr<Transfer> t) {
     e = curl_easy_init();
   }
   if (!e) {
-    deliver(*t, Status::errorf(ENOMEM, "{}: cannot make a curl handle", display_url_));
+    deliver(*t, Status::errorf(ENOMEM, "{}: cannot make a curl handle", printable_url_));
     return;
   }
   ++t->attempts;
@@ -334,14 +334,14 @@ Status HttpClient::check_response(Transfer& t, long code, bool* transient) {
   if (t.probe) probe_http_code_ = code;  // read by open() after the request
   if (code != 206) {
     *transient = transient_http(code);
-    if (code == 200) return Status::errorf(EIO, "{}: the server ignores range requests (HTTP 200)", display_url_);
-    if (code == 412) return Status::errorf(EIO, "{}: the object changed on the server (HTTP 412)", display_url_);
+    if (code == 200) return Status::errorf(EIO, "{}: the server ignores range requests (HTTP 200)", printable_url_);
+    if (code == 412) return Status::errorf(EIO, "{}: the object changed on the server (HTTP 412)", printable_url_);
     if (!opts_.aws_sigv4.empty()) return s3_refusal(t, code);
-    return Status::errorf(errno_of_http(code), "{}: HTTP {}", display_url_, code);
+    return Status::errorf(errno_of_http(code), "{}: HTTP {}", printable_url_, code);
   }
   uint64_t first = 0, last = 0, total = 0;
   if (!parse_content_range(response_header(t.easy, "Content-Range"), first, last, total))
-    return Status::errorf(EIO, "{}: a 206 answer without a Content-Range", display_url_);
+    return Status::errorf(EIO, "{}: a 206 answer without a Content-Range", printable_url_);
   if (t.probe) {
     // The only request before open() returns, which reads identity_ after it.
     identity_.size = total;
@@ -354,16 +354,16 @@ Status HttpClient::check_response(Transfer& t, long code, bool* transient) {
       if (!change_logged_.exchange(true))
         log::error("{}: the object changed on the server since it was opened (size {} -> {}, ETag {} -> {}, "
                    "Last-Modified {} -> {}); its reads fail with EIO",
-                   display_url_, identity_.size, total, identity_.etag, etag, identity_.last_modified, modified);
-      return Status::errorf(EIO, "{}: the object changed on the server since it was opened", display_url_);
+                   printable_url_, identity_.size, total, identity_.etag, etag, identity_.last_modified, modified);
+      return Status::errorf(EIO, "{}: the object changed on the server since it was opened", printable_url_);
     }
   }
   const uint64_t want_last = t.off + t.length - 1;
   if (first != t.off || last != std::min(want_last, total ? total - 1 : 0))
-    return Status::errorf(EIO, "{}: asked for bytes {}, got {}-{}", display_url_, t.range, first, last);
+    return Status::errorf(EIO, "{}: asked for bytes {}, got {}-{}", printable_url_, t.range, first, last);
   if (t.received != last - first + 1) {
     *transient = true;
-    return Status::errorf(EIO, "{}: truncated answer ({} of {} bytes)", display_url_, t.received, last - first + 1);
+    return Status::errorf(EIO, "{}: truncated answer ({} of {} bytes)", printable_url_, t.received, last - first + 1);
   }
   return Status::ok();
 }
@@ -374,9 +374,9 @@ Status HttpClient::s3_refusal(const Transfer& t, long code) const {
   if (!summary.empty()) summary = " " + summary;
   if (code == 401 || code == 403)
     return Status::errorf(EACCES, "{}: HTTP {}{}: the S3 server refused the credentials or the request "
-                          "(keys from {}, region {})", display_url_, code, summary, opts_.aws_credential_source,
+                          "(keys from {}, region {})", printable_url_, code, summary, opts_.aws_credential_source,
                           opts_.s3_region);
-  return Status::errorf(errno_of_http(code), "{}: HTTP {}{}", display_url_, code, summary);
+  return Status::errorf(errno_of_http(code), "{}: HTTP {}{}", printable_url_, code, summary);
 }
 
 void HttpClient::deliver(Transfer& t, Status st) {
@@ -400,7 +400,7 @@ void HttpClient::complete(Worker& w, Transfer* raw, int curl_code) {
     st = check_response(*t, code, &transient);
   } else {
     transient = transient_curl_error(rc) && !t->overflow;
-    st = Status::errorf(EIO, "{}: {}", display_url_, t->errbuf[0] ? t->errbuf : curl_easy_strerror(rc));
+    st = Status::errorf(EIO, "{}: {}", printable_url_, t->errbuf[0] ? t->errbuf : curl_easy_strerror(rc));
   }
   curl_multi_remove_handle(static_cast<CURLM*>(w.multi), t->easy);
   if (w.idle_easy.size() < w.connections + kSpareHandles) w.idle_easy.push_back(t->easy);
@@ -412,7 +412,7 @@ void HttpClient::complete(Worker& w, Transfer* raw, int curl_code) {
   }
   const auto now = Clock::now();
   if (transient && now + backoff(t->attempts) < t->deadline) {
-    log::debug("{}: retrying bytes {} after: {}", display_url_, t->range, st.message());
+    log::debug("{}: retrying bytes {} after: {}", printable_url_, t->range, st.message());
     RemoteCounters::add(counters_.retries);
     t->retry_at = now + backoff(t->attempts);
     t->last_error = std::move(st);
@@ -460,7 +460,7 @@ void HttpClient::run(Worker& w) {
     }
     curl_multi_poll(m, nullptr, 0, wait_ms, nullptr);
   }
-  fail_all(w, Status::errorf(ECANCELED, "{}: the connection is closing", display_url_));
+  fail_all(w, Status::errorf(ECANCELED, "{}: the connection is closing", printable_url_));
 }
 
 void HttpClient::fail_all(Worker& w, const Status& st) {

@@ -77,8 +77,8 @@ class HttpClient {
   // The object's first bytes (up to block_size) fetched by open(), handed
   // over once (empty after, or when open() fell back to a 2-byte probe).
   std::vector<std::byte> take_first_block() { return std::move(first_block_); }
-  // The URL without its query (a presigned URL's signature stays out of logs).
-  const std::string& display_url() const { return display_url_; }
+  // The URL as logs and messages show it (io::printable_remote_location).
+  const std::string& printable_url() const { return printable_url_; }
   // Requests, retries, errors, bytes fetched and bytes in flight (io/remote/remote_stats.h).
   const RemoteCounters& counters() const { return counters_; }
   // Requests sent (each attempt counts) by each network thread.
@@ -105,7 +105,7 @@ class HttpClient {
   void deliver(Transfer& t, Status st);
 
   const std::string url_;
-  const std::string display_url_;
+  const std::string printable_url_;
   const RemoteOptions opts_;
   HttpIdentity identity_;  // set by open() before any other request
   long probe_http_code_ = 0;  // the last identity request's HTTP status and bytes received (open())

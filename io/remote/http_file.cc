@@ -59,7 +59,7 @@ bool HttpFile::take_from_first_block(uint64_t off, const BlockCache::Buffers& ds
 RemoteStatsSnapshot HttpFile::describe() const {
   RemoteStatsSnapshot s;
   const HttpIdentity& id = client_->identity();
-  s.url = protocol_ == "s3" ? url_ : client_->display_url();
+  s.url = protocol_ == "s3" ? url_ : client_->printable_url();
   s.protocol = protocol_;
   s.size = id.size;
   s.etag = id.etag;
@@ -95,7 +95,7 @@ Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const 
     settings += opts.ssl_verify ? fmt::format(", TLS verified{}", opts.ca_file.empty() ? "" : " with " + opts.ca_file)
                                 : ", TLS NOT verified (sslverify=off)";
   if (!opts.headers.empty() && !s3) settings += fmt::format(", {} extra headers", opts.headers.size());
-  if (s3) settings += fmt::format(", S3 {} region {}, keys from {}", (*client)->display_url(), opts.s3_region,
+  if (s3) settings += fmt::format(", S3 {} region {}, keys from {}", (*client)->printable_url(), opts.s3_region,
                                   opts.aws_credential_source);
   BlockCacheConfig cfg{opts.block_size, opts.cache_size, readahead, max_request, small_fetch};
   std::unique_ptr<DiskCache> disk;
@@ -115,7 +115,7 @@ Result<std::unique_ptr<HttpFile>> HttpFile::open(const std::string& name, const 
 
 Status HttpFile::read_only() const {
   return Status::errorf(EROFS, "{} is read-only (images over HTTP are; put a local overlay on it)",
-                        client_->display_url());
+                        client_->printable_url());
 }
 
 Task<Result<size_t>> HttpFile::read(uint64_t off, std::span<std::byte> buf) {

@@ -116,7 +116,7 @@ TEST(PrintableUrl, HttpLosesPasswordQueryAndFragmentKeepsTheRest) {
             "https://user@Host:8443/a/b.qcow2");
   EXPECT_EQ(printable_remote_location("http://h/a.qcow2"), "http://h/a.qcow2");
   EXPECT_EQ(printable_remote_location("http://h/x/../a.qcow2"), "http://h/x/../a.qcow2");
-  // What curl cannot parse (and every URL without libcurl) is cut as text.
+  // Cut as text, also where curl would refuse the URL; an '@' or ':' after the authority is not userinfo.
   EXPECT_EQ(printable_remote_location("http://us er:secret@h:99999/a?sig=x#f"), "http://us er@h:99999/a");
   EXPECT_EQ(printable_remote_location("http://h:99999/a@b:c?sig=x"), "http://h:99999/a@b:c");
   EXPECT_EQ(printable_remote_location("http://u:p@x@h:99999"), "http://u@h:99999");
