@@ -27,9 +27,10 @@
 #   FMT-rw       the fully written FMT image, read-write: randwrite4k (overwrite); FMT-empty an
 #                empty 1 GiB FMT image (qemu-img create; vpc with force_size=on): seqwrite1m and
 #                seqwrite1m-fill (one pass: every write allocates).
-#                A table puts each writable format beside qcow2: in each round, right before
-#                the format's own qcowfs run, the same job runs on a fresh copy of the fully
-#                written (for -rw) or empty (for -empty) qcow2 image (system qcow2-ref), and
+#                A table puts each writable format beside qcow2: in each round, right beside
+#                the format's own qcowfs run (before it in odd rounds, after it in even ones),
+#                the same job runs on a fresh copy of the fully written (for -rw) or empty
+#                (for -empty) qcow2 image (system qcow2-ref), and
 #                the ratio is taken between those two adjacent runs (the disk drifts too much
 #                over the minutes between a round's qcow2 set and a format's set).
 #   raw-lat, qcow2-lat  low queue depth on the raw image and the fully written qcow2:
@@ -39,9 +40,11 @@
 #   qcow2-enc-full  fully written 1 GiB qcow2 encrypted with LUKS (aes-256-xts-plain64, the
 #                default): randread4k randwrite4k seqread1m; with qcow2-full in SETS a table puts
 #                it beside the unencrypted image (both mounts and qsd given the key).
-# Every job runs ROUNDS times; in each round the four systems run the job back to back, each
-# on a fresh copy of the image. The shared disk here drifts by up to 2x within minutes, so each
-# ratio is taken within a round and the table shows the median over rounds (values: medians).
+# Every job runs ROUNDS times; in each round the systems run the job back to back, each on a
+# fresh copy of the image, in reverse order in even rounds (so no system always runs after the
+# same ones: the disk pays for a run in the next). The shared disk here drifts by up to 2x
+# within minutes, so each ratio is taken within a round and the table shows the median over
+# rounds (values: medians).
 # Env: ROUNDS (default 3), RUNTIME (s per job, default 5), SETS (default "raw qcow2-full
 # qcow2-empty"; JOBS: only these of each set's jobs; qcow2-full-ro is qcow2-full's read-only jobs, the reference of the FMT-full sets), OUT (table file), RAW_OUT (every measurement, one per line).
 # BEFORE=OLD_BINARY compares two builds instead: in each round the raw host file, qsd, OLD_BINARY
@@ -224,7 +227,11 @@ for round in $(seq "$rounds"); do
     esac
     for job in $jobs; do
       [ -n "${JOBS:-}" ] && [[ " $JOBS " != *" $job "* ]] && continue
-      for sys in $set_systems; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
+      order=$set_systems
+      # Even rounds run the systems in reverse: a job's runs wear the disk (the VM's host
+      # flushes behind them), so a system always run last would always pay for the others.
+      (( round % 2 == 0 )) && order=$(echo "$set_systems" | tr ' ' '\n' | tac | tr '\n' ' ')
+      for sys in $order; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
     done
   done
 done

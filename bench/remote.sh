@@ -3,7 +3,10 @@
 # 1 GiB, random data) served on loopback, read through
 #   qcowfs-http  qcowfs over http:// (nginx)               qsd-curl  qemu-storage-daemon's FUSE export
 #   qcowfs-nbd   qcowfs over nbd:// (qemu-nbd, raw bytes)   qsd-nbd   over its curl / nbd driver, qcow2 on top
-#   curl         `curl -o /dev/null` of the whole file (sequential only: the download to beat)
+#   curl         `curl -o /dev/null` of the whole file, 4 times on one connection (CURL_REPEAT)
+#                (sequential only: the download to beat;
+#                also run right before each sequential round over http, whose ratio to it is
+#                printed under the table per round and as a median: the same minute's download)
 # with fio (bench/fio-suite.sh, O_DIRECT): seqread1m (1 MiB, QD8), seqread1m-qd1 (psync),
 # randread4k-qd1 (psync), randread4k (QD32), RUNTIME seconds each, the median of ROUNDS runs; a
 # run without an answer in RUNTIME+30 s is a `hangs` cell (the daemon is killed and mounted again
@@ -234,6 +237,18 @@ table=$work/table.md
   echo "|---|---|---|---|---|---|---|"
 } > "$table"
 
+# curl_mibs: MiB/s of `curl -o /dev/null` downloading the whole file CURL_REPEAT times (default 4)
+# one after the other on one connection: total bytes over total transfer time ("failed" on
+# error). One download of 1 GiB lasts half a second here, too short a sample beside fio's runs.
+curl_mibs() {
+  local urls=() i
+  for ((i = 0; i < ${CURL_REPEAT:-4}; i++)); do urls+=(-o /dev/null "$url"); done
+  in_ns curl -sf -w '%{size_download} %{time_total}\n' "${urls[@]}" |
+    awk '{b += $1; t += $2} END{if (t > 0 && NR == '"${CURL_REPEAT:-4}"') printf "%.1f", b/t/1048576; else print "failed"}'
+}
+speeds=()             # curl downloads of this RTT: the row's samples
+declare -A ratios=()  # "SYSTEM JOB" -> per-round ratios to the curl download right before
+notes=()
 for rtt in $rtts_run; do
   in_ns tc qdisc del dev lo root 2>/dev/null
   # shellcheck disable=SC2046
@@ -264,6 +279,10 @@ for rtt in $rtts_run; do
         if [ $mounted = 0 ]; then
           if mount_system "$sys" "$mnt" >/dev/null; then mounted=1; else vals[$job]+=" failed"; continue; fi
         fi
+        # Over http the sequential rounds each follow a curl download of the same file, so the
+        # ratio to curl is taken within the minute (curl's own figure moves 1.8x between runs).
+        c=
+        [[ $sys == qcowfs-http* && $job == seqread1m* && "${CURL:-1}" != 0 ]] && c=$(curl_mibs)
         res=$(RUNTIME=$RUNTIME SIZE=$SIZE timeout -k 5 $((RUNTIME + 30)) "$here/fio-suite.sh" "$mnt" "$sys" "$job")
         rc=$?
         [ -n "$res" ] && echo "$res" >&2
@@ -281,6 +300,10 @@ for rtt in $rtts_run; do
         v=$(awk -v j="$job" -v f=$f '$2==j{print $f}' <<<"$res")
         [ -z "$v" ] && { log "$sys: daemon output:"; sed 's/^/    /' "$mnt.log" >&2; }
         vals[$job]+=" ${v:-failed}"
+        if [ -n "$c" ]; then
+          speeds+=("$c")
+          ratios[$sys $job]+=" $(awk -v a="${v:-0}" -v b="$c" 'BEGIN{if (b > 0 && a > 0) printf "%.2f", a/b; else print "failed"}')"
+        fi
       done
     done
     umount_system "$mnt"
@@ -297,13 +320,16 @@ for rtt in $rtts_run; do
   done
   [ "${CURL:-1}" = 0 ] && continue
   log "rtt $rtt ms: curl..."
-  speeds=()
-  for _ in $(seq "$ROUNDS"); do
-    speeds+=("$(in_ns curl -sf -o /dev/null -w '%{speed_download}' "$url" | awk '{printf "%.1f", $1/1048576}')")
-  done
+  for _ in $(seq "$ROUNDS"); do speeds+=("$(curl_mibs)"); done
   echo "| $rtt ms ($conn) | curl (whole file) | $(median "${speeds[@]}") | - | - | - | - |" >> "$table"
+  for key in "${!ratios[@]}"; do
+    # shellcheck disable=SC2086
+    notes+=("$rtt ms: $key / the curl download right before each round: per round${ratios[$key]}, median $(median ${ratios[$key]})x")
+  done
+  speeds=(); ratios=()
 done
 in_ns tc qdisc del dev lo root 2>/dev/null
+[ ${#notes[@]} -gt 0 ] && { echo; printf -- '- %s\n' "${notes[@]}"; } >> "$table"
 [ -n "$skipped" ] && echo "
 The ${skipped}ms rows were not run: no latency can be added on this machine: $netem_missing." >> "$table"
 
