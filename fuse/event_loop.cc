@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "fuse/fuse_ring.h"
 #include "fuse/passthrough.h"
@@ -24,6 +25,25 @@ namespace {
 thread_local EventLoop* t_current = nullptr;
 constexpr size_t kIdleRequestBuffers = 16;
 }  // namespace
+
+ReaderGroup::ReaderGroup(size_t loops)
+    : loops_(std::make_unique<std::atomic<EventLoop*>[]>(loops)), count_(loops) {}
+
+void ReaderGroup::set_loop(size_t index, EventLoop* loop) {
+  if (index < count_) loops_[index].store(loop);
+}
+
+// The count first, then each helper's flag, and a helper going to sleep
+// clears its flag before it reads the count (both sequentially consistent):
+// either this call sees the flag clear and wakes it, or the helper sees the
+// count and stays awake.
+void ReaderGroup::started() {
+  if (inflight_.fetch_add(1) + 1 < 2) return;
+  for (size_t i = 1; i < count_; ++i) {
+    EventLoop* loop = loops_[i].load();
+    if (loop && !loop->helper_reading_.load() && !loop->helper_reading_.exchange(true)) loop->wake_reader();
+  }
+}
 
 EventLoop::EventLoop(Config cfg)
     : cfg_(std::move(cfg)),
@@ -62,6 +82,34 @@ void EventLoop::request_stop() {
 
 void EventLoop::cancel_reader_wait() {
   if (reader_wait_) io::Engine::current()->cancel(reader_wait_);
+  if (sleeping_reader_) std::exchange(sleeping_reader_, nullptr).resume();
+}
+
+void EventLoop::wake_reader() {
+  std::lock_guard lk(engine_mu_);
+  if (engine_) {
+    engine_->post([this] {
+      if (sleeping_reader_) std::exchange(sleeping_reader_, nullptr).resume();
+    });
+  }
+}
+
+struct EventLoop::SleepAwaiter {
+  EventLoop& loop;
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) noexcept { loop.sleeping_reader_ = h; }
+  void await_resume() const noexcept {}
+};
+
+// A helper sleeps after a wake-up that found nothing to read (another loop
+// took the request) while the group is quiet: its flag cleared first, then
+// the count read again (ReaderGroup::started() reads them in the other order).
+bool EventLoop::may_sleep() {
+  if (!cfg_.readers || cfg_.reader_index == 0 || !cfg_.readers->quiet()) return false;
+  helper_reading_.store(false);
+  if (cfg_.readers->quiet()) return true;
+  helper_reading_.store(true);
+  return false;
 }
 
 void EventLoop::join() {
@@ -80,6 +128,7 @@ void EventLoop::thread_main(std::promise<Status>* started) {
     std::lock_guard lk(engine_mu_);
     engine_ = engine->get();
   }
+  if (cfg_.readers) cfg_.readers->set_loop(cfg_.reader_index, this);
   {
     io::ScopedEngine scope(engine->get());
     t_current = this;
@@ -87,6 +136,7 @@ void EventLoop::thread_main(std::promise<Status>* started) {
     serve(**engine);
     t_current = nullptr;
   }
+  if (cfg_.readers) cfg_.readers->set_loop(cfg_.reader_index, nullptr);
   {
     std::lock_guard lk(engine_mu_);
     engine_ = nullptr;
@@ -224,7 +274,12 @@ ssize_t EventLoop::write_init_reply(int fd, iovec* iov, int count) {
 // exclusive polls (EINVAL) gets plain ones, which wake every loop.
 Task<void> EventLoop::reader() {
   bool exclusive = true;
+  bool idle_wakeup = false;  // the last wake-up found nothing to read
   while (!stop_requested()) {
+    if (idle_wakeup && may_sleep()) {
+      co_await SleepAwaiter{*this};  // until ReaderGroup::started() or request_stop()
+      continue;
+    }
     io::IoRequest poll;
     poll.op = io::IoRequest::Op::poll_in;
     poll.fd = cfg_.fuse_fd;
@@ -242,7 +297,9 @@ Task<void> EventLoop::reader() {
       cfg_.on_session_end(Status::from_errno(static_cast<int>(-r), "waiting for /dev/fuse"));
       co_return;
     }
+    const uint64_t before = requests_read_;
     if (stop_requested() || !drain()) co_return;
+    idle_wakeup = requests_read_ == before;
   }
 }
 
@@ -257,6 +314,7 @@ bool EventLoop::drain() {
       cfg_.on_session_end(err == ENODEV ? Status::ok() : Status::from_errno(err, "reading /dev/fuse"));
       return false;
     }
+    ++requests_read_;
     fuse_buf buf = {};
     buf.mem = request_read_start(current_);
     buf.size = static_cast<size_t>(n);
@@ -284,7 +342,12 @@ bool EventLoop::read_more_now() const { return inflight_ > 1; }
 
 void EventLoop::spawn_request(Task<void> t) {
   ++inflight_;
-  spawn_then(std::move(t), [this] { --inflight_; });
+  ReaderGroup* group = ring_ ? nullptr : cfg_.readers.get();  // ring requests do not come from /dev/fuse
+  if (group) group->started();
+  spawn_then(std::move(t), [this, group] {
+    --inflight_;
+    if (group) group->finished();
+  });
 }
 
 PooledBuffer EventLoop::hold_write_payload(std::span<const std::byte>& payload) {

@@ -421,8 +421,11 @@ Status Server::start_loops() {
   const unsigned n = opts_.queues ? opts_.queues : default_queue_count();
   loop_count_ = n;
   const unsigned kernel_queues = opts_.fuse_uring == FuseUringMode::off ? 0 : possible_cpu_count();
+  auto readers = std::make_shared<ReaderGroup>(n);
   for (unsigned i = 0; i < n; ++i) {
     EventLoop::Config cfg;
+    cfg.readers = readers;
+    cfg.reader_index = i;
     cfg.session = session_->get();
     cfg.fuse_fd = session_->fd();
     cfg.engine_kind = opts_.aio;
