@@ -34,14 +34,17 @@ void ReaderGroup::set_loop(size_t index, EventLoop* loop) {
 }
 
 // The count first, then each helper's flag, and a helper going to sleep
-// clears its flag before it reads the count (both sequentially consistent):
-// either this call sees the flag clear and wakes it, or the helper sees the
-// count and stays awake.
-void ReaderGroup::started() {
-  if (inflight_.fetch_add(1) + 1 < 2) return;
+// clears its flag before it reads the count: one of the two mostly sees the
+// other (the flag's load is relaxed: a wake-up missed in a race is made up by
+// loop 0's next request, and costs parallelism only meanwhile).
+void ReaderGroup::set_first_inflight(size_t n) {
+  first_inflight_.store(n);
+  if (n < 2) return;
   for (size_t i = 1; i < count_; ++i) {
-    EventLoop* loop = loops_[i].load();
-    if (loop && !loop->helper_reading_.load() && !loop->helper_reading_.exchange(true)) loop->wake_reader();
+    EventLoop* loop = loops_[i].load(std::memory_order_acquire);
+    if (loop && !loop->helper_reading_.load(std::memory_order_relaxed) && !loop->helper_reading_.exchange(true)) {
+      loop->wake_reader();
+    }
   }
 }
 
@@ -103,11 +106,11 @@ struct EventLoop::SleepAwaiter {
 
 // A helper sleeps after a wake-up that found nothing to read (another loop
 // took the request) while the group is quiet: its flag cleared first, then
-// the count read again (ReaderGroup::started() reads them in the other order).
+// the count read again (ReaderGroup::set_first_inflight() has the other order).
 bool EventLoop::may_sleep() {
-  if (!cfg_.readers || cfg_.reader_index == 0 || !cfg_.readers->quiet()) return false;
+  if (!cfg_.readers || cfg_.reader_index == 0 || !cfg_.readers->quiet(inflight_)) return false;
   helper_reading_.store(false);
-  if (cfg_.readers->quiet()) return true;
+  if (cfg_.readers->quiet(inflight_)) return true;
   helper_reading_.store(true);
   return false;
 }
@@ -277,7 +280,7 @@ Task<void> EventLoop::reader() {
   bool idle_wakeup = false;  // the last wake-up found nothing to read
   while (!stop_requested()) {
     if (idle_wakeup && may_sleep()) {
-      co_await SleepAwaiter{*this};  // until ReaderGroup::started() or request_stop()
+      co_await SleepAwaiter{*this};  // until ReaderGroup::set_first_inflight() or request_stop()
       continue;
     }
     io::IoRequest poll;
@@ -342,11 +345,12 @@ bool EventLoop::read_more_now() const { return inflight_ > 1; }
 
 void EventLoop::spawn_request(Task<void> t) {
   ++inflight_;
-  ReaderGroup* group = ring_ ? nullptr : cfg_.readers.get();  // ring requests do not come from /dev/fuse
-  if (group) group->started();
+  // Loop 0 publishes its count; ring requests do not come from /dev/fuse.
+  ReaderGroup* group = cfg_.reader_index == 0 && !ring_ ? cfg_.readers.get() : nullptr;
+  if (group) group->set_first_inflight(inflight_);
   spawn_then(std::move(t), [this, group] {
     --inflight_;
-    if (group) group->finished();
+    if (group) group->set_first_inflight(inflight_);
   });
 }
 

@@ -8,14 +8,15 @@
 // never blocked on host I/O.
 //
 // The loops of one session share a ReaderGroup: the first loop's reader always
-// polls /dev/fuse; the others' readers ("helpers") only while two or more
-// requests read from /dev/fuse are in flight, and sleep when the count is
-// one or none after a wake-up that found nothing to read (the other loop took
-// the request): at queue depth 1 one thread serves every request (two polling
-// loops woke each other in turn: 20-25 us of a 4 KiB request's 95), under load
-// every loop reads. A request that takes the count to two wakes the sleeping
-// helpers (post()); a missed wake-up costs only parallelism, never a request,
-// since the first loop always reads.
+// polls /dev/fuse; the others' readers ("helpers") only while the first loop
+// has two or more requests in flight: a helper sleeps after a wake-up that
+// found nothing to read (the other loop took the request) if the first loop's
+// requests and its own are one or none. So at queue depth 1 one thread serves
+// every request (two polling loops woke each other in turn: 20-25 us of a
+// 4 KiB request's 95), and under load every loop reads. The first loop's
+// request that makes its count two wakes the sleeping helpers (post()); a
+// missed wake-up costs only parallelism, never a request, since the first
+// loop always reads.
 // The reader polls /dev/fuse itself; an idle loop as an exclusive waiter
 // (io_uring's EPOLLEXCLUSIVE poll): FUSE wakes one exclusive waiter per queued
 // request, so a request wakes one idle loop, not all of them; a loop with
@@ -74,15 +75,17 @@ class ReaderGroup {
   explicit ReaderGroup(size_t loops);
   // Loop `index` (0: the one that always reads) serves the session; null: it ended.
   void set_loop(size_t index, EventLoop* loop);
-  // A request read from /dev/fuse started / finished on some loop.
-  void started();
-  void finished() { inflight_.fetch_sub(1); }
-  // Whether a helper may sleep: at most one such request is in flight.
-  bool quiet() const { return inflight_.load() <= 1; }
+  // Loop 0 publishes its requests in flight; from two on, the sleeping
+  // helpers are woken.
+  void set_first_inflight(size_t n);
+  // Whether a helper with `own` requests in flight may sleep.
+  bool quiet(size_t own) const { return first_inflight_.load() + own <= 1; }
 
  private:
-  std::atomic<int> inflight_{0};
-  std::unique_ptr<std::atomic<EventLoop*>[]> loops_;
+  // Written by loop 0 only, read by helpers when they may sleep: one line of
+  // its own, so loop 0's writes do not bounce the loops' other shared data.
+  alignas(64) std::atomic<size_t> first_inflight_{0};
+  alignas(64) std::unique_ptr<std::atomic<EventLoop*>[]> loops_;
   size_t count_;
 };
 
