@@ -42,7 +42,7 @@
 #                it beside the unencrypted image (both mounts and qsd given the key).
 # Every job runs ROUNDS times; in each round the systems run the job back to back, each on a
 # fresh copy of the image, in reverse order in even rounds (so no system always runs after the
-# same ones: the disk pays for a run in the next). The shared disk here drifts by up to 2x
+# same ones: a run may slow the disk for the next). The shared disk here drifts by up to 2x
 # within minutes, so each ratio is taken within a round and the table shows the median over
 # rounds (values: medians).
 # Env: ROUNDS (default 3), RUNTIME (s per job, default 5), SETS (default "raw qcow2-full
@@ -228,7 +228,7 @@ for round in $(seq "$rounds"); do
     for job in $jobs; do
       [ -n "${JOBS:-}" ] && [[ " $JOBS " != *" $job "* ]] && continue
       order=$set_systems
-      # Even rounds run the systems in reverse: a job's runs wear the disk (the VM's host
+      # Even rounds run the systems in reverse: a job's runs may wear the disk (the VM's host
       # flushes behind them), so a system always run last would always pay for the others.
       (( round % 2 == 0 )) && order=$(echo "$set_systems" | tr ' ' '\n' | tac | tr '\n' ' ')
       for sys in $order; do measure "$round" "$set" "$sys" "$tmpl" "$fmt" "$job"; done
