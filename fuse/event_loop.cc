@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "fuse/fuse_ring.h"
@@ -300,24 +301,25 @@ Task<void> EventLoop::reader() {
       cfg_.on_session_end(Status::from_errno(static_cast<int>(-r), "waiting for /dev/fuse"));
       co_return;
     }
-    const uint64_t before = requests_read_;
-    if (stop_requested() || !drain()) co_return;
-    idle_wakeup = requests_read_ == before;
+    const std::optional<int> read = stop_requested() ? std::nullopt : drain();
+    if (!read) co_return;
+    idle_wakeup = *read == 0;
   }
 }
 
-bool EventLoop::drain() {
+std::optional<int> EventLoop::drain() {
+  int read = 0;
   for (int i = 0; i < kReadBatch && !stop_requested(); ++i) {
     if (!current_.data()) current_ = request_pool_.take();
     ssize_t n = ::read(cfg_.fuse_fd, request_read_start(current_), request_read_capacity(current_));
     if (n < 0) {
       int err = errno;
-      if (err == EAGAIN) return true;
+      if (err == EAGAIN) return read;
       if (err == EINTR || err == ENOENT) continue;  // ENOENT: the request was interrupted meanwhile
       cfg_.on_session_end(err == ENODEV ? Status::ok() : Status::from_errno(err, "reading /dev/fuse"));
-      return false;
+      return std::nullopt;
     }
-    ++requests_read_;
+    ++read;
     fuse_buf buf = {};
     buf.mem = request_read_start(current_);
     buf.size = static_cast<size_t>(n);
@@ -329,9 +331,9 @@ bool EventLoop::drain() {
       init_unique_ = 0;
       if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
     }
-    if (!read_more_now()) return true;
+    if (!read_more_now()) return read;
   }
-  return true;
+  return read;
 }
 
 // Whether to read /dev/fuse again before going back to the engine. With no

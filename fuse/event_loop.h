@@ -182,8 +182,8 @@ class EventLoop {
   // From any thread: resumes this helper's reader if it sleeps.
   void wake_reader();
   // Reads and dispatches up to kReadBatch requests (one when this loop has
-  // no other request in flight); false when the session ended.
-  bool drain();
+  // no other request in flight): how many, none when the session ended.
+  std::optional<int> drain();
   bool read_more_now() const;
   bool stop_requested() const { return stop_.load(std::memory_order_acquire); }
 
@@ -197,7 +197,6 @@ class EventLoop {
   size_t inflight_ = 0;
   io::IoRequest* reader_wait_ = nullptr;  // the reader's pending /dev/fuse poll
   std::coroutine_handle<> sleeping_reader_;  // a helper's reader while it sleeps
-  uint64_t requests_read_ = 0;               // from /dev/fuse, by this loop
   std::atomic<bool> helper_reading_{true};   // a helper's reader polls (or is about to)
   io::AlignedBuffer current_;  // the buffer the next request is read into
   BufferPool request_pool_;
