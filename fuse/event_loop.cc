@@ -34,18 +34,21 @@ void ReaderGroup::set_loop(size_t index, EventLoop* loop) {
   if (index < count_) loops_[index].store(loop);
 }
 
-// The count first, then each helper's flag, and a helper going to sleep
-// clears its flag before it reads the count: one of the two mostly sees the
-// other (the flag's load is relaxed: a wake-up missed in a race is made up by
-// loop 0's next request, and costs parallelism only meanwhile).
+// The level first, then each helper's flag; a helper going to sleep clears
+// its flag before it reads the level (EventLoop::may_sleep()). Both sides are
+// seq_cst, so one of the two sees the other: the helper stays awake, or loop 0
+// finds its flag cleared and wakes it. A helper never sleeps while the level
+// is two (quiet() is false), so a wake-up is needed only when the level rises
+// to two.
 void ReaderGroup::set_first_inflight(size_t n) {
-  first_inflight_.store(n);
-  if (n < 2) return;
+  const size_t level = std::min<size_t>(n, 2);
+  if (level == published_) return;
+  published_ = level;
+  first_inflight_.store(level);
+  if (level < 2) return;
   for (size_t i = 1; i < count_; ++i) {
     EventLoop* loop = loops_[i].load(std::memory_order_acquire);
-    if (loop && !loop->helper_reading_.load(std::memory_order_relaxed) && !loop->helper_reading_.exchange(true)) {
-      loop->wake_reader();
-    }
+    if (loop && !loop->helper_reading_.load() && !loop->helper_reading_.exchange(true)) loop->wake_reader();
   }
 }
 
