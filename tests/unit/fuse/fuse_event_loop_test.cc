@@ -34,5 +34,30 @@ TEST(FuseEventLoop, LargeWritePayloadsStayInPlace) {
   EXPECT_EQ(payload.size(), request.size());
 }
 
+// Helpers may sleep only while loop 0's requests and their own are one or
+// none; loop 0 stores just the level (0, 1, 2+) and only when it changes, so
+// every change of level must still be seen, and counts above two must read as
+// two.
+TEST(FuseReaderGroup, HelpersSeeTheLevelOfLoopZerosRequests) {
+  ReaderGroup group(2);  // no loop registered: nothing to wake
+  EXPECT_TRUE(group.quiet(0));
+  EXPECT_TRUE(group.quiet(1));
+  EXPECT_FALSE(group.quiet(2));
+  group.set_first_inflight(1);
+  EXPECT_TRUE(group.quiet(0));
+  EXPECT_FALSE(group.quiet(1));
+  group.set_first_inflight(7);
+  EXPECT_FALSE(group.quiet(0));
+  group.set_first_inflight(3);  // still two or more
+  EXPECT_FALSE(group.quiet(0));
+  group.set_first_inflight(1);
+  EXPECT_TRUE(group.quiet(0));
+  EXPECT_FALSE(group.quiet(1));
+  group.set_first_inflight(0);
+  EXPECT_TRUE(group.quiet(1));
+  group.set_first_inflight(2);
+  EXPECT_FALSE(group.quiet(0));
+}
+
 }  // namespace
 }  // namespace qcowfs::fuse
