@@ -44,7 +44,7 @@ void ReaderGroup::set_first_inflight(size_t n) {
   const size_t level = std::min<size_t>(n, 2);
   if (level == published_) return;
   published_ = level;
-  first_inflight_.store(level);
+  first_level_.store(level);
   if (level < 2) return;
   for (size_t i = 1; i < count_; ++i) {
     EventLoop* loop = loops_[i].load(std::memory_order_acquire);
@@ -110,7 +110,7 @@ struct EventLoop::SleepAwaiter {
 
 // A helper sleeps after a wake-up that found nothing to read (another loop
 // took the request) while the group is quiet: its flag cleared first, then
-// the count read again (ReaderGroup::set_first_inflight() has the other order).
+// the level read again (ReaderGroup::set_first_inflight() has the other order).
 bool EventLoop::may_sleep() {
   if (!cfg_.readers || cfg_.reader_index == 0 || !cfg_.readers->quiet(inflight_)) return false;
   helper_reading_.store(false);

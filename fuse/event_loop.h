@@ -81,12 +81,12 @@ class ReaderGroup {
   // atomic write (a seq_cst store was ~1.6% of the daemon's samples at QD32).
   void set_first_inflight(size_t n);
   // Whether a helper with `own` requests in flight may sleep.
-  bool quiet(size_t own) const { return first_inflight_.load() + own <= 1; }
+  bool quiet(size_t own) const { return first_level_.load() + own <= 1; }
 
  private:
   // Written by loop 0 only, read by helpers when they may sleep: one line of
   // its own, so loop 0's writes do not bounce the loops' other shared data.
-  alignas(64) std::atomic<size_t> first_inflight_{0};
+  alignas(64) std::atomic<size_t> first_level_{0};
   size_t published_ = 0;  // loop 0's last stored level; loop 0 only
   alignas(64) std::unique_ptr<std::atomic<EventLoop*>[]> loops_;
   size_t count_;

@@ -43,20 +43,20 @@ TEST(FuseReaderGroup, HelpersSeeTheLevelOfLoopZerosRequests) {
   EXPECT_TRUE(group.quiet(0));
   EXPECT_TRUE(group.quiet(1));
   EXPECT_FALSE(group.quiet(2));
-  group.set_first_inflight(1);
-  EXPECT_TRUE(group.quiet(0));
-  EXPECT_FALSE(group.quiet(1));
-  group.set_first_inflight(7);
-  EXPECT_FALSE(group.quiet(0));
-  group.set_first_inflight(3);  // still two or more
-  EXPECT_FALSE(group.quiet(0));
-  group.set_first_inflight(1);
-  EXPECT_TRUE(group.quiet(0));
-  EXPECT_FALSE(group.quiet(1));
-  group.set_first_inflight(0);
-  EXPECT_TRUE(group.quiet(1));
-  group.set_first_inflight(2);
-  EXPECT_FALSE(group.quiet(0));
+  struct Step {
+    size_t first_inflight;
+    bool quiet_idle;      // quiet(0): a helper with nothing in flight
+    bool quiet_one_own;   // quiet(1)
+  };
+  const Step steps[] = {
+      {1, true, false}, {7, false, false}, {3, false, false},  // 3: still two or more
+      {1, true, false}, {0, true, true},   {2, false, false},
+  };
+  for (const Step& step : steps) {
+    group.set_first_inflight(step.first_inflight);
+    EXPECT_EQ(group.quiet(0), step.quiet_idle) << "loop 0 at " << step.first_inflight;
+    EXPECT_EQ(group.quiet(1), step.quiet_one_own) << "loop 0 at " << step.first_inflight;
+  }
 }
 
 }  // namespace
