@@ -157,7 +157,7 @@ void EventLoop::thread_main(std::promise<Status>* started) {
 void EventLoop::serve(io::Engine& engine) {
   bool reader_done = false;
   spawn_then(reader(), [&reader_done] { reader_done = true; });
-  while (!reader_done || inflight_ > 0) engine.run_once(-1);
+  while (!reader_done || inflight_ > 0 || replies_.pending() > 0) engine.run_once(-1);
   if (ring_) ring_->stop();
   engine.run_once(0);  // submits the ring commits of the last replies
 }
@@ -211,6 +211,9 @@ ssize_t EventLoop::write_reply(int fd, iovec* iov, int count, void*) {
     if (auto taken = loop->ring_->reply(iov, count)) return *taken;
   }
   if (loop && loop->init_unique_ != 0) return loop->write_init_reply(fd, iov, count);
+  if (loop && io::Engine::current()) {
+    if (auto queued = loop->replies_.queue(*io::Engine::current(), fd, iov, count)) return *queued;
+  }
   return ::writev(fd, iov, count);
 }
 

@@ -31,7 +31,9 @@
 // loop a FuseRing serving the kernel queues in Config::ring_qids. Requests
 // then arrive as completions on the loop's own ring and replies leave through
 // it (see fuse/fuse_ring.h); /dev/fuse stays polled for what the kernel still
-// sends there. Every libfuse reply passes through EventLoop::write_reply().
+// sends there. Every libfuse reply passes through EventLoop::write_reply();
+// short replies to /dev/fuse requests leave through the loop's io_uring too
+// (fuse/reply_queue.h), and the loop does not end before they have.
 //
 // Thread-safety: start(), request_stop() and join() are called by the thread
 // that owns the EventLoop object; request_stop() is also safe from any
@@ -52,6 +54,7 @@
 #include <vector>
 
 #include "fuse/buffer_pool.h"
+#include "fuse/reply_queue.h"
 #include "io/fd.h"
 #include "io/engine.h"
 #include "io/status.h"
@@ -204,6 +207,7 @@ class EventLoop {
   io::AlignedBuffer current_;  // the buffer the next request is read into
   BufferPool request_pool_;
   SizedBufferPool read_pool_;
+  ReplyQueue replies_;
   std::unique_ptr<FuseRing> ring_;  // outlives the engine: see thread_main()
   bool ring_settled_ = false;       // on_ring_settled was called
   uint64_t init_unique_ = 0;        // the FUSE_INIT being answered, else 0

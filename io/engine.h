@@ -119,6 +119,10 @@ class Engine {
   virtual std::string_view name() const = 0;
   // Whether Op::uring_cmd works (an io_uring engine made with uring_cmd).
   virtual bool supports_uring_cmd() const { return false; }
+  // Whether run_once()'s one syscall issues what was enqueued, on this thread
+  // (io_uring), rather than a worker thread: then a short write that would be
+  // a syscall of its own costs less enqueued.
+  virtual bool submits_inline() const { return false; }
 
   // The engine of the calling thread (nullptr when none is installed).
   static Engine* current();

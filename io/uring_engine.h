@@ -39,6 +39,7 @@ class UringEngine final : public Engine {
   void cancel(IoRequest* req) override;
   std::string_view name() const override { return "io_uring"; }
   bool supports_uring_cmd() const override { return (setup_flags_ & IORING_SETUP_SQE128) != 0; }
+  bool submits_inline() const override { return true; }
 
  private:
   UringEngine(std::shared_ptr<Mailbox> mailbox, const io_uring& ring, unsigned setup_flags);

@@ -1,0 +1,102 @@
+#include <gtest/gtest.h>
+#include <linux/fuse.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "fuse/reply_queue.h"
+#include "io/fd.h"
+#include "io/uring_engine.h"
+
+namespace qcowfs::fuse {
+namespace {
+
+struct Pair {
+  io::UniqueFd ours, theirs;  // a datagram socket pair: one reply per read
+};
+
+Pair make_pair() {
+  int fds[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds), 0);
+  return {io::UniqueFd(fds[0]), io::UniqueFd(fds[1])};
+}
+
+std::vector<std::byte> reply_bytes(uint64_t unique, size_t data) {
+  std::vector<std::byte> msg(sizeof(fuse_out_header) + data);
+  fuse_out_header out = {};
+  out.len = static_cast<uint32_t>(msg.size());
+  out.unique = unique;
+  std::memcpy(msg.data(), &out, sizeof out);
+  for (size_t i = sizeof out; i < msg.size(); ++i) msg[i] = std::byte(i * 13);
+  return msg;
+}
+
+// Two iovecs, as libfuse sends them: the header, then the argument or data.
+std::optional<ssize_t> queue(ReplyQueue& q, io::Engine& e, int fd, std::vector<std::byte>& msg) {
+  iovec iov[2] = {{msg.data(), sizeof(fuse_out_header)},
+                  {msg.data() + sizeof(fuse_out_header), msg.size() - sizeof(fuse_out_header)}};
+  return q.queue(e, fd, iov, 2);
+}
+
+std::vector<std::byte> receive(int fd) {
+  std::vector<std::byte> got(2 * kQueuedReplyMax);
+  ssize_t n = ::read(fd, got.data(), got.size());
+  got.resize(n < 0 ? 0 : static_cast<size_t>(n));
+  return got;
+}
+
+TEST(FuseReplyQueue, ShortRepliesLeaveWithTheEnginesNextSubmit) {
+  auto engine = io::UringEngine::create(16);
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  io::ScopedEngine scope(engine->get());
+  Pair p = make_pair();
+  ReplyQueue q;
+  auto write_reply = reply_bytes(7, sizeof(fuse_write_out));
+  auto read_reply = reply_bytes(8, 4096);  // the largest one queued
+  ASSERT_EQ(queue(q, **engine, p.ours.get(), write_reply), std::optional<ssize_t>(write_reply.size()));
+  ASSERT_EQ(queue(q, **engine, p.ours.get(), read_reply), std::optional<ssize_t>(read_reply.size()));
+  // The caller's bytes are copied: it may reuse them at once.
+  std::vector<std::byte> sent_write = write_reply;
+  std::memset(write_reply.data(), 0, write_reply.size());
+  EXPECT_EQ(q.pending(), 2u);
+  EXPECT_TRUE(receive(p.theirs.get()).empty());  // nothing written before the engine submits
+  while (q.pending() > 0) (*engine)->run_once(1000);
+  EXPECT_EQ(receive(p.theirs.get()), sent_write);
+  EXPECT_EQ(receive(p.theirs.get()), read_reply);
+  EXPECT_TRUE(q.queuing());
+}
+
+TEST(FuseReplyQueue, LargeRepliesAndNotificationsAreWrittenByTheCaller) {
+  auto engine = io::UringEngine::create(16);
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  io::ScopedEngine scope(engine->get());
+  Pair p = make_pair();
+  ReplyQueue q;
+  auto large = reply_bytes(9, kQueuedReplyMax - sizeof(fuse_out_header) + 1);
+  auto notification = reply_bytes(0, 8);
+  EXPECT_EQ(queue(q, **engine, p.ours.get(), large), std::nullopt);
+  EXPECT_EQ(queue(q, **engine, p.ours.get(), notification), std::nullopt);
+  EXPECT_EQ(q.pending(), 0u);
+}
+
+// A kernel that refuses a queued reply (here: a descriptor that cannot be
+// written) gets no further ones: they go back to the caller's writev().
+TEST(FuseReplyQueue, AFailedReplyStopsQueuing) {
+  auto engine = io::UringEngine::create(16);
+  ASSERT_TRUE(engine) << engine.status().to_string();
+  io::ScopedEngine scope(engine->get());
+  int pipefd[2];
+  ASSERT_EQ(::pipe2(pipefd, O_CLOEXEC), 0);
+  io::UniqueFd read_end(pipefd[0]), write_end(pipefd[1]);
+  ReplyQueue q;
+  auto reply = reply_bytes(5, 8);
+  ASSERT_TRUE(queue(q, **engine, read_end.get(), reply));  // EBADF once submitted
+  while (q.pending() > 0) (*engine)->run_once(1000);
+  EXPECT_FALSE(q.queuing());
+  EXPECT_EQ(queue(q, **engine, write_end.get(), reply), std::nullopt);
+}
+
+}  // namespace
+}  // namespace qcowfs::fuse
