@@ -105,7 +105,7 @@ class RangeLock {
   std::shared_ptr<AsyncEvent> try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* id);
   void unlock(uint64_t id);
 
-  std::mutex mu_;  // guards holders_, exclusive_held_ and next_id_
+  AdaptiveMutex mu_;  // guards holders_, exclusive_held_ and next_id_
   std::vector<Holder> holders_;
   size_t exclusive_held_ = 0;  // holders_ in Mode::exclusive: with none, a shared lock scans nothing
   uint64_t next_id_ = 1;

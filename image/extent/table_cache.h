@@ -135,7 +135,7 @@ class TableCache {
   const size_t slice_size_;
   const size_t capacity_;
 
-  mutable std::mutex mu_;  // guards map_, lru_, Entry::pins/dirty/lru, host_reads_
+  mutable io::AdaptiveMutex mu_;  // guards map_, lru_, Entry::pins/dirty/lru, host_reads_
   std::unordered_map<uint64_t, std::shared_ptr<Entry>> map_;
   std::list<uint64_t> lru_;  // front = most recently used
   uint64_t host_reads_ = 0;
