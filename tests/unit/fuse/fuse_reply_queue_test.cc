@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "fuse/reply_queue.h"
@@ -47,55 +49,62 @@ std::vector<std::byte> receive(int fd) {
   return got;
 }
 
-TEST(FuseReplyQueue, ShortRepliesLeaveWithTheEnginesNextSubmit) {
-  auto engine = io::UringEngine::create(16);
-  ASSERT_TRUE(engine) << engine.status().to_string();
-  io::ScopedEngine scope(engine->get());
+// Each test runs the queue on an io_uring engine of its own thread.
+class FuseReplyQueue : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto engine = io::UringEngine::create(16);
+    ASSERT_TRUE(engine) << engine.status().to_string();
+    engine_ = std::move(*engine);
+    scope_.emplace(engine_.get());
+  }
+  void drain(const ReplyQueue& q) {
+    while (q.pending() > 0) engine_->run_once(1000);
+  }
+  std::unique_ptr<io::UringEngine> engine_;
+  std::optional<io::ScopedEngine> scope_;
+};
+
+TEST_F(FuseReplyQueue, ShortRepliesLeaveWithTheEnginesNextSubmit) {
   Pair p = make_pair();
   ReplyQueue q;
   auto write_reply = reply_bytes(7, sizeof(fuse_write_out));
   auto read_reply = reply_bytes(8, 4096);  // the largest one queued
-  ASSERT_EQ(queue(q, **engine, p.ours.get(), write_reply), std::optional<ssize_t>(write_reply.size()));
-  ASSERT_EQ(queue(q, **engine, p.ours.get(), read_reply), std::optional<ssize_t>(read_reply.size()));
+  ASSERT_EQ(queue(q, *engine_, p.ours.get(), write_reply), std::optional<ssize_t>(write_reply.size()));
+  ASSERT_EQ(queue(q, *engine_, p.ours.get(), read_reply), std::optional<ssize_t>(read_reply.size()));
   // The caller's bytes are copied: it may reuse them at once.
   std::vector<std::byte> sent_write = write_reply;
   std::memset(write_reply.data(), 0, write_reply.size());
   EXPECT_EQ(q.pending(), 2u);
   EXPECT_TRUE(receive(p.theirs.get()).empty());  // nothing written before the engine submits
-  while (q.pending() > 0) (*engine)->run_once(1000);
+  drain(q);
   EXPECT_EQ(receive(p.theirs.get()), sent_write);
   EXPECT_EQ(receive(p.theirs.get()), read_reply);
   EXPECT_TRUE(q.queuing());
 }
 
-TEST(FuseReplyQueue, LargeRepliesAndNotificationsAreWrittenByTheCaller) {
-  auto engine = io::UringEngine::create(16);
-  ASSERT_TRUE(engine) << engine.status().to_string();
-  io::ScopedEngine scope(engine->get());
+TEST_F(FuseReplyQueue, LargeRepliesAndNotificationsAreWrittenByTheCaller) {
   Pair p = make_pair();
   ReplyQueue q;
   auto large = reply_bytes(9, kQueuedReplyMax - sizeof(fuse_out_header) + 1);
   auto notification = reply_bytes(0, 8);
-  EXPECT_EQ(queue(q, **engine, p.ours.get(), large), std::nullopt);
-  EXPECT_EQ(queue(q, **engine, p.ours.get(), notification), std::nullopt);
+  EXPECT_EQ(queue(q, *engine_, p.ours.get(), large), std::nullopt);
+  EXPECT_EQ(queue(q, *engine_, p.ours.get(), notification), std::nullopt);
   EXPECT_EQ(q.pending(), 0u);
 }
 
 // A kernel that refuses a queued reply (here: a descriptor that cannot be
 // written) gets no further ones: they go back to the caller's writev().
-TEST(FuseReplyQueue, AFailedReplyStopsQueuing) {
-  auto engine = io::UringEngine::create(16);
-  ASSERT_TRUE(engine) << engine.status().to_string();
-  io::ScopedEngine scope(engine->get());
+TEST_F(FuseReplyQueue, AFailedReplyStopsQueuing) {
   int pipefd[2];
   ASSERT_EQ(::pipe2(pipefd, O_CLOEXEC), 0);
   io::UniqueFd read_end(pipefd[0]), write_end(pipefd[1]);
   ReplyQueue q;
   auto reply = reply_bytes(5, 8);
-  ASSERT_TRUE(queue(q, **engine, read_end.get(), reply));  // EBADF once submitted
-  while (q.pending() > 0) (*engine)->run_once(1000);
+  ASSERT_TRUE(queue(q, *engine_, read_end.get(), reply));  // EBADF once submitted
+  drain(q);
   EXPECT_FALSE(q.queuing());
-  EXPECT_EQ(queue(q, **engine, write_end.get(), reply), std::nullopt);
+  EXPECT_EQ(queue(q, *engine_, write_end.get(), reply), std::nullopt);
 }
 
 }  // namespace
