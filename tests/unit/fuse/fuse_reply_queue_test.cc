@@ -19,7 +19,7 @@ struct Pair {
   io::UniqueFd ours, theirs;  // a datagram socket pair: one reply per read
 };
 
-Pair make_pair() {
+Pair socket_pair() {
   int fds[2];
   EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds), 0);
   return {io::UniqueFd(fds[0]), io::UniqueFd(fds[1])};
@@ -66,7 +66,7 @@ class FuseReplyQueue : public ::testing::Test {
 };
 
 TEST_F(FuseReplyQueue, ShortRepliesLeaveWithTheEnginesNextSubmit) {
-  Pair p = make_pair();
+  Pair p = socket_pair();
   ReplyQueue q;
   auto write_reply = reply_bytes(7, sizeof(fuse_write_out));
   auto read_reply = reply_bytes(8, 4096);  // the largest one queued
@@ -84,7 +84,7 @@ TEST_F(FuseReplyQueue, ShortRepliesLeaveWithTheEnginesNextSubmit) {
 }
 
 TEST_F(FuseReplyQueue, LargeRepliesAndNotificationsAreWrittenByTheCaller) {
-  Pair p = make_pair();
+  Pair p = socket_pair();
   ReplyQueue q;
   auto large = reply_bytes(9, kQueuedReplyMax - sizeof(fuse_out_header) + 1);
   auto notification = reply_bytes(0, 8);
