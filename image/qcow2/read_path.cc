@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "image/crypto/cipher.h"
+#include "image/endian.h"
 #include "io/align.h"
 #include "io/log.h"
 
@@ -84,27 +85,26 @@ Extent L2Map::extent_of(const ClusterRun& r, GuestOffset guest) const {
 // The entries of one L2 slice from guest's on, merged while they extend the
 // first. A corrupt entry past the first ends the extent (the next lookup
 // reports it with its own guest offset).
-Result<Extent> L2Map::in_slice(const TableCache::Ref& slice, GuestOffset guest, uint64_t len) const {
+Result<Extent> L2Map::in_slice(std::span<const std::byte> entries, GuestOffset guest, uint64_t len) const {
   const Geometry& g = img_.geometry;
   const uint64_t cs = g.cluster_size();
-  const uint64_t slice_entries = img_.l2_slice_entries();
   const size_t esz = g.l2_entry_size();
   const GuestOffset end = guest + len;
   Extent first;
   uint64_t length = 0;
   GuestOffset at = guest;
-  for (uint64_t i = ((guest >> g.cluster_bits) % g.l2_entries()) % slice_entries; i < slice_entries && at < end; ++i) {
-    const uint64_t entry = slice.be64(i * esz);
-    const uint64_t bitmap = g.extended_l2 ? slice.be64(i * esz + kExtendedL2BitmapOffset) : 0;
+  for (size_t e = 0; e + esz <= entries.size() && at < end; e += esz) {
+    const uint64_t entry = load_be64(entries.data() + e);
+    const uint64_t bitmap = g.extended_l2 ? load_be64(entries.data() + e + kExtendedL2BitmapOffset) : 0;
     uint64_t in_cluster = at & (cs - 1);
     const uint64_t stop_at = in_cluster + std::min(end - at, cs - in_cluster);
     while (in_cluster < stop_at) {
       auto run = decode_cluster_run(g, entry, bitmap, in_cluster, stop_at - in_cluster);
       if (!run && length == 0) return corrupt(at, run.status());
-      Extent e = run ? extent_of(*run, at) : Extent{};
+      Extent x = run ? extent_of(*run, at) : Extent{};
       if (length == 0) {
-        first = e;
-      } else if (!run || !extends(first, length, e)) {
+        first = x;
+      } else if (!run || !extends(first, length, x)) {
         first.length = length;
         return first;
       }
@@ -117,13 +117,40 @@ Result<Extent> L2Map::in_slice(const TableCache::Ref& slice, GuestOffset guest, 
   return first;
 }
 
+// Where guest's entry sits in its slice (bytes), and how many bytes of entries
+// from there cover [guest, guest + len) inside the slice.
+L2Map::Entries L2Map::entries_for(GuestOffset guest, uint64_t len) const {
+  const Geometry& g = img_.geometry;
+  const size_t esz = g.l2_entry_size();
+  const uint64_t slice_entries = img_.l2_slice_entries();
+  const uint64_t index = ((guest >> g.cluster_bits) % g.l2_entries()) % slice_entries;
+  const uint64_t in_cluster = guest & (g.cluster_size() - 1);
+  const uint64_t clusters = (in_cluster + len + g.cluster_size() - 1) >> g.cluster_bits;
+  const uint64_t count = std::min(slice_entries - index, clusters);
+  return Entries{static_cast<size_t>(index * esz), static_cast<size_t>(count * esz)};
+}
+
+// A request's few entries are copied out of the cached slice under one cache
+// mutex round, without pinning it (no Ref, no shared_ptr count): the bytes
+// cannot change meanwhile, since reads of a writable image hold their
+// clusters' range lock and every mapping change holds it exclusive (as for
+// the writer's overwrites, Qcow2Writer::read_cached_entry). Longer runs of
+// entries are read through a pinned Ref.
 Result<std::optional<Extent>> L2Map::try_map(uint64_t guest, uint64_t len) {
   auto p = place(guest, len);
   if (!p) return p.status();
   if (p->extent) return p->extent;
+  const Entries want = entries_for(guest, len);
+  if (want.bytes <= kCopiedEntryBytes) {
+    std::byte copy[kCopiedEntryBytes];
+    if (!img_.l2_cache->try_read(p->slice, want.at, std::span(copy, want.bytes))) return std::optional<Extent>();
+    auto e = in_slice(std::span<const std::byte>(copy, want.bytes), guest, len);
+    if (!e) return e.status();
+    return std::optional<Extent>(*e);
+  }
   auto ref = img_.l2_cache->try_get(p->slice);
   if (!ref) return std::optional<Extent>();
-  auto e = in_slice(*ref, guest, len);
+  auto e = in_slice(ref->bytes().subspan(want.at), guest, len);
   if (!e) return e.status();
   return std::optional<Extent>(*e);
 }
@@ -134,7 +161,7 @@ Task<Result<Extent>> L2Map::map(uint64_t guest, uint64_t len) {
   if (p->extent) co_return *p->extent;
   auto ref = co_await img_.l2_cache->get(p->slice);
   if (!ref) co_return ref.status().with_context(fmt::format("guest offset {:#x}", guest));
-  co_return in_slice(*ref, guest, len);
+  co_return in_slice(ref->bytes().subspan(entries_for(guest, len).at), guest, len);
 }
 
 Status L2Map::decompress(const Extent&, std::span<const std::byte> stream, std::span<std::byte> out) const {

@@ -58,7 +58,19 @@ class L2Map final : public ExtentMap {
     HostOffset slice = 0;
   };
   Result<Place> place(GuestOffset guest, uint64_t len) const;
-  Result<Extent> in_slice(const TableCache::Ref& slice, GuestOffset guest, uint64_t len) const;
+  // Where guest's L2 entry sits in its slice and how many bytes of entries
+  // from there map [guest, guest + len) inside that slice.
+  struct Entries {
+    size_t at = 0;
+    size_t bytes = 0;
+  };
+  Entries entries_for(GuestOffset guest, uint64_t len) const;
+  // try_map() copies up to this many bytes of entries (64 standard entries: 4 MiB
+  // of 64 KiB clusters) instead of pinning the slice.
+  static constexpr size_t kCopiedEntryBytes = 512;
+  // The extent at guest from `entries`: the L2 entries of guest's slice from
+  // guest's own on (at least one; up to the slice's end or past len).
+  Result<Extent> in_slice(std::span<const std::byte> entries, GuestOffset guest, uint64_t len) const;
   Extent extent_of(const ClusterRun& r, GuestOffset guest) const;
   Status corrupt(GuestOffset guest, const Status& why) const;
 
