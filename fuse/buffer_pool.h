@@ -8,7 +8,8 @@
 // served unpooled). Both bound the memory they keep idle. Buffers of a
 // megabyte and more come from io::AlignedBuffer::for_large_io(): huge-page
 // backed, so a 1 MiB read or write reaches the disk as one DMA segment; each
-// then occupies 2 MiB.
+// then occupies 2 MiB. PooledBuffer is the owner a request holds: it gives
+// its buffer back to its loop's pools when dropped.
 //
 // Thread-safety: none; a pool belongs to one event-loop thread, and buffers
 // are given back on that thread (a request's coroutine resumes where it began).
@@ -20,6 +21,8 @@
 #include "io/buffer.h"
 
 namespace qcowfs::fuse {
+
+class EventLoop;
 
 class BufferPool {
  public:
@@ -61,6 +64,25 @@ class SizedBufferPool {
   size_t align_;
   size_t idle_bytes_ = 0;
   std::vector<BufferPool> classes_;  // kMinClass << i
+};
+
+// Returns a loop buffer to its loop's pools when dropped (on the loop thread).
+class PooledBuffer {
+ public:
+  PooledBuffer(EventLoop* loop, io::AlignedBuffer buf) : loop_(loop), buf_(std::move(buf)) {}
+  // Owns nothing: `borrowed` belongs to someone that keeps it alive (a ring entry).
+  explicit PooledBuffer(std::byte* borrowed = nullptr) : loop_(nullptr), borrowed_(borrowed) {}
+  PooledBuffer(PooledBuffer&&) = default;
+  PooledBuffer& operator=(PooledBuffer&&) = delete;
+  PooledBuffer(const PooledBuffer&) = delete;
+  PooledBuffer& operator=(const PooledBuffer&) = delete;
+  ~PooledBuffer();  // event_loop.cc
+  std::byte* data() { return borrowed_ ? borrowed_ : buf_.data(); }
+
+ private:
+  EventLoop* loop_;
+  io::AlignedBuffer buf_;
+  std::byte* borrowed_ = nullptr;
 };
 
 }  // namespace qcowfs::fuse

@@ -212,9 +212,17 @@ ssize_t EventLoop::write_reply(int fd, iovec* iov, int count, void*) {
   }
   if (loop && loop->init_unique_ != 0) return loop->write_init_reply(fd, iov, count);
   if (loop && io::Engine::current()) {
-    if (auto queued = loop->replies_.queue(*io::Engine::current(), fd, iov, count)) return *queued;
+    if (auto queued = loop->replies_.queue(*io::Engine::current(), fd, iov, count, loop->lent_reply_))
+      return *queued;
   }
   return ::writev(fd, iov, count);
+}
+
+void EventLoop::reply_read(fuse_req* req, PooledBuffer& buf, size_t len) {
+  EventLoop* loop = t_current;
+  if (loop) loop->lent_reply_ = &buf;
+  fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), len);
+  if (loop) loop->lent_reply_ = nullptr;
 }
 
 // The kernel offers FUSE_OVER_IO_URING (flags2 bit 9, protocol 7.42) in
@@ -377,6 +385,10 @@ PooledBuffer EventLoop::read_buffer(size_t size) {
     if (size <= payload.size() && is_aligned_ptr(payload.data(), cfg_.mem_align)) return PooledBuffer(payload.data());
   }
   return PooledBuffer(this, read_pool_.take(size));
+}
+
+PooledBuffer::~PooledBuffer() {
+  if (loop_ && buf_.data()) loop_->recycle(std::move(buf_));
 }
 
 void EventLoop::recycle(io::AlignedBuffer buf) {

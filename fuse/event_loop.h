@@ -61,12 +61,12 @@
 #include "io/task.h"
 
 struct fuse_session;
+struct fuse_req;
 struct fuse_buf;
 struct iovec;
 
 namespace qcowfs::fuse {
 
-class PooledBuffer;
 class FuseRing;
 class EventLoop;
 
@@ -170,6 +170,10 @@ class EventLoop {
   // The libfuse reply path (fuse_custom_io::writev): replies to ring requests
   // go to their ring entry, all others are written to /dev/fuse `fd`.
   static ssize_t write_reply(int fd, iovec* iov, int count, void* userdata);
+  // Answers a READ with the first len (> 0) bytes of buf (fuse_reply_buf).
+  // If the reply is queued to /dev/fuse, the queue takes buf (leaving it
+  // empty) rather than copying its bytes (ReplyQueue::queue()).
+  static void reply_read(fuse_req* req, PooledBuffer& buf, size_t len);
 
  private:
   void thread_main(std::promise<Status>* started);
@@ -208,33 +212,13 @@ class EventLoop {
   BufferPool request_pool_;
   SizedBufferPool read_pool_;
   ReplyQueue replies_;
+  PooledBuffer* lent_reply_ = nullptr;  // during reply_read(): the READ's data
   std::unique_ptr<FuseRing> ring_;  // outlives the engine: see thread_main()
   bool ring_settled_ = false;       // on_ring_settled was called
   uint64_t init_unique_ = 0;        // the FUSE_INIT being answered, else 0
   bool init_claims_ring_ = false;   // its reply claims FUSE_OVER_IO_URING
   bool init_claims_passthrough_ = false;  // ... and FUSE_PASSTHROUGH
   bool init_claims_mmap_ = false;         // ... and FUSE_DIRECT_IO_ALLOW_MMAP
-};
-
-// Returns a loop buffer to its loop's pools when dropped (on the loop thread).
-class PooledBuffer {
- public:
-  PooledBuffer(EventLoop* loop, io::AlignedBuffer buf) : loop_(loop), buf_(std::move(buf)) {}
-  // Owns nothing: `borrowed` belongs to someone that keeps it alive (a ring entry).
-  explicit PooledBuffer(std::byte* borrowed = nullptr) : loop_(nullptr), borrowed_(borrowed) {}
-  PooledBuffer(PooledBuffer&&) = default;
-  PooledBuffer& operator=(PooledBuffer&&) = delete;
-  PooledBuffer(const PooledBuffer&) = delete;
-  PooledBuffer& operator=(const PooledBuffer&) = delete;
-  ~PooledBuffer() {
-    if (loop_ && buf_.data()) loop_->recycle(std::move(buf_));
-  }
-  std::byte* data() { return borrowed_ ? borrowed_ : buf_.data(); }
-
- private:
-  EventLoop* loop_;
-  io::AlignedBuffer buf_;
-  std::byte* borrowed_ = nullptr;
 };
 
 }  // namespace qcowfs::fuse

@@ -91,7 +91,7 @@ Task<void> read_task(fuse_req_t req, image::BlockDriver& d, uint64_t off, size_t
     reply_error(req, st);
     co_return;
   }
-  fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), len);
+  EventLoop::reply_read(req, buf, len);
 }
 
 // `payload` points into `owner`, kept alive until the write is done.

@@ -16,46 +16,65 @@ constexpr size_t kIdleReplies = 64;  // Reply objects kept for reuse
 
 struct ReplyQueue::Reply : io::IoRequest {
   ReplyQueue* queue = nullptr;
-  iovec vec = {};
+  iovec vec[2] = {};
+  int vec_count = 0;
+  std::optional<PooledBuffer> lent;  // a READ reply's data, not copied
   std::byte bytes[kQueuedReplyMax];
 };
 
 ReplyQueue::ReplyQueue() = default;
 ReplyQueue::~ReplyQueue() = default;
 
-std::optional<ssize_t> ReplyQueue::queue(io::Engine& engine, int fd, const iovec* iov, int count) {
+std::optional<ssize_t> ReplyQueue::queue(io::Engine& engine, int fd, const iovec* iov, int count,
+                                         PooledBuffer* lent) {
   if (!queuing_ || !engine.submits_inline() || count < 1 || iov[0].iov_len < sizeof(fuse_out_header))
     return std::nullopt;
   size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
-  if (total > kQueuedReplyMax) return std::nullopt;
   fuse_out_header out;
   std::memcpy(&out, iov[0].iov_base, sizeof out);
   if (out.unique == 0) return std::nullopt;
-  std::unique_ptr<Reply> reply;
-  if (idle_.empty()) {
-    reply = std::make_unique<Reply>();
+  if (total > kQueuedReplyMax) return std::nullopt;
+  const bool lending = lent && count == 2 && iov[0].iov_len == sizeof out && iov[1].iov_len > 0 &&
+                       iov[1].iov_base == lent->data();
+  std::unique_ptr<Reply> reply = take_reply();
+  if (lending) {
+    std::memcpy(reply->bytes, &out, sizeof out);
+    reply->vec[0] = {reply->bytes, sizeof out};
+    reply->vec[1] = iov[1];
+    reply->vec_count = 2;
+    reply->lent.emplace(std::move(*lent));
   } else {
-    reply = std::move(idle_.back());
-    idle_.pop_back();
+    size_t at = 0;
+    for (int i = 0; i < count; ++i) {
+      if (iov[i].iov_len) std::memcpy(reply->bytes + at, iov[i].iov_base, iov[i].iov_len);
+      at += iov[i].iov_len;
+    }
+    reply->vec[0] = {reply->bytes, total};
+    reply->vec_count = 1;
   }
-  size_t at = 0;
-  for (int i = 0; i < count; ++i) {
-    if (iov[i].iov_len) std::memcpy(reply->bytes + at, iov[i].iov_base, iov[i].iov_len);
-    at += iov[i].iov_len;
-  }
+  enqueue(engine, fd, std::move(reply));
+  return static_cast<ssize_t>(total);
+}
+
+std::unique_ptr<ReplyQueue::Reply> ReplyQueue::take_reply() {
+  if (idle_.empty()) return std::make_unique<Reply>();
+  std::unique_ptr<Reply> reply = std::move(idle_.back());
+  idle_.pop_back();
+  return reply;
+}
+
+void ReplyQueue::enqueue(io::Engine& engine, int fd, std::unique_ptr<Reply> reply) {
   reply->queue = this;
-  reply->vec = {reply->bytes, total};
   reply->op = io::IoRequest::Op::writev;
   reply->fd = fd;
   reply->offset = 0;
-  reply->iov = &reply->vec;
-  reply->iovcnt = 1;
+  reply->iov = reply->vec;
+  reply->iovcnt = reply->vec_count;
   reply->result = 0;
   reply->on_done = &ReplyQueue::on_done;
   ++pending_;
   engine.enqueue(reply.release());
-  return static_cast<ssize_t>(total);
 }
 
 void ReplyQueue::on_done(io::IoRequest* req) {
@@ -63,6 +82,7 @@ void ReplyQueue::on_done(io::IoRequest* req) {
   ReplyQueue& q = *reply->queue;
   --q.pending_;
   if (reply->result < 0) q.failed(*reply);
+  reply->lent.reset();  // back to its loop's pool
   if (q.idle_.size() < kIdleReplies) q.idle_.push_back(std::move(reply));
 }
 
@@ -74,7 +94,7 @@ void ReplyQueue::failed(Reply& reply) {
               Status::from_errno(err, "writing a FUSE reply through io_uring").to_string());
     queuing_ = false;
   }
-  if (::writev(reply.fd, &reply.vec, 1) < 0 && errno != ENOENT && errno != ENODEV)
+  if (::writev(reply.fd, reply.vec, reply.vec_count) < 0 && errno != ENOENT && errno != ENODEV)
     log::warn("{}", Status::from_errno(errno, "writing a FUSE reply").to_string());
 }
 

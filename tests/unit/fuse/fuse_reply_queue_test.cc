@@ -93,6 +93,45 @@ TEST_F(FuseReplyQueue, LargeRepliesAndNotificationsAreWrittenByTheCaller) {
   EXPECT_EQ(q.pending(), 0u);
 }
 
+// A READ reply whose data buffer is lent has only its header copied: the
+// queue holds the buffer until the write completes, and the bytes that leave
+// are the buffer's at submit time.
+TEST_F(FuseReplyQueue, ALentReadBufferIsSentWithoutACopy) {
+  Pair p = socket_pair();
+  ReplyQueue q;
+  const size_t data = kQueuedReplyMax - sizeof(fuse_out_header);
+  auto expected = reply_bytes(11, data);
+  fuse_out_header out;
+  std::memcpy(&out, expected.data(), sizeof out);
+  PooledBuffer lent(nullptr, io::AlignedBuffer(data, 4096, true));
+  std::byte* bytes = lent.data();
+  std::memcpy(bytes, expected.data() + sizeof out, data);
+  bytes[0] = std::byte{0};  // changed after queue(), before the engine submits
+  iovec iov[2] = {{&out, sizeof out}, {bytes, data}};
+  ASSERT_EQ(q.queue(*engine_, p.ours.get(), iov, 2, &lent), std::optional<ssize_t>(sizeof out + data));
+  EXPECT_EQ(lent.data(), nullptr);  // the queue owns the buffer now
+  out.unique = 99;                  // the header was copied
+  bytes[0] = expected[sizeof out];
+  std::vector<std::byte> got(2 * expected.size());
+  drain(q);
+  ssize_t n = ::read(p.theirs.get(), got.data(), got.size());
+  got.resize(n < 0 ? 0 : static_cast<size_t>(n));
+  EXPECT_EQ(got, expected);
+
+  // Data that is not the lent buffer's start is copied as before; a large
+  // reply is left to the caller, lent or not.
+  PooledBuffer other(nullptr, io::AlignedBuffer(2 * kQueuedReplyMax, 4096, true));
+  auto small = reply_bytes(12, 64);
+  iovec iov2[2] = {{small.data(), sizeof out}, {small.data() + sizeof out, 64}};
+  ASSERT_EQ(q.queue(*engine_, p.ours.get(), iov2, 2, &other), std::optional<ssize_t>(small.size()));
+  EXPECT_NE(other.data(), nullptr);
+  iovec iov3[2] = {{&out, sizeof out}, {other.data(), kQueuedReplyMax}};
+  EXPECT_EQ(q.queue(*engine_, p.ours.get(), iov3, 2, &other), std::nullopt);
+  EXPECT_NE(other.data(), nullptr);
+  drain(q);
+  EXPECT_EQ(receive(p.theirs.get()), small);
+}
+
 // A kernel that refuses a queued reply (here: a descriptor that cannot be
 // written) gets no further ones: they go back to the caller's writev().
 TEST_F(FuseReplyQueue, AFailedReplyStopsQueuing) {
