@@ -17,7 +17,7 @@ constexpr size_t kIdleReplies = 64;  // Reply objects kept for reuse
 struct ReplyQueue::Reply : io::IoRequest {
   ReplyQueue* queue = nullptr;
   iovec vec[2] = {};
-  int vec_count = 0;
+  unsigned vec_count = 0;
   std::optional<PooledBuffer> lent;  // a READ reply's data, not copied
   std::byte bytes[kQueuedReplyMax];
 };
@@ -94,7 +94,7 @@ void ReplyQueue::failed(Reply& reply) {
               Status::from_errno(err, "writing a FUSE reply through io_uring").to_string());
     queuing_ = false;
   }
-  if (::writev(reply.fd, reply.vec, reply.vec_count) < 0 && errno != ENOENT && errno != ENODEV)
+  if (::writev(reply.fd, reply.vec, static_cast<int>(reply.vec_count)) < 0 && errno != ENOENT && errno != ENODEV)
     log::warn("{}", Status::from_errno(errno, "writing a FUSE reply").to_string());
 }
 
