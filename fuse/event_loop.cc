@@ -40,8 +40,8 @@ void ReaderGroup::set_loop(size_t index, EventLoop* loop) {
 // finds its flag cleared and wakes it. A helper never sleeps while the level
 // is two (quiet() is false), so a wake-up is needed only when the level rises
 // to two.
-void ReaderGroup::set_first_inflight(size_t n) {
-  const size_t level = std::min<size_t>(n, 2);
+void ReaderGroup::set_first_inflight(size_t n, uint64_t bytes) {
+  const size_t level = n >= 2 && bytes >= kHelperBytes ? 2 : std::min<size_t>(n, 1);
   if (level == published_) return;
   published_ = level;
   first_level_.store(level);
@@ -87,24 +87,29 @@ void EventLoop::request_stop() {
   if (engine_) engine_->post([this] { cancel_reader_wait(); });
 }
 
+namespace {
+void resume_all(std::vector<std::coroutine_handle<>>& sleepers) {
+  std::vector<std::coroutine_handle<>> woken;
+  woken.swap(sleepers);
+  for (std::coroutine_handle<> h : woken) h.resume();
+}
+}  // namespace
+
 void EventLoop::cancel_reader_wait() {
-  if (reader_wait_) io::Engine::current()->cancel(reader_wait_);
-  if (sleeping_reader_) std::exchange(sleeping_reader_, nullptr).resume();
+  for (io::IoRequest* wait : reader_waits_)
+    if (wait) io::Engine::current()->cancel(wait);
+  resume_all(sleeping_readers_);
 }
 
 void EventLoop::wake_reader() {
   std::lock_guard lk(engine_mu_);
-  if (engine_) {
-    engine_->post([this] {
-      if (sleeping_reader_) std::exchange(sleeping_reader_, nullptr).resume();
-    });
-  }
+  if (engine_) engine_->post([this] { resume_all(sleeping_readers_); });
 }
 
 struct EventLoop::SleepAwaiter {
   EventLoop& loop;
   bool await_ready() const noexcept { return false; }
-  void await_suspend(std::coroutine_handle<> h) noexcept { loop.sleeping_reader_ = h; }
+  void await_suspend(std::coroutine_handle<> h) { loop.sleeping_readers_.push_back(h); }
   void await_resume() const noexcept {}
 };
 
@@ -155,9 +160,13 @@ void EventLoop::thread_main(std::promise<Status>* started) {
 }
 
 void EventLoop::serve(io::Engine& engine) {
-  bool reader_done = false;
-  spawn_then(reader(), [&reader_done] { reader_done = true; });
-  while (!reader_done || inflight_ > 0 || replies_.pending() > 0) engine.run_once(-1);
+  const size_t readers = engine.submits_inline() ? kReadChains : 1;
+  reader_waits_.assign(readers, nullptr);
+  size_t readers_left = readers;
+  for (size_t i = 0; i < readers; ++i) {
+    spawn_then(readers == 1 ? reader() : chain_reader(i), [&readers_left] { --readers_left; });
+  }
+  while (readers_left > 0 || inflight_ > 0 || replies_.pending() > 0) engine.run_once(-1);
   if (ring_) ring_->stop();
   engine.run_once(0);  // submits the ring commits of the last replies
 }
@@ -303,22 +312,96 @@ Task<void> EventLoop::reader() {
     poll.fd = cfg_.fuse_fd;
     poll.poll_exclusive = exclusive && inflight_ == 0;  // idle: exclusive
     io::IoAwaiter waiting = io::async(std::move(poll));
-    reader_wait_ = &waiting.req;
+    reader_waits_[0] = &waiting.req;
     int64_t r = co_await waiting;
-    reader_wait_ = nullptr;
+    reader_waits_[0] = nullptr;
     if (r == -ECANCELED) continue;  // request_stop()
     if (r == -EINVAL && exclusive) {
       exclusive = false;
       continue;
     }
     if (r < 0 && r != -EINTR) {
-      cfg_.on_session_end(Status::from_errno(static_cast<int>(-r), "waiting for /dev/fuse"));
+      end_session(Status::from_errno(static_cast<int>(-r), "waiting for /dev/fuse"));
       co_return;
     }
     const std::optional<int> read = stop_requested() ? std::nullopt : drain();
     if (!read) co_return;
     idle_wakeup = *read == 0;
   }
+}
+
+// Chain 0 follows the rule above (exclusive while the loop is idle, plain
+// while it is busy, so a request arriving then also wakes an idle loop); the
+// others always wait exclusively, so one request wakes one of them, not all.
+bool EventLoop::chain_exclusive(size_t index) const { return exclusive_polls_ && (index > 0 || inflight_ == 0); }
+
+// Each chain waits with a read_ready on /dev/fuse: the kernel reads the request
+// into the chain's buffer when it arrives, in the loop's next io_uring_enter.
+// -EAGAIN: another reader took it. A request
+// read after request_stop() is still handed to libfuse (the kernel waits for
+// its reply); no new read is queued after it.
+Task<void> EventLoop::chain_reader(size_t index) {
+  io::AlignedBuffer buf;
+  while (!stop_requested()) {
+    // A helper's chain does not wait while the group is quiet, even after a
+    // request: exclusive waiters are woken in the order they were armed, so
+    // a helper's long-armed chains would take every other request from loop 0.
+    if (may_sleep()) {
+      co_await SleepAwaiter{*this};
+      continue;
+    }
+    if (!buf.data()) buf = request_pool_.take();
+    io::IoRequest rq;
+    rq.op = io::IoRequest::Op::read_ready;
+    rq.fd = cfg_.fuse_fd;
+    rq.buf = request_read_start(buf);
+    rq.length = request_read_capacity(buf);
+    rq.poll_exclusive = chain_exclusive(index);
+    io::IoAwaiter waiting = io::async(std::move(rq));
+    reader_waits_[index] = &waiting.req;
+    const int64_t r = co_await waiting;
+    reader_waits_[index] = nullptr;
+    if (r == -ECANCELED || r == -EAGAIN || r == -EINTR || r == -ENOENT) continue;  // ENOENT: interrupted meanwhile
+    if (r == -EINVAL && exclusive_polls_ && rq.poll_exclusive) {
+      exclusive_polls_ = false;  // the kernel refuses exclusive polls: plain ones
+      continue;
+    }
+    if (r == -EINVAL) {  // nor linked reads (IOSQE_CQE_SKIP_SUCCESS, Linux 5.17): poll, then read()
+      if (index == 0) {
+        log::info("reading /dev/fuse with read(): this kernel's io_uring cannot read it when ready");
+        co_await reader();
+      }
+      co_return;
+    }
+    if (r < 0) {
+      end_session(r == -ENODEV ? Status::ok() : Status::from_errno(static_cast<int>(-r), "reading /dev/fuse"));
+      co_return;
+    }
+    process(buf, static_cast<size_t>(r));
+  }
+}
+
+void EventLoop::end_session(Status st) {
+  if (std::exchange(session_ended_, true)) return;
+  stop_.store(true, std::memory_order_release);  // this loop's other readers end too
+  cancel_reader_wait();
+  cfg_.on_session_end(std::move(st));
+}
+
+void EventLoop::process(io::AlignedBuffer& buf, size_t n) {
+  current_ = std::move(buf);
+  fuse_buf fb = {};
+  fb.mem = request_read_start(current_);
+  fb.size = n;
+  const bool init = fb.size >= sizeof(fuse_in_header) &&
+                    reinterpret_cast<const fuse_in_header*>(fb.mem)->opcode == FUSE_INIT;
+  if (init) note_init(fb);
+  fuse_session_process_buf(cfg_.session, &fb);
+  if (init) {
+    init_unique_ = 0;
+    if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
+  }
+  buf = std::move(current_);  // empty when a WRITE kept it
 }
 
 std::optional<int> EventLoop::drain() {
@@ -330,21 +413,13 @@ std::optional<int> EventLoop::drain() {
       int err = errno;
       if (err == EAGAIN) return read;
       if (err == EINTR || err == ENOENT) continue;  // ENOENT: the request was interrupted meanwhile
-      cfg_.on_session_end(err == ENODEV ? Status::ok() : Status::from_errno(err, "reading /dev/fuse"));
+      end_session(err == ENODEV ? Status::ok() : Status::from_errno(err, "reading /dev/fuse"));
       return std::nullopt;
     }
     ++read;
-    fuse_buf buf = {};
-    buf.mem = request_read_start(current_);
-    buf.size = static_cast<size_t>(n);
-    const bool init = buf.size >= sizeof(fuse_in_header) &&
-                      reinterpret_cast<const fuse_in_header*>(buf.mem)->opcode == FUSE_INIT;
-    if (init) note_init(buf);
-    fuse_session_process_buf(cfg_.session, &buf);
-    if (init) {
-      init_unique_ = 0;
-      if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
-    }
+    io::AlignedBuffer buf = std::move(current_);
+    process(buf, static_cast<size_t>(n));
+    current_ = std::move(buf);
     if (!read_more_now()) return read;
   }
   return read;
@@ -359,14 +434,16 @@ std::optional<int> EventLoop::drain() {
 // With requests overlapping, reading on batches them into one enter.
 bool EventLoop::read_more_now() const { return inflight_ > 1; }
 
-void EventLoop::spawn_request(Task<void> t) {
+void EventLoop::spawn_request(Task<void> t, uint64_t bytes) {
   ++inflight_;
+  inflight_bytes_ += bytes;
   // Loop 0 publishes its count; ring requests do not come from /dev/fuse.
   ReaderGroup* group = cfg_.reader_index == 0 && !ring_ ? cfg_.readers.get() : nullptr;
-  if (group) group->set_first_inflight(inflight_);
-  spawn_then(std::move(t), [this, group] {
+  if (group) group->set_first_inflight(inflight_, inflight_bytes_);
+  spawn_then(std::move(t), [this, group, bytes] {
     --inflight_;
-    if (group) group->set_first_inflight(inflight_);
+    inflight_bytes_ -= bytes;
+    if (group) group->set_first_inflight(inflight_, inflight_bytes_);
   });
 }
 

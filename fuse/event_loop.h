@@ -1,23 +1,30 @@
 // EventLoop: one FUSE queue thread. It owns an io::Engine and runs
 //   while (requests may still arrive or are in flight) engine.run_once(-1);
-// A reader coroutine waits (io::IoRequest poll_in) until the shared,
-// non-blocking /dev/fuse fd is readable, reads up to kReadBatch requests into
-// this thread's buffers and hands each to fuse_session_process_buf(). The
+// On io_uring, kReadChains reader coroutines each keep one read of the shared,
+// non-blocking /dev/fuse fd waiting in the loop's ring (io::IoRequest
+// read_ready: the kernel reads a request into the chain's buffer when one
+// arrives) and hand what they read to fuse_session_process_buf(). On other
+// engines one reader waits (poll_in) until the fd is readable and read()s up
+// to kReadBatch requests into this thread's buffers. The
 // handlers (fuse/filesystem.cc) spawn one Task per request through
 // spawn_request(); the Task replies when its I/O completes, so the thread is
 // never blocked on host I/O.
 //
 // The loops of one session share a ReaderGroup: the first loop's reader always
 // polls /dev/fuse; the others' readers ("helpers") only while the first loop
-// has two or more requests in flight: a helper sleeps after a wake-up that
-// found nothing to read (the other loop took the request) if the first loop's
-// requests and its own are one or none. So at queue depth 1 one thread serves
+// has two or more requests and kHelperBytes or more of READ and WRITE data in
+// flight (large requests, whose copies one CPU cannot keep up with; 4 KiB
+// requests at QD32 ran 1.2-1.5x faster on one loop): a helper's chain sleeps
+// before it waits, and the single reader after a wake-up that found nothing to
+// read, if the first loop is below that and the helper has no request of its
+// own in flight. So at queue depth 1 one thread serves
 // every request (two polling loops woke each other in turn: 20-25 us of a
 // 4 KiB request's 95), and under load every loop reads. The first loop's
 // request that makes its count two wakes the sleeping helpers (post()); a
 // missed wake-up costs only parallelism, never a request, since the first
 // loop always reads.
-// The reader polls /dev/fuse itself; an idle loop as an exclusive waiter
+// The reader (chain 0 likewise; the other chains always exclusively) polls
+// /dev/fuse itself; an idle loop as an exclusive waiter
 // (io_uring's EPOLLEXCLUSIVE poll): FUSE wakes one exclusive waiter per queued
 // request, so a request wakes one idle loop, not all of them; a loop with
 // requests in flight as a plain waiter, so a request arriving while it is busy
@@ -78,11 +85,12 @@ class ReaderGroup {
   explicit ReaderGroup(size_t loops);
   // Loop `index` (0: the one that always reads) serves the session; null: it ended.
   void set_loop(size_t index, EventLoop* loop);
-  // Loop 0 publishes its requests in flight; from two on, the sleeping
-  // helpers are woken. Only the level (0, 1, two or more) is stored, and only
-  // when it changes: at a steady queue depth of two or more this costs no
-  // atomic write (a seq_cst store was ~1.6% of the daemon's samples at QD32).
-  void set_first_inflight(size_t n);
+  // Loop 0 publishes its requests in flight and their data bytes; from two
+  // requests and kHelperBytes on, the sleeping helpers are woken. Only the
+  // level (0, 1, two or more) is stored, and only when it changes: at a
+  // steady queue depth this costs no atomic write (a seq_cst store was ~1.6%
+  // of the daemon's samples at QD32).
+  void set_first_inflight(size_t n, uint64_t bytes);
   // Whether a helper with `own` requests in flight may sleep.
   bool quiet(size_t own) const { return first_level_.load() + own <= 1; }
 
@@ -95,8 +103,18 @@ class ReaderGroup {
   size_t count_;
 };
 
-// Requests read per wake-up before the loop submits their host I/O and reaps
-// completions. Small, so the first request of a burst reaches the disk and
+// Helpers read /dev/fuse while loop 0 has this much READ and WRITE data in
+// flight (and two or more requests; see EventLoop).
+constexpr uint64_t kHelperBytes = uint64_t{1} << 20;
+
+// /dev/fuse reads a loop keeps waiting in its io_uring (Op::read_ready): a
+// request arriving completes one of them, read by the kernel, with no read()
+// of ours. 8 against 4: the floor daemon's 4 KiB QD32 reads 1.34-1.59x its
+// poll-then-read() figure, 4 chains 1.02-1.42x (bench/RESULTS.md, "Reading
+// /dev/fuse in the loop's ring").
+constexpr size_t kReadChains = 8;
+// Engines without read_ready: requests read per wake-up before the loop
+// submits their host I/O and reaps completions. Small, so the first request of a burst reaches the disk and
 // finished requests are replied without waiting for 16 reads: 4 KiB random
 // reads at QD32 went from 0.655x to 0.715x the raw host file (median of 10
 // alternating rounds) against 16.
@@ -153,8 +171,9 @@ class EventLoop {
 
   // ---- loop thread ----
   static EventLoop* current();
-  // Runs t as a request: the loop does not exit before t finishes.
-  void spawn_request(Task<void> t);
+  // Runs t as a request: the loop does not exit before t finishes. `bytes`:
+  // the data it reads or writes (ReaderGroup::set_first_inflight()).
+  void spawn_request(Task<void> t, uint64_t bytes = 0);
   // Keeps the payload of the WRITE being dispatched valid until its host
   // write completes. Large payloads keep the request buffer they were read
   // into (zero copy; the reader continues with a fresh one); payloads up to
@@ -185,6 +204,14 @@ class EventLoop {
   ssize_t write_init_reply(int fd, iovec* iov, int count);
   void cancel_reader_wait();
   Task<void> reader();
+  // One of kReadChains readers of an engine that reads /dev/fuse in the kernel
+  // when a request arrives (io::IoRequest::Op::read_ready).
+  Task<void> chain_reader(size_t index);
+  bool chain_exclusive(size_t index) const;
+  // Hands one request read into `buf` (n bytes) to libfuse; a large WRITE may
+  // keep the buffer (hold_write_payload()), leaving `buf` empty.
+  void process(io::AlignedBuffer& buf, size_t n);
+  void end_session(Status st);
   // A helper's reader: suspends while the group is quiet (true: it slept).
   struct SleepAwaiter;
   bool may_sleep();
@@ -205,8 +232,11 @@ class EventLoop {
 
   // Loop-thread state.
   size_t inflight_ = 0;
-  io::IoRequest* reader_wait_ = nullptr;  // the reader's pending /dev/fuse poll
-  std::coroutine_handle<> sleeping_reader_;  // a helper's reader while it sleeps
+  uint64_t inflight_bytes_ = 0;
+  std::vector<io::IoRequest*> reader_waits_;  // the readers' pending /dev/fuse polls (or reads)
+  std::vector<std::coroutine_handle<>> sleeping_readers_;  // a helper's readers while they sleep
+  bool exclusive_polls_ = true;  // false once the kernel refused an exclusive poll
+  bool session_ended_ = false;   // on_session_end was called
   std::atomic<bool> helper_reading_{true};   // a helper's reader polls (or is about to)
   io::AlignedBuffer current_;  // the buffer the next request is read into
   BufferPool request_pool_;

@@ -385,7 +385,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     return;
   }
   EventLoop* loop = EventLoop::current();
-  loop->spawn_request(read_task(req, *d, static_cast<uint64_t>(off), len, loop->read_buffer(len)));
+  loop->spawn_request(read_task(req, *d, static_cast<uint64_t>(off), len, loop->read_buffer(len)), len);
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
@@ -405,7 +405,8 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   EventLoop* loop = EventLoop::current();
   std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(*n));
   PooledBuffer owner = loop->hold_write_payload(payload);
-  loop->spawn_request(write_task(req, *file, static_cast<uint64_t>(off), payload, std::move(owner)));
+  const uint64_t bytes = payload.size();
+  loop->spawn_request(write_task(req, *file, static_cast<uint64_t>(off), payload, std::move(owner)), bytes);
 }
 
 void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

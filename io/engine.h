@@ -45,6 +45,11 @@ struct IoRequest {
                 // only on engines with supports_uring_cmd()
     timeout,    // completes (result 0) once the Timespec at buf has passed, a
                 // timer on the engine: no thread waits (sleep_for())
+    read_ready,  // poll_in (poll_exclusive as there), then at once read(fd, buf,
+                 // length) in the kernel, without waking this thread in between;
+                 // -EAGAIN (another reader took the data) is returned, not retried.
+                 // fd must be O_NONBLOCK. Only on engines with submits_inline()
+                 // (io_uring: a linked POLL_ADD and READ); others: -EOPNOTSUPP
   };
   Op op = Op::read;
   int fd = -1;

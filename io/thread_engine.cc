@@ -33,7 +33,8 @@ int64_t execute_once(const IoRequest& req) {
       break;
     }
     case Op::call: break;  // handled by execute_blocking
-    case Op::uring_cmd: return -EOPNOTSUPP;  // io_uring only
+    case Op::uring_cmd:
+    case Op::read_ready: return -EOPNOTSUPP;  // io_uring only
     case Op::timeout: break;                 // a timer of the engine (ThreadEngine::wait)
   }
   return r < 0 ? -errno : r;

@@ -22,6 +22,13 @@ namespace {
 constexpr uint64_t kWakeupTag = 1;
 // Tags CQEs of cancel() requests (their target completes on its own CQE).
 constexpr uint64_t kCancelTag = 2;
+// Op::read_ready's POLL_ADD carries its request's address with this bit set
+// (requests are 8-byte aligned). Its CQE only records a failure: the request
+// completes on its READ's CQE, -ECANCELED when the poll failed. (Not
+// IOSQE_CQE_SKIP_SUCCESS: with it a failed head also hides its links' CQEs,
+// so whether the read's ever comes would depend on the kernel.)
+constexpr uint64_t kLinkedPollBit = 4;
+static_assert(alignof(IoRequest) >= 8);
 // The kernel transfers at most this much per read/write call (MAX_RW_COUNT);
 // longer requests simply complete short and HostFile continues them.
 constexpr uint64_t kMaxRwCount = INT_MAX & ~uint64_t{4095};
@@ -123,9 +130,30 @@ io_uring_sqe* UringEngine::get_sqe() {
 }
 
 bool UringEngine::try_prepare(IoRequest* req) {
+  if (req->op == IoRequest::Op::read_ready) return try_prepare_read_ready(req);
   io_uring_sqe* sqe = get_sqe();
   if (!sqe) return false;
   prepare_sqe(sqe, req);
+  return true;
+}
+
+// Two SQEs, both or neither: the poll, linked to the read. The poll's CQE
+// (tagged) keeps its result in req->result until the read's CQE arrives (see
+// reap() and complete()).
+bool UringEngine::try_prepare_read_ready(IoRequest* req) {
+  if (io_uring_sq_space_left(&ring_) < 2) {
+    if (!started_) return false;
+    io_uring_submit(&ring_);
+    if (io_uring_sq_space_left(&ring_) < 2) return false;
+  }
+  io_uring_sqe* poll = io_uring_get_sqe(&ring_);
+  io_uring_prep_poll_add(poll, req->fd, req->poll_exclusive ? kPollInExclusive : unsigned{POLLIN});
+  io_uring_sqe_set_flags(poll, IOSQE_IO_LINK);
+  io_uring_sqe_set_data64(poll, reinterpret_cast<uint64_t>(req) | kLinkedPollBit);
+  io_uring_sqe* read = io_uring_get_sqe(&ring_);
+  io_uring_prep_read(read, req->fd, req->buf, clamp_len(req->length), ~uint64_t{0});  // at the file position
+  io_uring_sqe_set_data(read, req);
+  req->result = 0;
   return true;
 }
 
@@ -149,6 +177,17 @@ void UringEngine::cancel(IoRequest* req) {
   }
   io_uring_prep_cancel(sqe, req, 0);
   io_uring_sqe_set_data64(sqe, kCancelTag);
+  // A read_ready waits in its poll (cancelling that fails the linked read), or
+  // its read waits for data on a file io_uring polls by itself (cancelled above).
+  if (req->op == IoRequest::Op::read_ready) {
+    io_uring_sqe* poll = get_sqe();
+    if (!poll) {
+      cancels_.push_back(req);
+      return;
+    }
+    io_uring_prep_cancel64(poll, reinterpret_cast<uint64_t>(req) | kLinkedPollBit, 0);
+    io_uring_sqe_set_data64(poll, kCancelTag);
+  }
 }
 
 void UringEngine::prepare_sqe(io_uring_sqe* sqe, IoRequest* req) {
@@ -170,7 +209,8 @@ void UringEngine::prepare_sqe(io_uring_sqe* sqe, IoRequest* req) {
       break;
     case Op::uring_cmd: prepare_uring_cmd(sqe, req); break;
     case Op::timeout: io_uring_prep_timeout(sqe, static_cast<__kernel_timespec*>(req->buf), 0, 0); break;
-    case Op::call: break;  // never reaches the ring (see enqueue)
+    case Op::call: break;        // never reaches the ring (see enqueue)
+    case Op::read_ready: break;  // two SQEs (see try_prepare_read_ready)
   }
   io_uring_sqe_set_data(sqe, req);
 }
@@ -250,6 +290,10 @@ void UringEngine::reap() {
       continue;
     }
     if (cqe->user_data == kCancelTag) continue;
+    if (cqe->user_data & kLinkedPollBit) {  // a read_ready's poll: its read's CQE follows
+      reinterpret_cast<IoRequest*>(cqe->user_data & ~kLinkedPollBit)->result = cqe->res;
+      continue;
+    }
     complete(static_cast<IoRequest*>(io_uring_cqe_get_data(cqe)), cqe->res);
   }
   io_uring_cq_advance(&ring_, seen);
@@ -262,8 +306,13 @@ void UringEngine::reap() {
 }
 
 void UringEngine::complete(IoRequest* req, int res) {
-  // Transient: queue the same request again (a driver command's EAGAIN is the driver's to interpret).
-  if ((res == -EINTR || res == -EAGAIN) && req->op != IoRequest::Op::uring_cmd) {
+  if (req->op == IoRequest::Op::read_ready && res == -ECANCELED && req->result < 0) {
+    res = static_cast<int>(req->result);  // the poll's own error (cancel() gives -ECANCELED too)
+  }
+  // Transient: queue the same request again (a driver command's EAGAIN is the
+  // driver's to interpret; a read_ready's says another reader took the data).
+  const bool retry_eagain = req->op != IoRequest::Op::uring_cmd && req->op != IoRequest::Op::read_ready;
+  if (res == -EINTR || (res == -EAGAIN && retry_eagain)) {
     if (!try_prepare(req)) backlog_.push_back(req);
     return;
   }

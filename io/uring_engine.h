@@ -44,6 +44,7 @@ class UringEngine final : public Engine {
  private:
   UringEngine(std::shared_ptr<Mailbox> mailbox, const io_uring& ring, unsigned setup_flags);
   void start_on_this_thread();
+  bool try_prepare_read_ready(IoRequest* req);
   bool try_prepare(IoRequest* req);
   void prepare_sqe(io_uring_sqe* sqe, IoRequest* req);
   void prepare_uring_cmd(io_uring_sqe* sqe, const IoRequest* req);

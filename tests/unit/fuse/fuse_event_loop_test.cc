@@ -37,7 +37,7 @@ TEST(FuseEventLoop, LargeWritePayloadsStayInPlace) {
 // Helpers may sleep only while loop 0's requests and their own are one or
 // none; loop 0 stores just the level (0, 1, 2+) and only when it changes, so
 // every change of level must still be seen, and counts above two must read as
-// two.
+// two. Two or more needs kHelperBytes of data in flight too.
 TEST(FuseReaderGroup, HelpersSeeTheLevelOfLoopZerosRequests) {
   ReaderGroup group(2);  // no loop registered: nothing to wake
   EXPECT_TRUE(group.quiet(0));
@@ -45,17 +45,21 @@ TEST(FuseReaderGroup, HelpersSeeTheLevelOfLoopZerosRequests) {
   EXPECT_FALSE(group.quiet(2));
   struct Step {
     size_t first_inflight;
+    uint64_t bytes;       // their READ and WRITE data
     bool quiet_idle;      // quiet(0): a helper with nothing in flight
     bool quiet_one_own;   // quiet(1)
   };
+  constexpr uint64_t kBig = kHelperBytes;
   const Step steps[] = {
-      {1, true, false}, {7, false, false}, {3, false, false},  // 3: still two or more
-      {1, true, false}, {0, true, true},   {2, false, false},
+      {1, kBig, true, false}, {7, 8 * kBig, false, false}, {3, kBig, false, false},  // 3: still two or more
+      {1, kBig, true, false}, {0, 0, true, true},          {2, kBig, false, false},
+      // Many small requests: level 1, the helpers may sleep (one loop serves them).
+      {32, 32 * 4096, true, false}, {2, kBig - 1, true, false}, {2, kBig, false, false},
   };
   for (const Step& step : steps) {
-    group.set_first_inflight(step.first_inflight);
-    EXPECT_EQ(group.quiet(0), step.quiet_idle) << "loop 0 at " << step.first_inflight;
-    EXPECT_EQ(group.quiet(1), step.quiet_one_own) << "loop 0 at " << step.first_inflight;
+    group.set_first_inflight(step.first_inflight, step.bytes);
+    EXPECT_EQ(group.quiet(0), step.quiet_idle) << "loop 0 at " << step.first_inflight << ", " << step.bytes;
+    EXPECT_EQ(group.quiet(1), step.quiet_one_own) << "loop 0 at " << step.first_inflight << ", " << step.bytes;
   }
 }
 
