@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -251,79 +253,85 @@ IoRequest read_ready_request(int fd, void* buf, size_t len, bool exclusive) {
   return r;
 }
 
+// Two read_ready waiters of one non-blocking pipe on an io_uring engine.
+class UringReadReady : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = make_engine(EngineKind::io_uring);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    engine_ = std::move(*e);
+    scope_.emplace(engine_.get());
+    int fds[2];
+    ASSERT_EQ(::pipe2(fds, O_CLOEXEC | O_NONBLOCK), 0);
+    rd_ = UniqueFd(fds[0]);
+    wr_ = UniqueFd(fds[1]);
+  }
+  // Arms both waiters; neither may complete before something is written.
+  void arm_both(bool exclusive) {
+    spawn(wait_once(read_ready_request(rd_.get(), a_, sizeof a_, exclusive), &first_));
+    spawn(wait_once(read_ready_request(rd_.get(), b_, sizeof b_, exclusive), &second_));
+    for (int i = 0; i < 3; ++i) engine_->run_once(10);
+    EXPECT_FALSE(first_.fired || second_.fired) << "read_ready completed before the fd was readable";
+  }
+  // Writes msg, runs until a waiter fired, then a little longer (time for a
+  // second wake-up to show).
+  void write_and_settle(const std::string& msg) {
+    ASSERT_EQ(::write(wr_.get(), msg.data(), msg.size()), static_cast<ssize_t>(msg.size()));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!first_.fired && !second_.fired && std::chrono::steady_clock::now() < deadline) engine_->run_once(100);
+    for (int i = 0; i < 3; ++i) engine_->run_once(50);
+  }
+  std::unique_ptr<Engine> engine_;
+  std::optional<ScopedEngine> scope_;
+  UniqueFd rd_, wr_;
+  char a_[8] = {}, b_[8] = {};
+  PollWaiter first_, second_;
+};
+
 // read_ready waits until the fd is readable, then reads in the kernel. Of two
 // plain waiters woken by one message one reads it; the other either finds
 // nothing (-EAGAIN, returned rather than retried: /dev/fuse) or, on a file
 // io_uring can re-poll by itself (a pipe), reads the next message. A
 // cancelled one ends with -ECANCELED and reads nothing.
-TEST(UringReadReadyTest, ReadsWhenReadableAndLeavesTakenMessages) {
-  auto e = make_engine(EngineKind::io_uring);
-  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-  Engine& engine = **e;
-  ScopedEngine scope(&engine);
-  int fds[2];
-  ASSERT_EQ(::pipe2(fds, O_CLOEXEC | O_NONBLOCK), 0);
-  UniqueFd rd(fds[0]), wr(fds[1]);
-  char a[8] = {}, b[8] = {};
-  PollWaiter first, second;
-  spawn(wait_once(read_ready_request(rd.get(), a, sizeof a, false), &first));
-  spawn(wait_once(read_ready_request(rd.get(), b, sizeof b, false), &second));
-  for (int i = 0; i < 3; ++i) engine.run_once(10);
-  EXPECT_FALSE(first.fired || second.fired) << "read_ready completed before the fd was readable";
-  ASSERT_EQ(::write(wr.get(), "hello", 5), 5);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!first.fired && !second.fired && std::chrono::steady_clock::now() < deadline) engine.run_once(100);
-  for (int i = 0; i < 3; ++i) engine.run_once(50);
-  ASSERT_TRUE(first.fired || second.fired);
-  const bool a_took = first.fired && first.result == 5;
-  PollWaiter& other = a_took ? second : first;
-  EXPECT_EQ((a_took ? first : second).result, 5);
-  EXPECT_EQ(std::string(a_took ? a : b, 5), "hello");
+TEST_F(UringReadReady, ReadsWhenReadableAndLeavesTakenMessages) {
+  arm_both(false);
+  write_and_settle("hello");
+  ASSERT_TRUE(first_.fired || second_.fired);
+  const bool a_took = first_.fired && first_.result == 5;
+  PollWaiter& other = a_took ? second_ : first_;
+  EXPECT_EQ((a_took ? first_ : second_).result, 5);
+  EXPECT_EQ(std::string(a_took ? a_ : b_, 5), "hello");
   if (other.fired) {
     EXPECT_EQ(other.result, -EAGAIN);
   } else {
-    ASSERT_EQ(::write(wr.get(), "world", 5), 5);
-    run_until_fired(engine, {&other});
+    ASSERT_EQ(::write(wr_.get(), "world", 5), 5);
+    run_until_fired(*engine_, {&other});
     EXPECT_EQ(other.result, 5);
-    EXPECT_EQ(std::string(a_took ? b : a, 5), "world");
+    EXPECT_EQ(std::string(a_took ? b_ : a_, 5), "world");
   }
 
   PollWaiter cancelled;
-  spawn(wait_once(read_ready_request(rd.get(), a, sizeof a, true), &cancelled));
-  for (int i = 0; i < 3; ++i) engine.run_once(10);
+  spawn(wait_once(read_ready_request(rd_.get(), a_, sizeof a_, true), &cancelled));
+  for (int i = 0; i < 3; ++i) engine_->run_once(10);
   ASSERT_FALSE(cancelled.fired);
-  engine.cancel(cancelled.pending);
-  run_until_fired(engine, {&cancelled});
+  engine_->cancel(cancelled.pending);
+  run_until_fired(*engine_, {&cancelled});
   EXPECT_EQ(cancelled.result, -ECANCELED);
-  ASSERT_EQ(::write(wr.get(), "x", 1), 1);  // not consumed by the cancelled read
+  ASSERT_EQ(::write(wr_.get(), "x", 1), 1);  // not consumed by the cancelled read
   char c = 0;
-  EXPECT_EQ(::read(rd.get(), &c, 1), 1);
+  EXPECT_EQ(::read(rd_.get(), &c, 1), 1);
 }
 
 // Exclusive read_ready waiters: one message wakes one of them, which reads it.
-TEST(UringReadReadyTest, ExclusiveWaitersWakeOneAtATime) {
-  auto e = make_engine(EngineKind::io_uring);
-  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-  Engine& engine = **e;
-  ScopedEngine scope(&engine);
-  int fds[2];
-  ASSERT_EQ(::pipe2(fds, O_CLOEXEC | O_NONBLOCK), 0);
-  UniqueFd rd(fds[0]), wr(fds[1]);
-  char a[8] = {}, b[8] = {};
-  PollWaiter first, second;
-  spawn(wait_once(read_ready_request(rd.get(), a, sizeof a, true), &first));
-  spawn(wait_once(read_ready_request(rd.get(), b, sizeof b, true), &second));
-  for (int i = 0; i < 3; ++i) engine.run_once(10);
-  ASSERT_EQ(::write(wr.get(), "abc", 3), 3);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!first.fired && !second.fired && std::chrono::steady_clock::now() < deadline) engine.run_once(100);
-  for (int i = 0; i < 3; ++i) engine.run_once(50);  // time for a second wake-up to show
-  EXPECT_EQ(int{first.fired} + int{second.fired}, 1);
-  EXPECT_EQ(first.fired ? first.result : second.result, 3);
-  for (PollWaiter* w : {&first, &second}) {
-    if (w->pending) engine.cancel(w->pending);
+TEST_F(UringReadReady, ExclusiveWaitersWakeOneAtATime) {
+  arm_both(true);
+  write_and_settle("abc");
+  EXPECT_EQ(int{first_.fired} + int{second_.fired}, 1);
+  EXPECT_EQ(first_.fired ? first_.result : second_.result, 3);
+  for (PollWaiter* w : {&first_, &second_}) {
+    if (w->pending) engine_->cancel(w->pending);
   }
-  run_until_fired(engine, {&first, &second});
+  run_until_fired(*engine_, {&first_, &second_});
 }
 
 // Engines that cannot read in the kernel say so.
