@@ -337,9 +337,9 @@ bool EventLoop::chain_exclusive(size_t index) const { return exclusive_polls_ &&
 
 // Each chain waits with a read_ready on /dev/fuse: the kernel reads the request
 // into the chain's buffer when it arrives, in the loop's next io_uring_enter.
-// -EAGAIN: another reader took it. A request
-// read after request_stop() is still handed to libfuse (the kernel waits for
-// its reply); no new read is queued after it.
+// -EAGAIN: another reader took it. A request read after request_stop() is
+// still handed to libfuse (the kernel waits for its reply); no new read is
+// queued after it.
 Task<void> EventLoop::chain_reader(size_t index) {
   io::AlignedBuffer buf;
   while (!stop_requested()) {
@@ -366,7 +366,7 @@ Task<void> EventLoop::chain_reader(size_t index) {
       exclusive_polls_ = false;  // the kernel refuses exclusive polls: plain ones
       continue;
     }
-    if (r == -EINVAL) {  // nor linked reads (IOSQE_CQE_SKIP_SUCCESS, Linux 5.17): poll, then read()
+    if (r == -EINVAL) {  // nor a read linked to a poll: poll, then read()
       if (index == 0) {
         log::info("reading /dev/fuse with read(): this kernel's io_uring cannot read it when ready");
         co_await reader();
@@ -377,7 +377,9 @@ Task<void> EventLoop::chain_reader(size_t index) {
       end_session(r == -ENODEV ? Status::ok() : Status::from_errno(static_cast<int>(-r), "reading /dev/fuse"));
       co_return;
     }
-    process(buf, static_cast<size_t>(r));
+    current_ = std::move(buf);
+    process_current(static_cast<size_t>(r));
+    buf = std::move(current_);  // empty when a WRITE kept it
   }
 }
 
@@ -388,8 +390,7 @@ void EventLoop::end_session(Status st) {
   cfg_.on_session_end(std::move(st));
 }
 
-void EventLoop::process(io::AlignedBuffer& buf, size_t n) {
-  current_ = std::move(buf);
+void EventLoop::process_current(size_t n) {
   fuse_buf fb = {};
   fb.mem = request_read_start(current_);
   fb.size = n;
@@ -401,7 +402,6 @@ void EventLoop::process(io::AlignedBuffer& buf, size_t n) {
     init_unique_ = 0;
     if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
   }
-  buf = std::move(current_);  // empty when a WRITE kept it
 }
 
 std::optional<int> EventLoop::drain() {
@@ -417,9 +417,7 @@ std::optional<int> EventLoop::drain() {
       return std::nullopt;
     }
     ++read;
-    io::AlignedBuffer buf = std::move(current_);
-    process(buf, static_cast<size_t>(n));
-    current_ = std::move(buf);
+    process_current(static_cast<size_t>(n));
     if (!read_more_now()) return read;
   }
   return read;

@@ -17,8 +17,8 @@
 // requests at QD32 ran 1.2-1.5x faster on one loop): a helper's chain sleeps
 // before it waits, and the single reader after a wake-up that found nothing to
 // read, if the first loop is below that and the helper has no request of its
-// own in flight. So at queue depth 1 one thread serves
-// every request (two polling loops woke each other in turn: 20-25 us of a
+// own in flight. So at queue depth 1 one thread serves every request (two
+// polling loops woke each other in turn: 20-25 us of a
 // 4 KiB request's 95), and under load every loop reads. The first loop's
 // request that makes its count two wakes the sleeping helpers (post()); a
 // missed wake-up costs only parallelism, never a request, since the first
@@ -114,8 +114,9 @@ constexpr uint64_t kHelperBytes = uint64_t{1} << 20;
 // /dev/fuse in the loop's ring").
 constexpr size_t kReadChains = 8;
 // Engines without read_ready: requests read per wake-up before the loop
-// submits their host I/O and reaps completions. Small, so the first request of a burst reaches the disk and
-// finished requests are replied without waiting for 16 reads: 4 KiB random
+// submits their host I/O and reaps completions. Small, so the first request
+// of a burst reaches the disk and finished requests are replied without
+// waiting for 16 reads: 4 KiB random
 // reads at QD32 went from 0.655x to 0.715x the raw host file (median of 10
 // alternating rounds) against 16.
 constexpr int kReadBatch = 4;
@@ -208,9 +209,9 @@ class EventLoop {
   // when a request arrives (io::IoRequest::Op::read_ready).
   Task<void> chain_reader(size_t index);
   bool chain_exclusive(size_t index) const;
-  // Hands one request read into `buf` (n bytes) to libfuse; a large WRITE may
-  // keep the buffer (hold_write_payload()), leaving `buf` empty.
-  void process(io::AlignedBuffer& buf, size_t n);
+  // Hands the request read into current_ (n bytes) to libfuse; a large WRITE
+  // may keep the buffer (hold_write_payload()), leaving current_ empty.
+  void process_current(size_t n);
   void end_session(Status st);
   // A helper's reader: suspends while the group is quiet (true: it slept).
   struct SleepAwaiter;

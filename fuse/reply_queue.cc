@@ -16,8 +16,7 @@ constexpr size_t kIdleReplies = 64;  // Reply objects kept for reuse
 
 struct ReplyQueue::Reply : io::IoRequest {
   ReplyQueue* queue = nullptr;
-  iovec vec[2] = {};
-  unsigned vec_count = 0;
+  iovec vec[2] = {};  // iovcnt of them
   std::optional<PooledBuffer> lent;  // a READ reply's data, not copied
   std::byte bytes[kQueuedReplyMax];
 };
@@ -42,7 +41,7 @@ std::optional<ssize_t> ReplyQueue::queue(io::Engine& engine, int fd, const iovec
     std::memcpy(reply->bytes, &out, sizeof out);
     reply->vec[0] = {reply->bytes, sizeof out};
     reply->vec[1] = iov[1];
-    reply->vec_count = 2;
+    reply->iovcnt = 2;
     reply->lent.emplace(std::move(*lent));
   } else {
     size_t at = 0;
@@ -51,7 +50,7 @@ std::optional<ssize_t> ReplyQueue::queue(io::Engine& engine, int fd, const iovec
       at += iov[i].iov_len;
     }
     reply->vec[0] = {reply->bytes, total};
-    reply->vec_count = 1;
+    reply->iovcnt = 1;
   }
   enqueue(engine, fd, std::move(reply));
   return static_cast<ssize_t>(total);
@@ -70,7 +69,6 @@ void ReplyQueue::enqueue(io::Engine& engine, int fd, std::unique_ptr<Reply> repl
   reply->fd = fd;
   reply->offset = 0;
   reply->iov = reply->vec;
-  reply->iovcnt = reply->vec_count;
   reply->result = 0;
   reply->on_done = &ReplyQueue::on_done;
   ++pending_;
@@ -94,7 +92,7 @@ void ReplyQueue::failed(Reply& reply) {
               Status::from_errno(err, "writing a FUSE reply through io_uring").to_string());
     queuing_ = false;
   }
-  if (::writev(reply.fd, reply.vec, static_cast<int>(reply.vec_count)) < 0 && errno != ENOENT && errno != ENODEV)
+  if (::writev(reply.fd, reply.vec, static_cast<int>(reply.iovcnt)) < 0 && errno != ENOENT && errno != ENODEV)
     log::warn("{}", Status::from_errno(errno, "writing a FUSE reply").to_string());
 }
 

@@ -47,9 +47,11 @@ struct IoRequest {
                 // timer on the engine: no thread waits (sleep_for())
     read_ready,  // poll_in (poll_exclusive as there), then at once read(fd, buf,
                  // length) in the kernel, without waking this thread in between;
-                 // -EAGAIN (another reader took the data) is returned, not retried.
-                 // fd must be O_NONBLOCK. Only on engines with submits_inline()
-                 // (io_uring: a linked POLL_ADD and READ); others: -EOPNOTSUPP
+                 // fd must be O_NONBLOCK. If another reader took the data:
+                 // -EAGAIN, returned, not retried (/dev/fuse), or, on a file
+                 // io_uring re-polls itself (a pipe), the read waits for more.
+                 // Only on engines with submits_inline() (io_uring: a linked
+                 // POLL_ADD and READ); others: -EOPNOTSUPP
   };
   Op op = Op::read;
   int fd = -1;
