@@ -18,9 +18,9 @@
 // before it waits, and the single reader after a wake-up that found nothing to
 // read, if the first loop is below that and the helper has no request of its
 // own in flight. So at queue depth 1 one thread serves every request (two
-// polling loops woke each other in turn: 20-25 us of a
-// 4 KiB request's 95), and under load every loop reads. The first loop's
-// request that makes its count two wakes the sleeping helpers (post()); a
+// polling loops woke each other in turn: 20-25 us of a 4 KiB request's 95),
+// and with large requests in flight every loop reads. The first loop's
+// request that raises its level to two wakes the sleeping helpers (post()); a
 // missed wake-up costs only parallelism, never a request, since the first
 // loop always reads.
 // The reader (chain 0 likewise; the other chains always exclusively) polls
@@ -116,9 +116,8 @@ constexpr size_t kReadChains = 8;
 // Engines without read_ready: requests read per wake-up before the loop
 // submits their host I/O and reaps completions. Small, so the first request
 // of a burst reaches the disk and finished requests are replied without
-// waiting for 16 reads: 4 KiB random
-// reads at QD32 went from 0.655x to 0.715x the raw host file (median of 10
-// alternating rounds) against 16.
+// waiting for 16 reads: 4 KiB random reads at QD32 went from 0.655x to 0.715x
+// the raw host file (median of 10 alternating rounds) against 16.
 constexpr int kReadBatch = 4;
 
 class EventLoop {
