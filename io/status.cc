@@ -11,14 +11,19 @@ Status Status::from_errno(int err, std::string_view what) {
   return Status(err, fmt::format("{}: {}", what, std::strerror(err)));
 }
 
+const std::string& Status::empty_message() {
+  static const std::string empty;
+  return empty;
+}
+
 std::string Status::to_string() const {
   if (is_ok()) return "ok";
-  return message_.empty() ? std::string(std::strerror(code_)) : message_;
+  return message_ ? *message_ : std::string(std::strerror(code_));
 }
 
 Status Status::with_context(std::string_view context) const {
   if (is_ok()) return *this;
-  return Status(code_, fmt::format("{}: {}", context, message_));
+  return Status(code_, fmt::format("{}: {}", context, message()));
 }
 
 }  // namespace qcowfs

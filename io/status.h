@@ -1,11 +1,13 @@
 // Status and Result<T>: the project's one error type. A Status is either ok or
 // an errno value with a human-readable message. errno is turned into a Status
 // once, at the syscall or I/O completion (Status::from_errno), and turned back
-// into an errno reply only in fuse/.
+// into an errno reply only in fuse/. An ok Status is an int and a null
+// pointer: every coroutine returns one, so its moves must cost no string copy.
 // Thread-safety: plain values; copy freely between threads.
 #pragma once
 
 #include <cerrno>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,6 +19,14 @@ namespace qcowfs {
 class [[nodiscard]] Status {
  public:
   Status() = default;
+  Status(const Status& o) : code_(o.code_), message_(o.message_ ? std::make_unique<std::string>(*o.message_) : nullptr) {}
+  Status& operator=(const Status& o) {
+    if (this != &o) *this = Status(o);
+    return *this;
+  }
+  Status(Status&& o) noexcept = default;
+  Status& operator=(Status&& o) noexcept = default;
+  ~Status() = default;
   static Status ok() { return Status(); }
   // err is a positive errno value (EIO, ENOSPC, ...).
   static Status error(int err, std::string message) { return Status(err, std::move(message)); }
@@ -30,15 +40,17 @@ class [[nodiscard]] Status {
   bool is_ok() const { return code_ == 0; }
   explicit operator bool() const { return is_ok(); }
   int code() const { return code_; }  // 0 or a positive errno
-  const std::string& message() const { return message_; }
+  const std::string& message() const { return message_ ? *message_ : empty_message(); }
   std::string to_string() const;
   // Prepends context: "opening base.qcow2: <message>".
   Status with_context(std::string_view context) const;
 
  private:
-  Status(int err, std::string message) : code_(err), message_(std::move(message)) {}
+  Status(int err, std::string message)
+      : code_(err), message_(message.empty() ? nullptr : std::make_unique<std::string>(std::move(message))) {}
+  static const std::string& empty_message();
   int code_ = 0;
-  std::string message_;
+  std::unique_ptr<std::string> message_;  // null: no message
 };
 
 template <typename T>
