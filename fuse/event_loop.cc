@@ -208,6 +208,13 @@ void EventLoop::dispatch(std::span<std::byte> message) {
     ring_->stop();
     return;
   }
+  process(message);
+}
+
+// Every request after FUSE_INIT; INIT itself is libfuse's, and the kernel
+// sends nothing else before its reply.
+void EventLoop::process(std::span<std::byte> message) {
+  if (cfg_.serve_direct && cfg_.serve_direct(message)) return;
   fuse_buf buf = {};
   buf.mem = message.data();
   buf.size = message.size();
@@ -225,6 +232,24 @@ ssize_t EventLoop::write_reply(int fd, iovec* iov, int count, void*) {
       return *queued;
   }
   return ::writev(fd, iov, count);
+}
+
+void EventLoop::send_reply(uint64_t unique, int error, std::span<const iovec> args, PooledBuffer* lent) {
+  EventLoop* loop = t_current;
+  if (!loop || args.size() > 2) return;  // only on a loop thread, as every request task runs
+  fuse_out_header out = {};
+  out.len = sizeof out;
+  for (const iovec& a : args) out.len += static_cast<uint32_t>(a.iov_len);
+  out.error = error;
+  out.unique = unique;
+  iovec iov[3] = {{&out, sizeof out}};
+  std::copy(args.begin(), args.end(), iov + 1);
+  loop->lent_reply_ = lent;
+  // As libfuse's replies: a failed write means the kernel no longer waits for
+  // this one (interrupted, or the connection ended); nothing to tell anyone.
+  ssize_t n = write_reply(loop->cfg_.fuse_fd, iov, static_cast<int>(args.size()) + 1, nullptr);
+  loop->lent_reply_ = nullptr;
+  if (n < 0) log::debug("{}", Status::from_errno(errno, "replying to a FUSE request").to_string());
 }
 
 void EventLoop::reply_read(fuse_req* req, PooledBuffer& buf, size_t len) {
@@ -391,17 +416,20 @@ void EventLoop::end_session(Status st) {
 }
 
 void EventLoop::process_current(size_t n) {
-  fuse_buf fb = {};
-  fb.mem = request_read_start(current_);
-  fb.size = n;
-  const bool init = fb.size >= sizeof(fuse_in_header) &&
-                    reinterpret_cast<const fuse_in_header*>(fb.mem)->opcode == FUSE_INIT;
-  if (init) note_init(fb);
-  fuse_session_process_buf(cfg_.session, &fb);
-  if (init) {
-    init_unique_ = 0;
-    if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
+  std::span<std::byte> message(request_read_start(current_), n);
+  const bool init = n >= sizeof(fuse_in_header) &&
+                    reinterpret_cast<const fuse_in_header*>(message.data())->opcode == FUSE_INIT;
+  if (!init) {
+    process(message);
+    return;
   }
+  fuse_buf fb = {};
+  fb.mem = message.data();
+  fb.size = n;
+  note_init(fb);
+  fuse_session_process_buf(cfg_.session, &fb);
+  init_unique_ = 0;
+  if (cfg_.on_init) cfg_.on_init();  // the reply has reached the kernel
 }
 
 std::optional<int> EventLoop::drain() {

@@ -154,6 +154,9 @@ class EventLoop {
     // (0 always reads /dev/fuse). Null: this loop always reads.
     std::shared_ptr<ReaderGroup> readers;
     size_t reader_index = 0;
+    // Serves a request message without libfuse (Filesystem::serve_direct):
+    // true when it did. Tried first for every request after FUSE_INIT.
+    std::function<bool(std::span<std::byte> message)> serve_direct;
   };
 
   explicit EventLoop(Config cfg);
@@ -193,6 +196,11 @@ class EventLoop {
   // If the reply is queued to /dev/fuse, the queue takes buf (leaving it
   // empty) rather than copying its bytes (ReplyQueue::queue()).
   static void reply_read(fuse_req* req, PooledBuffer& buf, size_t len);
+  // Replies to request `unique` of this loop's session without libfuse: the
+  // header (error: 0 or a negative errno) and then `args`, through
+  // write_reply(). When args is exactly the first bytes of *lent, a queued
+  // /dev/fuse reply takes *lent instead of copying them, as reply_read() does.
+  static void send_reply(uint64_t unique, int error, std::span<const iovec> args, PooledBuffer* lent = nullptr);
 
  private:
   void thread_main(std::promise<Status>* started);
@@ -200,6 +208,8 @@ class EventLoop {
   void start_ring_here();
   void ring_settled();
   void dispatch(std::span<std::byte> message);
+  // Hands a request to Config::serve_direct, else to libfuse.
+  void process(std::span<std::byte> message);
   void note_init(const fuse_buf& buf);
   ssize_t write_init_reply(int fd, iovec* iov, int count);
   void cancel_reader_wait();
@@ -208,8 +218,8 @@ class EventLoop {
   // when a request arrives (io::IoRequest::Op::read_ready).
   Task<void> chain_reader(size_t index);
   bool chain_exclusive(size_t index) const;
-  // Hands the request read into current_ (n bytes) to libfuse; a large WRITE
-  // may keep the buffer (hold_write_payload()), leaving current_ empty.
+  // Hands the request read into current_ (n bytes) to process(), FUSE_INIT
+  // to libfuse; a large WRITE may keep the buffer (hold_write_payload()), leaving current_ empty.
   void process_current(size_t n);
   void end_session(Status st);
   // A helper's reader: suspends while the group is quiet (true: it slept).

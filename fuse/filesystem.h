@@ -3,7 +3,9 @@
 // (fuse/ranges.h), and either replies at once (metadata) or spawns a request
 // Task on the calling EventLoop that awaits the BlockDriver and replies when
 // the I/O completes. Every path ends in exactly one fuse_reply_*; the errno of
-// an error reply comes from Status::code().
+// an error reply comes from Status::code(). READ and WRITE also come through
+// serve_direct(), which decodes them itself and replies through the
+// EventLoop.
 //
 // The view's owner, group and mode (fuse/access.h) are the one piece of
 // metadata that changes: chmod/chown on the view, by the mounting user or
@@ -16,7 +18,9 @@
 // The Filesystem must outlive the session (it is the session's userdata).
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <span>
 
 #include "fuse/access.h"
 #include "fuse/inode_table.h"
@@ -35,6 +39,11 @@ class Filesystem {
   Filesystem& operator=(const Filesystem&) = delete;
 
   static const fuse_lowlevel_ops& operations();
+  // Serves a READ or WRITE message (a fuse_in_header, its arguments and a
+  // WRITE's payload) as operations() would, without libfuse, and drops an
+  // INTERRUPT: true when it did. Called on an EventLoop thread, whose
+  // send_reply() answers (EventLoop::Config::serve_direct).
+  bool serve_direct(std::span<std::byte> message) const;
 
   const InodeTable& table() const { return table_; }
   // The view's current access with the mount's constant parts.
