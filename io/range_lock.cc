@@ -16,43 +16,53 @@ Task<RangeLock::Guard> RangeLock::lock_slow(uint64_t start, uint64_t end, Mode m
   co_return Guard(this, id);
 }
 
-std::shared_ptr<AsyncEvent> RangeLock::try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* id) {
+std::shared_ptr<AsyncEvent> RangeLock::try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* slot) {
   std::lock_guard lk(mu_);
   // Only an exclusive holder conflicts with a shared request: with none held
   // (every reader and overwrite at once), a shared one registers unscanned.
   const bool can_conflict = mode == Mode::exclusive || exclusive_held_ > 0;
-  for (Holder& h : can_conflict ? std::span<Holder>(holders_) : std::span<Holder>()) {
-    bool overlap = start < h.end && h.start < end;
-    if (overlap && (mode == Mode::exclusive || h.mode == Mode::exclusive)) {
-      if (!h.released) h.released = std::make_shared<AsyncEvent>();
-      return h.released;
+  if (can_conflict) {
+    for (Holder& h : slots_) {
+      bool overlap = start < h.end && h.start < end;  // never for a free slot
+      if (overlap && (mode == Mode::exclusive || h.mode == Mode::exclusive)) {
+        if (!h.released) h.released = std::make_shared<AsyncEvent>();
+        return h.released;
+      }
     }
   }
-  *id = next_id_++;
-  holders_.push_back(Holder{*id, start, end, mode, nullptr});
+  if (free_.empty()) {
+    free_.push_back(static_cast<uint32_t>(slots_.size()));
+    slots_.emplace_back();
+  }
+  *slot = free_.back();
+  free_.pop_back();
+  Holder& h = slots_[*slot];
+  h.start = start;
+  h.end = end;
+  h.mode = mode;
+  ++held_;
   if (mode == Mode::exclusive) ++exclusive_held_;
   return nullptr;
 }
 
-void RangeLock::unlock(uint64_t id) {
+void RangeLock::unlock(uint64_t slot) {
   std::shared_ptr<AsyncEvent> released;
   {
     std::lock_guard lk(mu_);
-    for (size_t i = 0; i < holders_.size(); ++i) {
-      if (holders_[i].id != id) continue;
-      released = std::move(holders_[i].released);
-      if (holders_[i].mode == Mode::exclusive) --exclusive_held_;
-      holders_[i] = std::move(holders_.back());
-      holders_.pop_back();
-      break;
-    }
+    Holder& h = slots_[slot];
+    released = std::move(h.released);
+    if (h.mode == Mode::exclusive) --exclusive_held_;
+    h.start = UINT64_MAX;  // free: overlaps nothing
+    h.end = 0;
+    --held_;
+    free_.push_back(static_cast<uint32_t>(slot));
   }
   if (released) released->set();
 }
 
 size_t RangeLock::held() {
   std::lock_guard lk(mu_);
-  return holders_.size();
+  return held_;
 }
 
 }  // namespace qcowfs::io

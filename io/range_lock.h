@@ -94,21 +94,21 @@ class RangeLock {
 
  private:
   struct Holder {
-    uint64_t id;
-    uint64_t start, end;
-    Mode mode;
+    uint64_t start = UINT64_MAX, end = 0;  // a free slot: overlaps nothing
+    Mode mode = Mode::shared;
     std::shared_ptr<AsyncEvent> released;  // made by the first request that waits for this holder
   };
   Task<Guard> lock_slow(uint64_t start, uint64_t end, Mode mode);
   // Returns the release event of a conflicting holder, or registers the range
-  // (writing its id) and returns nullptr.
-  std::shared_ptr<AsyncEvent> try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* id);
-  void unlock(uint64_t id);
+  // (writing its slot) and returns nullptr.
+  std::shared_ptr<AsyncEvent> try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* slot);
+  void unlock(uint64_t slot);
 
-  AdaptiveMutex mu_;  // guards holders_, exclusive_held_ and next_id_
-  std::vector<Holder> holders_;
-  size_t exclusive_held_ = 0;  // holders_ in Mode::exclusive: with none, a shared lock scans nothing
-  uint64_t next_id_ = 1;
+  AdaptiveMutex mu_;  // guards everything below
+  std::vector<Holder> slots_;   // held ranges and free slots
+  std::vector<uint32_t> free_;  // indices of slots_'s free slots
+  size_t held_ = 0;
+  size_t exclusive_held_ = 0;  // holders in Mode::exclusive: with none, a shared lock scans nothing
 };
 
 }  // namespace qcowfs::io
