@@ -72,7 +72,7 @@ Task<Result<Extent>> ExtentReader::load(uint64_t guest, uint64_t len) {
 // per extent while the metadata is cached), then issues them together.
 Task<Status> ExtentReader::read(uint64_t off, std::span<std::byte> buf) {
   const uint64_t end = off + buf.size();
-  std::vector<SubRead> reads;
+  SubReads reads;
   for (uint64_t guest = off; guest < end;) {
     auto found = map_.try_map(guest, end - guest);
     if (!found) co_return found.status();
@@ -89,7 +89,7 @@ Task<Status> ExtentReader::read(uint64_t off, std::span<std::byte> buf) {
     guest += e.length;
   }
   if (reads.empty()) co_return Status::ok();
-  if (reads.size() == 1) co_return co_await run(reads.front());
+  if (reads.size() == 1) co_return co_await run(reads[0]);
   std::vector<Task<Status>> tasks;
   tasks.reserve(reads.size());
   for (const SubRead& r : reads) tasks.push_back(run(r));
@@ -99,7 +99,7 @@ Task<Status> ExtentReader::read(uint64_t off, std::span<std::byte> buf) {
 // Extent e at guest, read into dst: zeros filled at once, the rest added to
 // out, coalesced with the last sub-read where it continues it (backing reads
 // guest-contiguous, host reads also host-contiguous in one file).
-void ExtentReader::add(const Extent& e, uint64_t guest, std::span<std::byte> dst, std::vector<SubRead>& out) const {
+void ExtentReader::add(const Extent& e, uint64_t guest, std::span<std::byte> dst, SubReads& out) const {
   SubRead* last = out.empty() ? nullptr : &out.back();
   const bool follows = last && last->guest + last->dst.size() == guest && last->extent.kind == e.kind;
   auto grow_last = [&] { last->dst = std::span<std::byte>(last->dst.data(), last->dst.size() + dst.size()); };

@@ -37,6 +37,7 @@
 #include "image/block_driver.h"
 #include "image/extent/cluster_cache.h"
 #include "image/extent/map.h"
+#include "io/inline_vector.h"
 
 namespace qcowfs::image {
 
@@ -69,10 +70,12 @@ class ExtentReader {
 
  private:
   struct SubRead;
+  // A request's sub-reads: almost always one, kept inline (no malloc per read).
+  using SubReads = InlineVector<SubRead, 4>;
 
   Status check(const Extent& e, uint64_t guest, uint64_t len) const;
   Task<Result<Extent>> load(uint64_t guest, uint64_t len);
-  void add(const Extent& e, uint64_t guest, std::span<std::byte> dst, std::vector<SubRead>& out) const;
+  void add(const Extent& e, uint64_t guest, std::span<std::byte> dst, SubReads& out) const;
   Task<Status> run(SubRead r);
   Task<Status> read_data(const SubRead& r);
   Task<Status> read_compressed(const Extent& e, std::span<std::byte> dst);
