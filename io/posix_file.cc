@@ -303,21 +303,21 @@ Task<Result<size_t>> PosixFile::read(uint64_t off, std::span<std::byte> buf) {
   co_return co_await read_iov({&one, 1}, off);
 }
 
-Task<Result<size_t>> PosixFile::readv(uint64_t off, std::span<const iovec> iov) {
-  co_return co_await read_iov(iov, off);
-}
+// iov belongs to the caller: not a coroutine, so a request's read is two
+// coroutine frames (read(), read_loop()), not three.
+Task<Result<size_t>> PosixFile::readv(uint64_t off, std::span<const iovec> iov) { return read_iov(iov, off); }
 
+// Not a coroutine (see readv()): the task that reads iov, which must outlive it.
 Task<Result<size_t>> PosixFile::read_iov(std::span<const iovec> iov, uint64_t off) {
-  QCOWFS_CO_TRY(check_engine());
-  uint64_t len = iov_total(iov);
-  if (len == 0) co_return size_t{0};
-  if (host_can_take(iov, off, len)) co_return co_await read_loop(iov, off);
-  co_return co_await bounce_read(iov, off, len);
+  const uint64_t len = iov_total(iov);
+  if (len == 0 || host_can_take(iov, off, len)) return read_loop(iov, off);
+  return bounce_read(iov, off, len);
 }
 
 // Reads straight into iov, continuing short reads, until done or EOF. On an
 // O_DIRECT file a short read ending inside a host block is EOF.
 Task<Result<size_t>> PosixFile::read_loop(std::span<const iovec> iov, uint64_t off) {
+  QCOWFS_CO_TRY(check_engine());  // here, not in read_iov(): see write_loop()
   const size_t total = iov_total(iov);
   IovCursor cursor(iov);
   size_t done = 0;
@@ -355,25 +355,31 @@ Task<Status> PosixFile::write(uint64_t off, std::span<const std::byte> buf) {
   co_return co_await write_iov({&one, 1}, off);
 }
 
-Task<Status> PosixFile::writev(uint64_t off, std::span<const iovec> iov) { co_return co_await write_iov(iov, off); }
+// As readv(): not a coroutine.
+Task<Status> PosixFile::writev(uint64_t off, std::span<const iovec> iov) { return write_iov(iov, off); }
 
+namespace {
+Task<Status> failed(Status st) { co_return st; }
+}  // namespace
+
+// Not a coroutine (see readv()): the task that writes iov, which must outlive it.
 Task<Status> PosixFile::write_iov(std::span<const iovec> iov, uint64_t off) {
-  QCOWFS_CO_TRY(check_engine());
-  QCOWFS_CO_TRY(check_writable());
+  if (Status st = check_writable(); !st) return failed(std::move(st));
   const uint64_t len = iov_total(iov);
-  if (len == 0) co_return Status::ok();
-  if (off + len < off) co_return Status::errorf(EINVAL, "{}: write at {} overflows", path_, off);
-  if (!host_can_take(iov, off, len)) co_return co_await bounce_write(iov, off, len);
-  RangeLock::Guard guard;
-  if (direct()) guard = co_await locks_.lock(off, off + len, RangeLock::Mode::shared);
-  QCOWFS_CO_TRY(co_await write_loop(iov, off));
-  grow_size(off + len);
-  co_return Status::ok();
+  if (off + len < off) return failed(Status::errorf(EINVAL, "{}: write at {} overflows", path_, off));
+  if (len > 0 && !host_can_take(iov, off, len)) return bounce_write(iov, off, len);
+  return write_loop(iov, off, true);
 }
 
-// Writes all of iov, continuing short writes.
-Task<Status> PosixFile::write_loop(std::span<const iovec> iov, uint64_t off) {
+// Writes all of iov, continuing short writes. With `lock` (a write the host
+// takes as it is), the range is locked shared first on an O_DIRECT file and
+// the file's size grown after; bounce_write() holds its own lock.
+Task<Status> PosixFile::write_loop(std::span<const iovec> iov, uint64_t off, bool lock) {
+  QCOWFS_CO_TRY(check_engine());  // here, not in write_iov(): a task may be made before its thread runs it
   const size_t total = iov_total(iov);
+  if (total == 0) co_return Status::ok();
+  RangeLock::Guard guard;
+  if (lock && direct()) guard = co_await locks_.lock(off, off + total, RangeLock::Mode::shared);
   IovCursor cursor(iov);
   size_t done = 0;
   while (done < total) {
@@ -388,6 +394,7 @@ Task<Status> PosixFile::write_loop(std::span<const iovec> iov, uint64_t off) {
       co_return Status::errorf(EIO, "writing {} at offset {}: short direct write ended mid-block", path_, off + done);
     cursor.advance(static_cast<size_t>(r));
   }
+  if (lock) grow_size(off + total);
   co_return Status::ok();
 }
 
@@ -398,6 +405,7 @@ Task<Status> PosixFile::write_loop(std::span<const iovec> iov, uint64_t off) {
 // so the lock then extends to infinity: no other write beyond can be in flight
 // while the file is briefly too long.
 Task<Status> PosixFile::bounce_write(std::span<const iovec> iov, uint64_t off, uint64_t len) {
+  QCOWFS_CO_TRY(check_engine());
   const uint64_t a = offset_align_;
   const uint64_t end = off + len;
   const uint64_t start = align_down(off, a);
@@ -420,7 +428,7 @@ Task<Status> PosixFile::bounce_write(std::span<const iovec> iov, uint64_t off, u
     QCOWFS_CO_TRY(co_await read_block(bounce.data() + (last_block - start), last_block));
   copy_from_iov(bounce.data() + (off - start), iov, len);
   iovec one{bounce.data(), bounce.size()};
-  QCOWFS_CO_TRY(co_await write_loop({&one, 1}, start));
+  QCOWFS_CO_TRY(co_await write_loop({&one, 1}, start, false));
   if (past_eof) QCOWFS_CO_TRY(co_await cut_back_to(end));
   grow_size(end);
   co_return Status::ok();

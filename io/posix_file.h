@@ -108,7 +108,7 @@ class PosixFile final : public HostFile {
   Task<Result<size_t>> read_loop(std::span<const iovec> iov, uint64_t off);
   Task<Result<size_t>> bounce_read(std::span<const iovec> iov, uint64_t off, uint64_t len);
   Task<Status> write_iov(std::span<const iovec> iov, uint64_t off);
-  Task<Status> write_loop(std::span<const iovec> iov, uint64_t off);
+  Task<Status> write_loop(std::span<const iovec> iov, uint64_t off, bool lock);
   Task<Status> bounce_write(std::span<const iovec> iov, uint64_t off, uint64_t len);
   Task<Status> read_block(std::byte* dst, uint64_t block_off);
   Task<Status> cut_back_to(uint64_t end);
