@@ -3,7 +3,8 @@
 // On io_uring, kReadChains reader coroutines each keep one read of the shared,
 // non-blocking /dev/fuse fd waiting in the loop's ring (io::IoRequest
 // read_ready: the kernel reads a request into the chain's buffer when one
-// arrives) and hand what they read to fuse_session_process_buf(). On other
+// arrives) and hand what they read to process(): READ and WRITE to
+// Config::serve_direct, the rest to fuse_session_process_buf(). On other
 // engines one reader waits (poll_in) until the fd is readable and read()s up
 // to kReadBatch requests into this thread's buffers. The
 // handlers (fuse/filesystem.cc) spawn one Task per request through
@@ -38,7 +39,8 @@
 // loop a FuseRing serving the kernel queues in Config::ring_qids. Requests
 // then arrive as completions on the loop's own ring and replies leave through
 // it (see fuse/fuse_ring.h); /dev/fuse stays polled for what the kernel still
-// sends there. Every libfuse reply passes through EventLoop::write_reply();
+// sends there. Every reply (libfuse's, and send_reply()'s) passes through
+// EventLoop::write_reply();
 // short replies to /dev/fuse requests leave through the loop's io_uring too
 // (fuse/reply_queue.h), and the loop does not end before they have.
 //

@@ -12,8 +12,9 @@
 // together with the host I/O. Until every queue has an entry, and always for
 // INIT, FORGET, INTERRUPT and notifications, /dev/fuse keeps working as before.
 //
-// Each entry's buffer is laid out so a request can be handed to libfuse as one
-// contiguous message without copying its payload:
+// Each entry's buffer is laid out so a request can be handed on (to
+// Filesystem::serve_direct() or libfuse) as one contiguous message without
+// copying its payload:
 //
 //   base                            base + 4096 - 40 - op     base + 4096
 //   | uring header (288 B) | unused | fuse_in_header | op arg | payload (max_write) |
