@@ -127,7 +127,25 @@ def main(argv: list[str]) -> int:
         luks_header_seeds(tmp, out / "luks_header")
         luks1_seeds(tmp, out / "luks1")
         bitmap_seeds(tmp, out / "bitmap")
+    fuse_message_seeds(out / "fuse_message")
     return 0
+
+
+# Seeds of fuzz_fuse_message: the READ, WRITE and INTERRUPT messages the kernel
+# sends (fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid,
+# total_extlen, padding), and a LOOKUP, which is left to libfuse.
+def fuse_message_seeds(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+
+    def message(opcode: int, args: bytes) -> bytes:
+        return struct.pack("<IIQQIIIHH", 40 + len(args), opcode, 42, 1, 0, 0, 0, 0, 0) + args
+
+    read_in = struct.pack("<QQIIQII", 0, 8192, 4096, 0, 0, 0, 0)       # fh, offset, size, ...
+    write_in = struct.pack("<QQIIQII", 0, 4096, 512, 0, 0, 0, 0) + bytes(range(256)) * 2
+    (out / "read").write_bytes(message(15, read_in))
+    (out / "write").write_bytes(message(16, write_in))
+    (out / "interrupt").write_bytes(message(36, struct.pack("<Q", 41)))
+    (out / "lookup").write_bytes(message(1, b"disk.raw\0"))
 
 
 # Seeds of fuzz_bitmap: u8 cluster_bits, u32 nb_bitmaps, u32 directory length,

@@ -63,7 +63,7 @@ cmake --build "$build" -j2 --target "${targets[@]}" >"$build/build.log" 2>&1 \
   || { tail -40 "$build/build.log"; fail "building the fuzz targets failed"; }
 
 seeds="$build/seeds"
-[ -d "$seeds/vmdk" ] && [ -d "$seeds/luks1" ] && [ -d "$seeds/luks_header" ] || PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/make_seeds.py" "$seeds" || fail "making seeds failed"
+[ -d "$seeds/vmdk" ] && [ -d "$seeds/luks1" ] && [ -d "$seeds/luks_header" ] && [ -d "$seeds/fuse_message" ] || PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/make_seeds.py" "$seeds" || fail "making seeds failed"
 mkdir -p "$build/artifacts"
 
 export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:allocator_may_return_null=1"
