@@ -674,7 +674,7 @@ bool Filesystem::serve_direct(std::span<std::byte> message) const {
   fuse_in_header in;
   if (message.size() < sizeof in) return false;
   std::memcpy(&in, message.data(), sizeof in);
-  if (in.len != message.size()) return false;
+  if (in.len != message.size() || in.total_extlen != 0) return false;  // extensions: libfuse's to skip
   const std::byte* args = message.data() + sizeof in;
   const size_t arg_bytes = message.size() - sizeof in;
   switch (in.opcode) {

@@ -83,6 +83,9 @@ TEST_F(FuseServeDirect, MessagesWhoseLengthsDoNotAddUpGoToLibfuse) {
   EXPECT_FALSE(serve(message(FUSE_READ, kRootIno, &r, sizeof r, static_cast<uint32_t>(whole.size() + 1))));
   EXPECT_FALSE(serve(message(FUSE_READ, kRootIno, &r, sizeof r, static_cast<uint32_t>(whole.size() - 1))));
   EXPECT_FALSE(serve(message(FUSE_READ, kRootIno, &r, sizeof r, 0)));
+  auto extended = message(FUSE_READ, kRootIno, &r, sizeof r);
+  reinterpret_cast<fuse_in_header*>(extended.data())->total_extlen = 1;  // request extensions follow
+  EXPECT_FALSE(serve(extended));
 
   fuse_write_in wa = {};
   EXPECT_FALSE(serve(message(FUSE_WRITE, kRootIno, &wa, sizeof wa - 1)));
