@@ -432,7 +432,9 @@ Status Server::start_loops() {
     cfg.mem_align = driver_ ? driver_->mem_align() : kCatalogueMemAlign;
     cfg.on_session_end = [this](Status st) { on_session_end(std::move(st)); };
     cfg.on_init = [this] { on_init(); };
-    cfg.serve_direct = [fs = fs_.get()](std::span<std::byte> message) { return fs->serve_direct(message); };
+    // With -d libfuse traces every request, so it decodes them all.
+    if (!opts_.debug)
+      cfg.serve_direct = [fs = fs_.get()](std::span<std::byte> message) { return fs->serve_direct(message); };
     cfg.passthrough = wants_passthrough();
     RingPlan plan = plan_ring_queues(i, n, kernel_queues);
     cfg.ring_qids = std::move(plan.qids);
