@@ -76,6 +76,20 @@ def test_requests_travel_through_the_ring(workdir: Path, uring_param) -> None:
     assert served >= FIO_REQUESTS, f"only {served} requests went through io_uring:\n{log[-2000:]}"
 
 
+def test_ring_requests_without_debug(workdir: Path, uring_param) -> None:
+    """Without -d, READ and WRITE from the ring are decoded and answered by
+    qcowfs itself (Filesystem::serve_direct), not libfuse: the same data."""
+    uring_param(True)
+    image = make_raw(workdir / "disk.img", 64 * MiB, seed=5)
+    target = workdir / "view"
+    with helpers.mounted(image, target, ["rw", "fuse_uring=on", "queues=2"]) as m:  # on: the ring or no mount
+        fio_verify(m.path)
+        fio_verify(m.path, "4k-1m")
+        with open(m.path, "rb") as f:
+            through_mount = f.read()
+    assert through_mount == image.read_bytes(), "the mounted view and the image differ"
+
+
 def test_more_queue_threads_than_cpus(workdir: Path, uring_param) -> None:
     """Queue threads without a kernel queue of their own still serve /dev/fuse."""
     uring_param(True)
