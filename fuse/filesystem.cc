@@ -662,7 +662,7 @@ Status Filesystem::change_access(Ino ino, uid_t caller, const AccessChange& chan
 }
 
 // READ and WRITE, the requests of all I/O, skip libfuse: its request
-// allocation, session-lock rounds and reply path were ~1000 of the ~6400
+// allocation, session-lock rounds and reply path were ~760 of the ~6400
 // instructions the daemon spends on a 4 KiB write (callgrind; bench/RESULTS.md).
 // The arguments are decoded as libfuse decodes them (protocol 7.9 and later,
 // which every kernel with io_uring or FUSE passthrough speaks). INTERRUPT is
