@@ -31,16 +31,16 @@ std::shared_ptr<AsyncEvent> RangeLock::try_register(uint64_t start, uint64_t end
     }
   }
   if (free_.empty()) {
-    free_.push_back(static_cast<uint32_t>(slots_.size()));
+    *slot = slots_.size();
     slots_.emplace_back();
+  } else {
+    *slot = free_.back();
+    free_.pop_back();
   }
-  *slot = free_.back();
-  free_.pop_back();
   Holder& h = slots_[*slot];
   h.start = start;
   h.end = end;
   h.mode = mode;
-  ++held_;
   if (mode == Mode::exclusive) ++exclusive_held_;
   return nullptr;
 }
@@ -54,7 +54,6 @@ void RangeLock::unlock(uint64_t slot) {
     if (h.mode == Mode::exclusive) --exclusive_held_;
     h.start = UINT64_MAX;  // free: overlaps nothing
     h.end = 0;
-    --held_;
     free_.push_back(static_cast<uint32_t>(slot));
   }
   if (released) released->set();
@@ -62,7 +61,7 @@ void RangeLock::unlock(uint64_t slot) {
 
 size_t RangeLock::held() {
   std::lock_guard lk(mu_);
-  return held_;
+  return slots_.size() - free_.size();
 }
 
 }  // namespace qcowfs::io

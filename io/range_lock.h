@@ -107,7 +107,6 @@ class RangeLock {
   AdaptiveMutex mu_;  // guards everything below
   std::vector<Holder> slots_;   // held ranges and free slots
   std::vector<uint32_t> free_;  // indices of slots_'s free slots
-  size_t held_ = 0;
   size_t exclusive_held_ = 0;  // holders in Mode::exclusive: with none, a shared lock scans nothing
 };
 
