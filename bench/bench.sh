@@ -7,8 +7,9 @@
 #                /dev/fuse, what a stock kernel (fuse.enable_uring=N) gives
 #   qcowfs-ring  the same with -o fuse_uring=on (the script turns enable_uring on for those runs)
 #   floor, floor-ring  bench/fuse-floor.c (build/bench/fuse-floor, or FLOOR=PATH; FLOOR=none: left
-#                out) over the raw image: the simplest FUSE daemon doing the same host I/O (O_DIRECT,
-#                one io_uring, reply on completion), over /dev/fuse and over FUSE io_uring. Every
+#                out) over a fresh copy of the raw image: the simplest FUSE daemon doing the same
+#                host I/O (O_DIRECT, one io_uring, reply on completion), over /dev/fuse and over
+#                FUSE io_uring. Every
 #                row then also shows qcowfs / floor: what qcowfs costs above what any FUSE daemon
 #                pays here. Not run in the FMT sets nor with BEFORE.
 # SMOKE=1: no benchmark; mounts the floor daemon (both transports, the ring where the kernel has
@@ -164,18 +165,20 @@ measure() {
     "$suite" "$work/raw.img" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
     return
   fi
-  if [ "$sys" = floor ] || [ "$sys" = floor-ring ]; then  # over the raw image itself, as raw-host
+  if [ "$sys" = floor ] || [ "$sys" = floor-ring ]; then
+    # Over a fresh copy of the raw image, as qcowfs and qsd get theirs: writes into the
+    # long-lived raw.img and into a fresh copy were not alike (bench/RESULTS.md, 2026-12-06 16:28).
     local flag=
     [ "$sys" = floor-ring ] && { set_uring Y; flag=--ring; } || set_uring N
-    : > "$mnt"
-    "$floor" $flag "$work/raw.img" "$mnt" 2>"$work/floor.log" & qpid=$!
+    cp --sparse=always "$work/raw.img" "$img" && sync "$img"; : > "$mnt"
+    "$floor" $flag "$img" "$mnt" 2>"$work/floor.log" & qpid=$!
     if mounted "$mnt"; then
       "$suite" "$mnt" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
     else
       echo "$sys did not mount" >&2; cat "$work/floor.log" >&2
       echo "$round $set $sys $job FAILED" >> "$results"
     fi
-    fusermount3 -u "$mnt" 2>/dev/null; wait "$qpid" 2>/dev/null; rm -f "$mnt"
+    fusermount3 -u "$mnt" 2>/dev/null; wait "$qpid" 2>/dev/null; rm -f "$img" "$mnt"
     return
   fi
   cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
