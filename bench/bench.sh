@@ -9,9 +9,8 @@
 #   floor, floor-ring  bench/fuse-floor.c (build/bench/fuse-floor, or FLOOR=PATH; FLOOR=none: left
 #                out) over a fresh copy of the raw image: the simplest FUSE daemon doing the same
 #                host I/O (O_DIRECT, one io_uring, reply on completion), over /dev/fuse and over
-#                FUSE io_uring. Every
-#                row then also shows qcowfs / floor: what qcowfs costs above what any FUSE daemon
-#                pays here. Not run in the FMT sets nor with BEFORE.
+#                FUSE io_uring. Every row then also shows qcowfs / floor: what qcowfs costs above
+#                what any FUSE daemon pays here. Not run in the FMT sets nor with BEFORE.
 # SMOKE=1: no benchmark; mounts the floor daemon (both transports, the ring where the kernel has
 # it) over a 16 MiB random raw file, reads 4 MiB through it and writes 4 MiB, and compares bytes.
 # A job named JOB-ro runs JOB on read-only mounts (`ro` instead of `rw`, qsd writable=off), the
@@ -165,12 +164,14 @@ measure() {
     "$suite" "$work/raw.img" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
     return
   fi
+  # Every system below runs on a fresh copy of its image, the floors on one of the raw image:
+  # writes into the long-lived raw.img and into a fresh copy were not alike (bench/RESULTS.md,
+  # 2026-12-06 16:28).
+  if [ "$sys" = floor ] || [ "$sys" = floor-ring ]; then tmpl=$work/raw.img; fi
+  cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
   if [ "$sys" = floor ] || [ "$sys" = floor-ring ]; then
-    # Over a fresh copy of the raw image, as qcowfs and qsd get theirs: writes into the
-    # long-lived raw.img and into a fresh copy were not alike (bench/RESULTS.md, 2026-12-06 16:28).
     local flag=
     [ "$sys" = floor-ring ] && { set_uring Y; flag=--ring; } || set_uring N
-    cp --sparse=always "$work/raw.img" "$img" && sync "$img"; : > "$mnt"
     "$floor" $flag "$img" "$mnt" 2>"$work/floor.log" & qpid=$!
     if mounted "$mnt"; then
       "$suite" "$mnt" "$sys" "$fio_job" | sed "s/^/$round $set /;s/ $fio_job / $job /" >> "$results"
@@ -181,7 +182,6 @@ measure() {
     fusermount3 -u "$mnt" 2>/dev/null; wait "$qpid" 2>/dev/null; rm -f "$img" "$mnt"
     return
   fi
-  cp --sparse=always "$tmpl" "$img" && sync "$img"; : > "$mnt"
   case $sys in
     qsd) qsdpid=$(FMT=${fmt%-enc} QSD_OBJECT=$qsd_object QSD_FMT_OPTS=$qsd_fmt_opts WRITABLE=$([ $mode = ro ] && echo off || echo on) "$here/qsd-mount.sh" "$img" "$mnt") ;;
     qcowfs|qcow2-ref) set_uring N; "$bin" -f -o "$opts,fuse_uring=off" "$img" "$mnt" 2>"$work/qcowfs.log" & qpid=$! ;;
