@@ -6,12 +6,16 @@
 # switches, and at the disk (/sys/block/DEV/stat deltas) the mean request size and the mean number
 # of requests in flight (of the job's direction). Also fio's IOPS or MiB/s, which a loaded machine does move.
 # Systems: raw (the host file), floor, floor-ring, qcowfs (fuse_uring=off), qcowfs-ring
-# (fuse_uring=on), each over the same 1 GiB raw image (qcowfs: format=raw, cache=none, rw, so no
-# passthrough); ROUNDS rounds, the systems alternating within each.
+# (fuse_uring=on), each over the same 1 GiB raw image (qcowfs: format=raw, or FORMAT below,
+# cache=none, rw, so no passthrough); ROUNDS rounds, the systems in turn within each (in
+# reverse order in even rounds).
 # Env: JOBS (fio-suite job names, default "randread4k seqread1m"), IOS (requests per 4 KiB job,
 # default 60000; 1 MiB jobs run IOS/20), ROUNDS (default 2), SYSTEMS, QCOWFS_OPTS (extra -o),
 # BEFORE (a second qcowfs binary: systems before and before-ring, for a same-run A/B; it may be
-# the same binary with BEFORE_OPTS, extra -o options for the before systems only).
+# the same binary with BEFORE_OPTS, extra -o options for the before systems only), FORMAT (the
+# image format of the qcowfs and before systems, default raw: other formats are a qemu-img
+# convert of the raw image, fully allocated, which those systems mount instead; raw and the
+# floors keep the raw image).
 # The fuse.enable_uring parameter is only read, never written (it is global: other mounts depend
 # on it): the floor without --ring and qcowfs with fuse_uring=off use /dev/fuse whatever it says,
 # and the -ring systems are skipped unless it is Y.
@@ -26,6 +30,12 @@ before=${BEFORE:+$(readlink -f "$BEFORE")}
 restore_uring=0
 # shellcheck source=bench/transport-setup.sh
 . "$here/transport-setup.sh" qcowfs-tc
+fmt=${FORMAT:-raw} qimg=$img
+if [ "$fmt" != raw ]; then
+  qimg=$work/img.$fmt
+  qemu-img convert -f raw -O "$fmt" $([ "$fmt" = vpc ] && echo -o force_size=on) "$img" "$qimg"
+  sync "$qimg"
+fi
 dev=$(lsblk -no pkname "$(df --output=source "$work" | tail -1)" 2>/dev/null || true)
 [ -n "$dev" ] || dev=$(basename "$(df --output=source "$work" | tail -1)")
 
@@ -49,10 +59,10 @@ run() {  # run SYSTEM JOB ROUND
     floor-ring) : > "$work/mnt"; "$floor" --ring "$work/img" "$work/mnt" & pid=$! ;;
     qcowfs|before) : > "$work/mnt"; local b=$bin; [ "$sys" = before ] && b=$before
       local o=${QCOWFS_OPTS:-}; [ "$sys" = before ] && o=${BEFORE_OPTS:-$o}
-      "$b" -f -o "rw,cache=none,format=raw,fuse_uring=off${o:+,$o}" "$work/img" "$work/mnt" & pid=$! ;;
+      "$b" -f -o "rw,cache=none,format=$fmt,fuse_uring=off${o:+,$o}" "$qimg" "$work/mnt" & pid=$! ;;
     qcowfs-ring|before-ring) : > "$work/mnt"; local b=$bin; [ "$sys" = before-ring ] && b=$before
       local o=${QCOWFS_OPTS:-}; [ "$sys" = before-ring ] && o=${BEFORE_OPTS:-$o}
-      "$b" -f -o "rw,cache=none,format=raw,fuse_uring=on${o:+,$o}" "$work/img" "$work/mnt" & pid=$! ;;
+      "$b" -f -o "rw,cache=none,format=$fmt,fuse_uring=on${o:+,$o}" "$qimg" "$work/mnt" & pid=$! ;;
   esac
   [ -n "$pid" ] && { mounted "$work/mnt" || { echo "$sys did not mount" >&2; exit 1; }; }
   local fio="fio --name=j --filename=$target --ioengine=io_uring $a --direct=1 --size=1G --number_ios=$n --output-format=json"
@@ -88,8 +98,11 @@ PY
   if [ -n "$pid" ]; then fusermount3 -u "$work/mnt"; wait "$pid" 2>/dev/null || true; pid=; fi
 }
 
+systems=${SYSTEMS:-raw floor qcowfs floor-ring qcowfs-ring}
 for round in $(seq "${ROUNDS:-2}"); do
   for job in ${JOBS:-randread4k seqread1m}; do
-    for sys in ${SYSTEMS:-raw floor qcowfs floor-ring qcowfs-ring}; do run "$sys" "$job" "$round"; done
+    order=$systems  # even rounds in reverse, so no system always runs right after the same one
+    (( round % 2 == 0 )) && order=$(echo "$systems" | tr ' ' '\n' | tac | tr '\n' ' ')
+    for sys in $order; do run "$sys" "$job" "$round"; done
   done
 done
