@@ -16,9 +16,11 @@
  *     moves to a huge page once the entry carries a READ or WRITE of 256 KiB or more.
  * Reads of at least 1 MiB use 2 MiB-aligned MADV_HUGEPAGE buffers (as qcowfs): one DMA segment.
  *   cc -O2 -o fuse-floor fuse-floor.c $(pkg-config --cflags --libs fuse3 liburing)
- *   fuse-floor [--ring] [--entries N] [--small-pages] IMAGE MOUNTFILE
+ *   fuse-floor [--ring] [--entries N] [--small-pages] [--spin NS] IMAGE MOUNTFILE
  * (foreground; unmount with fusermount3 -u). --entries: per kernel queue (64). --small-pages:
- * entries keep 4 KiB pages whatever they carry.
+ * entries keep 4 KiB pages whatever they carry. --spin: NS nanoseconds of busy user-space work
+ * (a clock_gettime loop, vDSO) before each READ/WRITE's host I/O, to see what a daemon's own
+ * per-request CPU costs in throughput (bench/RESULTS.md, the 18:03 section of 2026-12-06).
  */
 #define _GNU_SOURCE
 #define FUSE_USE_VERSION 314
@@ -39,6 +41,7 @@
 #endif
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { K_POLL, K_READ, K_WRITE, K_ENTRY };
@@ -203,7 +206,15 @@ static void floor_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *f
 static void floor_fsync(fuse_req_t req, fuse_ino_t ino, int d, struct fuse_file_info *fi) {
   fuse_reply_err(req, fdatasync(img_fd) ? errno : 0);
 }
+static long spin_ns;  /* --spin */
+static void spin(void) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do clock_gettime(CLOCK_MONOTONIC, &t);
+  while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < spin_ns);
+}
 static void start_io(int kind, fuse_req_t req, void *buf, void *owned, int pool, size_t len, off_t off) {
+  if (spin_ns > 0) spin();
   struct op *o = malloc(sizeof *o);
   *o = (struct op){{kind}, req, buf, owned, pool, dispatching};
   struct io_uring_sqe *s = sqe_get();
@@ -274,10 +285,11 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[a], "--ring")) use_ring = 1;
     else if (!strcmp(argv[a], "--entries") && a + 1 < argc) nentries = (unsigned)atoi(argv[++a]);
     else if (!strcmp(argv[a], "--small-pages")) small_pages = 1;
+    else if (!strcmp(argv[a], "--spin") && a + 1 < argc) spin_ns = atol(argv[++a]);
     else break;
   }
   if (argc - a != 2) {
-    fprintf(stderr, "usage: fuse-floor [--ring] [--entries N] [--small-pages] IMAGE MOUNTFILE\n");
+    fprintf(stderr, "usage: fuse-floor [--ring] [--entries N] [--small-pages] [--spin NS] IMAGE MOUNTFILE\n");
     return 2;
   }
   img_fd = open(argv[a], O_RDWR | O_DIRECT | O_CLOEXEC);
