@@ -57,12 +57,11 @@ run() {  # run SYSTEM JOB ROUND
     *-ring) [ "$ring_ok" = Y ] || { echo "$sys: skipped (fuse.enable_uring is not Y)" >&2; return 0; } ;;&
     floor) : > "$work/mnt"; "$floor" "$work/img" "$work/mnt" & pid=$! ;;
     floor-ring) : > "$work/mnt"; "$floor" --ring "$work/img" "$work/mnt" & pid=$! ;;
-    qcowfs|before) : > "$work/mnt"; local b=$bin; [ "$sys" = before ] && b=$before
-      local o=${QCOWFS_OPTS:-}; [ "$sys" = before ] && o=${BEFORE_OPTS:-$o}
-      "$b" -f -o "rw,cache=none,format=$fmt,fuse_uring=off${o:+,$o}" "$qimg" "$work/mnt" & pid=$! ;;
-    qcowfs-ring|before-ring) : > "$work/mnt"; local b=$bin; [ "$sys" = before-ring ] && b=$before
-      local o=${QCOWFS_OPTS:-}; [ "$sys" = before-ring ] && o=${BEFORE_OPTS:-$o}
-      "$b" -f -o "rw,cache=none,format=$fmt,fuse_uring=on${o:+,$o}" "$qimg" "$work/mnt" & pid=$! ;;
+    qcowfs|before|qcowfs-ring|before-ring) : > "$work/mnt"
+      local b=$bin o=${QCOWFS_OPTS:-} uring=off
+      [ "${sys%-ring}" = before ] && { b=$before; o=${BEFORE_OPTS:-$o}; }
+      [ "$sys" != "${sys%-ring}" ] && uring=on
+      "$b" -f -o "rw,cache=none,format=$fmt,fuse_uring=$uring${o:+,$o}" "$qimg" "$work/mnt" & pid=$! ;;
   esac
   [ -n "$pid" ] && { mounted "$work/mnt" || { echo "$sys did not mount" >&2; exit 1; }; }
   local fio="fio --name=j --filename=$target --ioengine=io_uring $a --direct=1 --size=1G --number_ios=$n --output-format=json"
