@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/hold.h"
 #include "io/sync.h"
 #include "io/task.h"
 
@@ -51,6 +52,12 @@ class RangeLock {
       if (owner_) std::exchange(owner_, nullptr)->unlock(id_);
     }
     bool owns() const { return owner_ != nullptr; }
+    // The same hold as an io::Hold (for a layer that releases it without
+    // knowing it is a range lock's); this guard is left empty.
+    Hold into_hold() && {
+      RangeLock* owner = std::exchange(owner_, nullptr);
+      return owner ? Hold(&RangeLock::unlock_held, owner, id_) : Hold();
+    }
 
    private:
     RangeLock* owner_ = nullptr;
@@ -103,6 +110,7 @@ class RangeLock {
   // (writing its slot) and returns nullptr.
   std::shared_ptr<AsyncEvent> try_register(uint64_t start, uint64_t end, Mode mode, uint64_t* slot);
   void unlock(uint64_t slot);
+  static void unlock_held(void* lock, uint64_t slot) { static_cast<RangeLock*>(lock)->unlock(slot); }
 
   AdaptiveMutex mu_;  // guards everything below
   std::vector<Holder> slots_;   // held ranges and free slots

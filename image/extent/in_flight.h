@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "io/hold.h"
+
 namespace qcowfs::image {
 
 class InFlightIo {
@@ -51,10 +53,16 @@ class InFlightIo {
     void leave() {
       if (counter_ != nullptr) std::exchange(counter_, nullptr)->fetch_sub(1);
     }
+    // The same ticket as an io::Hold (left by its release); this one is left empty.
+    io::Hold into_hold() && {
+      std::atomic<uint64_t>* counter = std::exchange(counter_, nullptr);
+      return counter ? io::Hold(&leave_counter, counter, 0) : io::Hold();
+    }
 
    private:
     friend class InFlightIo;
     explicit Ticket(std::atomic<uint64_t>* counter) : counter_(counter) {}
+    static void leave_counter(void* counter, uint64_t) { static_cast<std::atomic<uint64_t>*>(counter)->fetch_sub(1); }
     std::atomic<uint64_t>* counter_ = nullptr;
   };
 
