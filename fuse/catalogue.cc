@@ -64,6 +64,9 @@ class ImageHoldingDriver final : public image::ForwardingDriver {
     give_back();
     co_return st;
   }
+  std::optional<image::MappedRead> map_read(uint64_t off, uint64_t len) override {  // the bytes are the image's
+    return inner().map_read(off, len);
+  }
 
  private:
   void give_back() {
@@ -93,6 +96,9 @@ class LiveImageDriver final : public image::ForwardingDriver {
     unregister_ = std::move(unregister);
   }
   io::HostFile* identity_file() override { return inner().identity_file(); }  // the bytes are the image's
+  std::optional<image::MappedRead> map_read(uint64_t off, uint64_t len) override {  // the bytes are the image's
+    return inner().map_read(off, len);
+  }
 
  private:
   std::unique_ptr<LiveFiles> files_;

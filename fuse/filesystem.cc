@@ -133,8 +133,21 @@ image::BlockDriver* driver_or_reply(fuse_req_t req, fuse_ino_t ino) {
 // ---- request tasks: each replies exactly once when its I/O is done ----
 
 // `buf` (len bytes) is taken while the request is dispatched (see EventLoop::read_buffer()).
+// Where the driver gives the range as one host run (image::MappedRead), the task
+// reads it itself: no driver coroutine frames between the request and the
+// host read, which at 4 KiB were most of a read's own CPU time.
 Task<void> read_task(ReplyTo to, image::BlockDriver& d, uint64_t off, size_t len, PooledBuffer buf) {
-  Status st = co_await d.read(off, std::span<std::byte>(buf.data(), len));
+  const std::span<std::byte> dst(buf.data(), len);
+  Status st;
+  if (std::optional<image::MappedRead> run = d.map_read(off, len)) {
+    const iovec one{dst.data(), dst.size()};
+    Result<size_t> n = co_await run->file->readv(run->host_offset, {&one, 1});
+    run.reset();  // its holds, now the read is done
+    if (n && *n < len) std::memset(dst.data() + *n, 0, len - *n);  // past the host file's end
+    if (!n) st = n.status();
+  } else {
+    st = co_await d.read(off, dst);
+  }
   if (!st) {
     reply_error(to, st);
     co_return;

@@ -43,6 +43,9 @@ class LiveSnapshotView final : public image::ForwardingDriver {
   LiveSnapshotView(std::unique_ptr<image::BlockDriver> view, std::shared_ptr<image::BlockDriver> parent)
       : ForwardingDriver(std::move(view)), parent_(std::move(parent)) {}
   ~LiveSnapshotView() override { drop_inner(); }  // the view before its parent
+  std::optional<image::MappedRead> map_read(uint64_t off, uint64_t len) override {  // the bytes are the image's
+    return inner().map_read(off, len);
+  }
 
  private:
   std::shared_ptr<image::BlockDriver> parent_;
@@ -192,6 +195,20 @@ Result<image::BitmapRun> LiveDriver::bitmap_run(std::string_view name, uint64_t 
   co_return co_await (*d)->call
 
 Task<Status> LiveDriver::read(uint64_t off, std::span<std::byte> buf) { QCOWFS_LIVE_CALL(read(off, buf)); }
+// Admitted as a call (EnterAwaiter) without waiting: paused, nullopt.
+std::optional<image::MappedRead> LiveDriver::map_read(uint64_t off, uint64_t len) {
+  admitted_.fetch_add(1);
+  image::BlockDriver* d = paused_.load() ? nullptr : current();
+  std::optional<image::MappedRead> run = d ? d->map_read(off, len) : std::nullopt;
+  if (run && !run->full()) {
+    run->keep(io::Hold(&LiveDriver::leave_held, this, 0));
+  } else {
+    run.reset();  // the inner driver's holds before our count
+    leave();
+  }
+  return run;
+}
+
 Task<Status> LiveDriver::write(uint64_t off, std::span<const std::byte> buf) { QCOWFS_LIVE_CALL(write(off, buf)); }
 Task<Status> LiveDriver::flush() { QCOWFS_LIVE_CALL(flush()); }
 Task<Status> LiveDriver::discard(uint64_t off, uint64_t len) { QCOWFS_LIVE_CALL(discard(off, len)); }

@@ -10,7 +10,9 @@
 // when the calls already admitted have finished. The paused owner may then
 // replace() the driver; resume() lets the queued calls in, onto the new one.
 // The synchronous getters (size(), read_only(), ...) read whichever driver is
-// current, without a lock.
+// current, without a lock. map_read() is a call of the gate too: it counts
+// itself in (or, paused, gives nullopt and the caller reads through read(),
+// which queues) and its run keeps the count until the host read is done.
 //
 // Ownership of replaced drivers: the LiveDriver holds the current driver
 // through a shared_ptr, and a snapshot view it opens (open_snapshot(), which
@@ -61,6 +63,7 @@ class LiveDriver final : public image::BlockDriver {
   bool read_only() const override;
   size_t mem_align() const override;
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
+  std::optional<image::MappedRead> map_read(uint64_t off, uint64_t len) override;
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t off, uint64_t len) override;
@@ -84,6 +87,7 @@ class LiveDriver final : public image::BlockDriver {
   struct DrainAwaiter;
   EnterAwaiter enter();
   void leave();
+  static void leave_held(void* live, uint64_t) { static_cast<LiveDriver*>(live)->leave(); }
   // The current driver for an admitted call, or why there is none.
   Result<image::BlockDriver*> admitted_driver() const;
 

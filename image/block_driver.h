@@ -12,6 +12,7 @@
 // thread; the coroutine resumes on the calling thread's Engine.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "image/json.h"
+#include "io/hold.h"
 #include "io/host_file.h"
 #include "io/status.h"
 #include "io/task.h"
@@ -92,6 +94,56 @@ struct BitmapRun {
   bool dirty = false;
 };
 
+// A read that is nothing but one host read: guest bytes [off, off + len)
+// are what file->read() gives at host_offset, with nothing left for the
+// driver to do (no decompression, zero fill, backing read or filter; the
+// file itself may decrypt, as qcow2's LUKS CryptFile), and stay so while the
+// holds are kept. Bytes past the file's end read as zeros. The caller reads
+// them with file->read() (or readv()) and drops the MappedRead once that has
+// completed, which releases the holds: in the order they were added, the
+// innermost driver's first (an outer layer's hold keeps the inner driver
+// alive). BlockDriver::map_read() gives one.
+class MappedRead {
+ public:
+  static constexpr size_t kMaxHolds = 3;
+
+  MappedRead(io::HostFile* f, uint64_t at) : file(f), host_offset(at) {}
+  MappedRead(MappedRead&& o) noexcept : file(o.file), host_offset(o.host_offset), count_(o.count_) {
+    for (size_t i = 0; i < count_; ++i) holds_[i] = std::move(o.holds_[i]);
+    o.count_ = 0;
+  }
+  MappedRead& operator=(MappedRead&& o) noexcept {
+    if (this != &o) {
+      release();
+      file = o.file;
+      host_offset = o.host_offset;
+      for (size_t i = 0; i < o.count_; ++i) holds_[i] = std::move(o.holds_[i]);
+      count_ = std::exchange(o.count_, 0);
+    }
+    return *this;
+  }
+  MappedRead(const MappedRead&) = delete;
+  MappedRead& operator=(const MappedRead&) = delete;
+  ~MappedRead() { release(); }
+  // Whether keep() can take one more hold; a layer that finds it full drops
+  // the run (releasing the inner holds) before releasing its own.
+  bool full() const { return count_ == kMaxHolds; }
+  // Keeps h until the run is dropped (!full()).
+  void keep(io::Hold h) { holds_[count_++] = std::move(h); }
+
+  io::HostFile* file;
+  uint64_t host_offset;
+
+ private:
+  void release() {
+    for (size_t i = 0; i < count_; ++i) holds_[i].release();
+    count_ = 0;
+  }
+
+  std::array<io::Hold, kMaxHolds> holds_;
+  size_t count_ = 0;
+};
+
 class BlockDriver {
  public:
   virtual ~BlockDriver() = default;
@@ -105,6 +157,13 @@ class BlockDriver {
   virtual size_t mem_align() const = 0;
 
   virtual Task<Status> read(uint64_t off, std::span<std::byte> buf) = 0;
+  // read()'s shortcut, never suspending: the one host run [off, off + len)
+  // is where the driver knows that now (its mapping in memory, no lock it
+  // would wait for; len > 0, inside the image), else nullopt and the caller
+  // reads through read(). Reading the run gives what read() would. Default:
+  // nullopt. Not forwarded by ForwardingDriver (a wrapper may change what
+  // reads do: copy-on-read); wrappers that keep the bytes forward it.
+  virtual std::optional<MappedRead> map_read(uint64_t /*off*/, uint64_t /*len*/) { return std::nullopt; }
   virtual Task<Status> write(uint64_t off, std::span<const std::byte> buf) = 0;
   // Makes all completed writes (data and metadata) durable per the cache mode.
   virtual Task<Status> flush() = 0;

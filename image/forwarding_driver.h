@@ -3,9 +3,10 @@
 // a shared image's handle, a catalogue view holding its image). A call added
 // to BlockDriver is forwarded here once, not in each wrapper.
 //
-// identity_file() is not forwarded: a wrapper may change what the bytes are
-// (copy-on-read fills the image on reads), so passthrough of the wrapped file
-// would be wrong by default; a wrapper that keeps the bytes may forward it.
+// identity_file() and map_read() are not forwarded: a wrapper may change what
+// reads do (copy-on-read fills the image on reads), so passthrough of the
+// wrapped file, or reading its host runs, would be wrong by default; a
+// wrapper that keeps the bytes forwards them.
 //
 // Thread-safety: as the wrapped driver's.
 #pragma once

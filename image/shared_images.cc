@@ -17,6 +17,9 @@ class SharedImageHandle final : public ForwardingDriver {
   bool read_only() const override { return true; }
   Task<Status> close() override { co_return Status::ok(); }
   Task<Status> idle_writeback() override { co_return Status::ok(); }
+  std::optional<MappedRead> map_read(uint64_t off, uint64_t len) override {  // the bytes are the image's
+    return inner().map_read(off, len);
+  }
 };
 
 }  // namespace

@@ -49,6 +49,15 @@ Task<Status> ExtentDriver::read(uint64_t off, std::span<std::byte> buf) {
   return read_tracked(off, buf);
 }
 
+// As read(): the ticket from before the lookup until the host read is done.
+std::optional<MappedRead> ExtentDriver::map_read(uint64_t off, uint64_t len) {
+  if (!unmaps_) return reader_.map_read(off, len);
+  InFlightIo::Ticket ticket = in_flight_.enter();
+  std::optional<MappedRead> run = reader_.map_read(off, len);
+  if (run) run->keep(std::move(ticket).into_hold());
+  return run;
+}
+
 Task<Status> ExtentDriver::read_tracked(uint64_t off, std::span<std::byte> buf) {
   InFlightIo::Ticket ticket = in_flight_.enter();
   co_return co_await reader_.read(off, buf);

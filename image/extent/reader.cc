@@ -96,6 +96,27 @@ Task<Status> ExtentReader::read(uint64_t off, std::span<std::byte> buf) {
   co_return co_await io::when_all(std::move(tasks));
 }
 
+std::optional<MappedRead> ExtentReader::map_read(uint64_t off, uint64_t len) {
+  if (filter_ != nullptr) return std::nullopt;
+  const uint64_t end = off + len;
+  io::HostFile* file = nullptr;
+  uint64_t start = 0;
+  for (uint64_t guest = off; guest < end;) {
+    auto found = map_.try_map(guest, end - guest);
+    if (!found || !*found) return std::nullopt;  // errors and misses: read() reports or loads
+    const Extent& e = **found;
+    if (e.kind != ExtentKind::data || e.length == 0 || e.length > end - guest) return std::nullopt;
+    if (guest == off) {
+      file = e.file;
+      start = e.host_offset;
+    } else if (e.file != file || e.host_offset != start + (guest - off)) {
+      return std::nullopt;
+    }
+    guest += e.length;
+  }
+  return MappedRead(file, start);
+}
+
 // Extent e at guest, read into dst: zeros filled at once, the rest added to
 // out, coalesced with the last sub-read where it continues it (backing reads
 // guest-contiguous, host reads also host-contiguous in one file).

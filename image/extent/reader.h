@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,6 +61,11 @@ class ExtentReader {
 
   // Guest bytes [off, off + buf.size()), inside the image.
   Task<Status> read(uint64_t off, std::span<std::byte> buf);
+  // read()'s one-host-read case, never suspending (BlockDriver::map_read):
+  // [off, off + len) maps, from what try_map() finds in memory, to data
+  // extents of one file that continue each other, and there is no filter.
+  // No holds: the caller adds what keeps the mapping valid.
+  std::optional<MappedRead> map_read(uint64_t off, uint64_t len);
   // The map's extent at guest, checked: between 1 and len bytes long.
   Task<Result<Extent>> extent_at(uint64_t guest, uint64_t len);
   // The status of [off, off + len) from off on (len > 0, inside the image), as

@@ -46,6 +46,7 @@ class Qcow2Driver final : public BlockDriver {
   size_t mem_align() const override { return image_->data_file->mem_align(); }
 
   Task<Status> read(uint64_t guest, std::span<std::byte> buf) override;
+  std::optional<MappedRead> map_read(uint64_t guest, uint64_t len) override { return read_path_.map_read(guest, len); }
   Task<Status> write(uint64_t guest, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t guest, uint64_t len) override;

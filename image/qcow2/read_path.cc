@@ -183,6 +183,17 @@ Task<Status> ReadPath::read(GuestOffset guest, std::span<std::byte> buf) {
   return read_locked(guest, buf);
 }
 
+std::optional<MappedRead> ReadPath::map_read(GuestOffset guest, uint64_t len) {
+  if (!lock_reads_) return reader_.map_read(guest, len);
+  const uint64_t cs = img_.geometry.cluster_size();
+  io::RangeLock::Guard range =
+      ranges_.try_lock(align_down(guest, cs), align_up(guest + len, cs), io::RangeLock::Mode::shared);
+  // Not owned: a writer changes a mapping here, and read() waits for it.
+  std::optional<MappedRead> run = range.owns() ? reader_.map_read(guest, len) : std::nullopt;
+  if (run) run->keep(std::move(range).into_hold());
+  return run;
+}
+
 Task<Status> ReadPath::read_locked(GuestOffset guest, std::span<std::byte> buf) {
   const uint64_t cs = img_.geometry.cluster_size();
   auto range = co_await ranges_.lock(align_down(guest, cs), align_up(guest + buf.size(), cs),

@@ -100,6 +100,9 @@ class ReadPath {
 
   // Legacy AES: whole sectors only (Qcow2Driver::read aligns the request).
   Task<Status> read(GuestOffset guest, std::span<std::byte> buf);
+  // read()'s one-host-read case (BlockDriver::map_read), holding the range
+  // shared as read() does when it can take it at once.
+  std::optional<MappedRead> map_read(GuestOffset guest, uint64_t len);
   // read() without the range lock: the caller holds it (copy-on-write source).
   Task<Status> read_unlocked(GuestOffset guest, std::span<std::byte> buf) { return reader_.read(guest, buf); }
   // [guest, guest + len) inside the view, len > 0 (ExtentReader::block_status).

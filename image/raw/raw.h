@@ -31,6 +31,7 @@ class RawDriver final : public BlockDriver {
   size_t mem_align() const override { return file_->mem_align(); }
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
+  std::optional<MappedRead> map_read(uint64_t off, uint64_t) override { return MappedRead(file_, offset_ + off); }
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t off, uint64_t len) override;

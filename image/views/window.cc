@@ -18,6 +18,11 @@ Task<Status> WindowDriver::read(uint64_t off, std::span<std::byte> buf) {
   co_return co_await parent_->read(offset_ + off, buf);
 }
 
+std::optional<MappedRead> WindowDriver::map_read(uint64_t off, uint64_t len) {
+  if (!check_range(off, len)) return std::nullopt;  // read() reports it
+  return parent_->map_read(offset_ + off, len);
+}
+
 Task<Status> WindowDriver::write(uint64_t off, std::span<const std::byte> buf) {
   QCOWFS_CO_TRY(check_range(off, buf.size()));
   co_return co_await parent_->write(offset_ + off, buf);

@@ -21,6 +21,7 @@ class WindowDriver final : public BlockDriver {
   size_t mem_align() const override { return parent_->mem_align(); }
 
   Task<Status> read(uint64_t off, std::span<std::byte> buf) override;
+  std::optional<MappedRead> map_read(uint64_t off, uint64_t len) override;
   Task<Status> write(uint64_t off, std::span<const std::byte> buf) override;
   Task<Status> flush() override;
   Task<Status> discard(uint64_t off, uint64_t len) override;

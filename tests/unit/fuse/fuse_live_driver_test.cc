@@ -2,10 +2,14 @@
 // admitted, calls made while paused wait (they neither fail nor reach the
 // driver) and run on the driver put in place when resume() lets them in; a
 // failed reopen (no driver) fails calls with its reason; a replaced driver is
-// destroyed once its calls have drained (and no snapshot view holds it).
+// destroyed once its calls have drained (and no snapshot view holds it); a
+// mapped read (map_read) is a call of the gate: its run keeps the count until
+// dropped, and a paused gate gives none.
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "fuse/live_driver.h"
 #include "image/forwarding_driver.h"
@@ -31,7 +35,17 @@ class HeldDriver final : public image::ForwardingDriver {
     co_return Status::ok();
   }
 
+  // A run at host offset off + 7 whose one hold logs 'i' when released.
+  std::optional<image::MappedRead> map_read(uint64_t off, uint64_t) override {
+    ++mapped;
+    image::MappedRead run(nullptr, off + 7);
+    run.keep(io::Hold([](void* log, uint64_t) { static_cast<std::string*>(log)->push_back('i'); }, &released, 0));
+    return run;
+  }
+
   bool hold = false;
+  int mapped = 0;
+  std::string released;  // 'i' per inner hold released
   bool* destroyed = nullptr;  // set on destruction
   io::AsyncEvent gate;
   int started = 0;
@@ -180,6 +194,59 @@ TEST_F(LiveDriverTest, NoDriverAfterAFailedReopenFailsCallsWithItsReason) {
   EXPECT_EQ(st.code(), EIO);
   EXPECT_EQ(st.message(), "reopening x: gone");
   EXPECT_TRUE(live_->read_only());
+}
+
+}  // namespace
+}  // namespace qcowfs::fuse
+
+namespace qcowfs::fuse {
+namespace {
+
+TEST_F(LiveDriverTest, AMappedReadHoldsTheGateUntilDroppedAndNoneIsGivenWhilePaused) {
+  std::optional<image::MappedRead> run = live_->map_read(4096, 512);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(run->host_offset, 4096u + 7);
+  EXPECT_EQ(first_->mapped, 1);
+  bool paused = false;
+  pause(&paused);
+  settle();
+  EXPECT_FALSE(paused);  // the run's read is still admitted
+  EXPECT_FALSE(live_->map_read(0, 512).has_value());  // closed gate: read() queues instead
+  EXPECT_EQ(first_->mapped, 1);                       // not asked
+  run.reset();
+  EXPECT_EQ(first_->released, "i");
+  settle();
+  EXPECT_TRUE(paused);
+  live_->resume();
+  EXPECT_TRUE(live_->map_read(0, 512).has_value());  // open again
+}
+
+TEST_F(LiveDriverTest, AMappedReadWithNoRoomForTheGateHoldIsRefused) {
+  class FullDriver final : public image::ForwardingDriver {
+   public:
+    FullDriver() : ForwardingDriver(std::make_shared<fakes::FakeDriver>(1 << 20, false)) {}
+    std::optional<image::MappedRead> map_read(uint64_t, uint64_t) override {
+      image::MappedRead run(nullptr, 0);
+      for (size_t i = 0; i < image::MappedRead::kMaxHolds; ++i)
+        run.keep(io::Hold([](void* n, uint64_t) { ++*static_cast<int*>(n); }, &released, 0));
+      return run;
+    }
+    int released = 0;
+  };
+  auto full = std::make_unique<FullDriver>();
+  FullDriver* inner = full.get();
+  LiveDriver live(std::move(full));
+  EXPECT_FALSE(live.map_read(0, 512).has_value());
+  EXPECT_EQ(inner->released, static_cast<int>(image::MappedRead::kMaxHolds));
+  bool paused = false;
+  auto t = [](LiveDriver& d, bool* dn) -> Task<void> {
+    co_await d.pause();
+    *dn = true;
+  };
+  spawn(t(live, &paused));
+  settle();
+  EXPECT_TRUE(paused);  // the refused run left the gate
+  live.resume();
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // The qcow2 driver over real images made with qemu-img/qemu-io in /var/tmp:
-// every byte read through the driver must equal `qemu-img convert -O raw`.
+// every byte read through the driver must equal `qemu-img convert -O raw`,
+// through read() and as a mount reads (mapped reads where the driver gives
+// them).
 // Also: snapshots (vs `qemu-img convert -l`), backing chains, loops, external
 // data files, block status, corrupt metadata and a tiny L2 cache under
 // concurrent readers.
@@ -20,6 +22,7 @@
 #include "io/engine.h"
 #include "io/run_sync.h"
 #include "io/when_all.h"
+#include "unit/image/mapped_read_util.h"
 #include "unit/io/io_test_util.h"
 
 namespace qcowfs::image {
@@ -86,6 +89,13 @@ class Qcow2Image : public ::testing::Test {
       ASSERT_TRUE(got.is_ok()) << got.status().to_string();
       ASSERT_TRUE(*got == ref) << name << " differs from qemu-img convert with " << chunk << "-byte reads";
     }
+    mapped_ = 0;
+    for (size_t chunk : {size_t{65536}, size_t{4096}, size_t{12345}}) {
+      if (chunk < 65536 && ref.size() > (64u << 20)) continue;
+      auto got = io::run_sync(*engine_, testing::read_all_as_mounted(**d, chunk, &mapped_));
+      ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+      ASSERT_TRUE(*got == ref) << name << " differs from qemu-img convert with " << chunk << "-byte reads as mounted";
+    }
   }
 
   // Writes a mix of patterns, partial clusters, zeroes and unmapped zeroes.
@@ -97,6 +107,7 @@ class Qcow2Image : public ::testing::Test {
 
   fs::path dir_;
   std::unique_ptr<io::Engine> engine_;
+  size_t mapped_ = 0;  // mapped reads in expect_same_as_qemu()'s last image
 };
 
 TEST_F(Qcow2Image, ClusterSizesMatchQemu) {
@@ -105,6 +116,7 @@ TEST_F(Qcow2Image, ClusterSizesMatchQemu) {
     sh(std::string("qemu-img create -q -f qcow2 -o cluster_size=") + cs + " " + name + " 12M");
     scribble(name);
     expect_same_as_qemu(name);
+    EXPECT_GT(mapped_, 0u) << name;  // its data clusters are read as host runs
   }
 }
 
@@ -128,7 +140,10 @@ TEST_F(Qcow2Image, CompressedZlibAndZstdMatchQemu) {
   sh("qemu-img convert -c -O qcow2 -o compression_type=zstd src.raw zstd.qcow2");
   sh("qemu-img convert -c -O qcow2 -o cluster_size=2M src.raw big.qcow2");
   sh("qemu-img convert -c -O qcow2 -o cluster_size=4k,compression_type=zstd src.raw small.qcow2");
-  for (const char* n : {"zlib.qcow2", "zstd.qcow2", "big.qcow2", "small.qcow2"}) expect_same_as_qemu(n);
+  for (const char* n : {"zlib.qcow2", "zstd.qcow2", "big.qcow2", "small.qcow2"}) {
+    expect_same_as_qemu(n);
+    EXPECT_EQ(mapped_, 0u) << n;  // compressed, zero or unallocated: nothing is one plain host read
+  }
 }
 
 TEST_F(Qcow2Image, ExtendedL2SubclustersMatchQemu) {
@@ -306,6 +321,68 @@ TEST_F(Qcow2Image, WritableOpenWorksAndRefusesCorruptImages) {
   EXPECT_EQ(c.status().code(), EROFS);
   EXPECT_NE(c.status().message().find("corrupt"), std::string::npos) << c.status().message();
   EXPECT_TRUE(open("w.qcow2").is_ok()) << "still readable";
+}
+
+// A mapped read is given only from metadata in memory and only for plain
+// data of the image itself, and names the host bytes block_status names.
+TEST_F(Qcow2Image, AMappedReadIsGivenOnlyForCachedPlainData) {
+  sh("qemu-img create -q -f qcow2 base.qcow2 4M");
+  sh("qemu-io -f qcow2 -c 'write -P 0x61 3m 1m' base.qcow2");
+  sh("qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 m.qcow2 4M");
+  sh("qemu-io -f qcow2 -c 'write -P 0x62 0 1m' -c 'write -z 1m 64k' m.qcow2");
+  auto d = open("m.qcow2");
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_FALSE((*d)->map_read(0, 4096).has_value());  // its L2 slice is not loaded yet
+  std::vector<std::byte> buf(4096);
+  ASSERT_TRUE(io::run_sync(*engine_, (*d)->read(0, buf)));
+  auto run = (*d)->map_read(8192, 4096);
+  ASSERT_TRUE(run.has_value());
+  auto st = io::run_sync(*engine_, (*d)->block_status(8192, 4096));
+  ASSERT_TRUE(st.is_ok());
+  EXPECT_EQ(run->file, st->file);
+  EXPECT_EQ(run->host_offset, st->host_offset);
+  run.reset();
+  EXPECT_TRUE((*d)->map_read(0, 1 << 20).has_value());        // qemu-io's 1 MiB write: one host run
+  EXPECT_FALSE((*d)->map_read(1 << 20, 4096).has_value());    // zero cluster
+  EXPECT_FALSE((*d)->map_read((1 << 20) - 4096, 8192).has_value());  // data, then zeros
+  EXPECT_FALSE((*d)->map_read(3 << 20, 4096).has_value());    // the backing file's
+}
+
+// On a writable image a mapped read holds its clusters shared, as read()
+// does: a discard (which changes their mapping) waits until the run is
+// dropped.
+TEST_F(Qcow2Image, AMappedReadHoldsItsClustersAgainstMappingChanges) {
+  sh("qemu-img create -q -f qcow2 w.qcow2 4M");
+  sh("qemu-io -f qcow2 -c 'write -P 0x5a 0 4m' w.qcow2");
+  ImageOptions opts;
+  opts.file.writable = true;
+  auto d = open("w.qcow2", opts);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  BlockDriver& drv = **d;
+  std::vector<std::byte> buf(4096);
+  ASSERT_TRUE(io::run_sync(*engine_, drv.read(0, buf)));
+  io::ScopedEngine scope(engine_.get());
+  auto settle = [&] {
+    for (int i = 0; i < 50; ++i) engine_->run_once(0);
+  };
+  auto run = drv.map_read(65536, 4096);
+  ASSERT_TRUE(run.has_value());
+  bool discarded = false;
+  Status discard_st;
+  auto discard = [](BlockDriver& dr, Status* st, bool* done) -> Task<void> {
+    *st = co_await dr.discard(65536, 65536);
+    *done = true;
+  };
+  spawn(discard(drv, &discard_st, &discarded));
+  settle();
+  EXPECT_FALSE(discarded);  // waits for the run's shared hold
+  EXPECT_TRUE(drv.map_read(0, 4096).has_value());  // other clusters still map
+  run.reset();
+  for (int i = 0; i < 2000 && !discarded; ++i) engine_->run_once(1);
+  ASSERT_TRUE(discarded);
+  EXPECT_TRUE(discard_st) << discard_st.to_string();
+  EXPECT_FALSE(drv.map_read(65536, 4096).has_value());  // discarded: no longer data
+  ASSERT_TRUE(io::run_sync(*engine_, drv.close()));
 }
 
 // Finds the host offset of the L2 table covering guest offset 0.
