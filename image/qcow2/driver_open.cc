@@ -1,6 +1,7 @@
 // Opening a qcow2 image: header, L1 table, snapshot table, external data
 // file, backing chain and caches, then the writer for a writable image.
 #include <algorithm>
+#include <bit>
 
 #include "image/backing.h"
 #include "image/endian.h"
@@ -112,6 +113,7 @@ Task<Status> open_backing(Qcow2Image& img, const ImageOptions& opts) {
 
 void setup_caches(Qcow2Image& img, const ImageOptions& opts) {
   const Header& h = img.header;
+  static_assert(std::has_single_bit(TableCache::kDefaultSliceSize));  // Qcow2Image::l2_slice_entries()
   size_t slice = static_cast<size_t>(std::min<uint64_t>(TableCache::kDefaultSliceSize, h.cluster_size()));
   uint64_t whole_disk = h.l1_entries_for(h.size) * h.cluster_size();
   uint64_t bytes = opts.table_cache_size != 0 ? opts.table_cache_size : TableCache::default_size(whole_disk, slice);

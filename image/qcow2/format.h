@@ -200,6 +200,9 @@ inline constexpr uint64_t kL2OffsetMask = 0x00fffffffffffe00ull;   // bits 9-55
 inline constexpr uint64_t kL2StandardReservedMask = 0x3f000000000001feull;
 inline constexpr size_t kL2EntrySize = 8;
 inline constexpr size_t kExtendedL2EntrySize = 16;
+inline constexpr uint32_t kL2EntryBits = 3;          // log2(kL2EntrySize)
+inline constexpr uint32_t kExtendedL2EntryBits = 4;  // log2(kExtendedL2EntrySize)
+static_assert(kL2EntrySize == size_t{1} << kL2EntryBits && kExtendedL2EntrySize == size_t{1} << kExtendedL2EntryBits);
 inline constexpr size_t kExtendedL2BitmapOffset = 8;  // the u64 subcluster bitmap after the entry
 inline constexpr uint32_t kSubclustersPerCluster = 32;
 inline constexpr uint64_t kSubclusterAllocMask = 0x00000000ffffffffull;  // bitmap bits 0-31

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -78,7 +79,11 @@ struct Qcow2Image {
   enum class PreallocGuess : uint8_t { unknown, no, yes };
   std::atomic<PreallocGuess> metadata_prealloc{PreallocGuess::unknown};
 
-  size_t l2_slice_entries() const { return l2_cache->slice_size() / geometry.l2_entry_size(); }
+  // L2 entries per cached slice: a power of two (the slice size is one, at
+  // least a standard entry: setup_caches()), computed as a shift.
+  size_t l2_slice_entries() const {
+    return size_t{1} << (std::countr_zero(l2_cache->slice_size()) - geometry.l2_entry_bits());
+  }
   // Marks the image corrupt (image/qcow2/corruption.h) and returns the EIO
   // Status for the request that found `what`.
   Task<Status> signal_corruption(std::string what) {

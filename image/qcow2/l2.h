@@ -37,8 +37,11 @@ struct Geometry {
 
   uint64_t cluster_size() const { return uint64_t{1} << cluster_bits; }
   uint64_t subcluster_size() const { return extended_l2 ? cluster_size() / kSubclustersPerCluster : cluster_size(); }
-  size_t l2_entry_size() const { return extended_l2 ? kExtendedL2EntrySize : kL2EntrySize; }
-  uint64_t l2_entries() const { return cluster_size() / l2_entry_size(); }
+  size_t l2_entry_size() const { return size_t{1} << l2_entry_bits(); }
+  uint32_t l2_entry_bits() const { return extended_l2 ? kExtendedL2EntryBits : kL2EntryBits; }
+  // A power of two, as a shift: divisions and remainders by it compile to
+  // shifts and masks (the read path computes several per request).
+  uint64_t l2_entries() const { return uint64_t{1} << (cluster_bits - l2_entry_bits()); }
 };
 
 // The geometry of an image with this header whose file is image_file_size bytes.
