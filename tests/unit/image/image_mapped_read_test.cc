@@ -5,10 +5,6 @@
 // one, else read()), gives qemu-img convert's bytes, read-only and writable,
 // with its plain data clusters read as runs.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -19,12 +15,12 @@
 #include "io/mem_file.h"
 #include "io/run_sync.h"
 #include "unit/image/mapped_read_util.h"
+#include "unit/image/qemu_dir_test.h"
 #include "unit/io/io_test_util.h"
 
 namespace qcowfs::image {
 namespace {
 
-namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 
 io::Hold logging_hold(std::string* log, char c) {
@@ -75,21 +71,9 @@ TEST(MappedRead, RawImagesAndWindowsMapOneToOne) {
   EXPECT_FALSE(window.map_read(61440, 8192).has_value());  // past the window's end: read() refuses it
 }
 
-class MappedFormats : public ::testing::Test {
+class MappedFormats : public testing::QemuDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path("/var/tmp") / ("qcowfs_mapped_read_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    auto e = io::make_engine(io::EngineKind::automatic);
-    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-    engine_ = std::move(*e);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void sh(const std::string& cmd) {
-    std::string full = "cd '" + dir_.string() + "' && { " + cmd + "; } >/dev/null";
-    ASSERT_EQ(std::system(full.c_str()), 0) << full;
-  }
+  MappedFormats() : QemuDirTest("qcowfs_mapped_read_test_") {}
 
   // Data, a partial cluster, zeros and a hole; then every byte as mounted,
   // twice (the first pass loads the tables), against qemu-img convert.
@@ -118,9 +102,6 @@ class MappedFormats : public ::testing::Test {
       ASSERT_TRUE(io::run_sync(*engine_, (*d)->close()));
     }
   }
-
-  fs::path dir_;
-  std::unique_ptr<io::Engine> engine_;
 };
 
 TEST_F(MappedFormats, EveryTableFormatReadsAsQemuThroughRuns) {

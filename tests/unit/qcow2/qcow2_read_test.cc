@@ -23,6 +23,7 @@
 #include "io/run_sync.h"
 #include "io/when_all.h"
 #include "unit/image/mapped_read_util.h"
+#include "unit/image/qemu_dir_test.h"
 #include "unit/io/io_test_util.h"
 
 namespace qcowfs::image {
@@ -31,24 +32,9 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 
-class Qcow2Image : public ::testing::Test {
+class Qcow2Image : public testing::QemuDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path("/var/tmp") / ("qcowfs_qcow2_image_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    auto e = io::make_engine(io::EngineKind::automatic);
-    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-    engine_ = std::move(*e);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  // Runs a shell command in the test directory; fails the test on error.
-  void sh(const std::string& cmd) {
-    std::string full = "cd '" + dir_.string() + "' && { " + cmd + "; } >/dev/null";
-    ASSERT_EQ(std::system(full.c_str()), 0) << full;
-  }
+  Qcow2Image() : QemuDirTest("qcowfs_qcow2_image_test_") {}
 
   static Bytes slurp(const std::string& p) { return io::testing::read_file(p); }
 
@@ -105,8 +91,6 @@ class Qcow2Image : public ::testing::Test {
        "-c 'write -P 0x44 5m 1m' -c 'write -P 0x55 9m 512' " + name);
   }
 
-  fs::path dir_;
-  std::unique_ptr<io::Engine> engine_;
   size_t mapped_ = 0;  // mapped reads in expect_same_as_qemu()'s last image
 };
 
