@@ -82,7 +82,8 @@ struct Qcow2Image {
   // L2 entries per cached slice: a power of two (the slice size is one, at
   // least a standard entry: setup_caches()), computed as a shift.
   size_t l2_slice_entries() const {
-    return size_t{1} << (std::countr_zero(l2_cache->slice_size()) - geometry.l2_entry_bits());
+    const auto slice_bits = static_cast<uint32_t>(std::countr_zero(l2_cache->slice_size()));
+    return size_t{1} << (slice_bits - geometry.l2_entry_bits());
   }
   // Marks the image corrupt (image/qcow2/corruption.h) and returns the EIO
   // Status for the request that found `what`.
