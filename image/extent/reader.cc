@@ -105,7 +105,7 @@ std::optional<MappedRead> ExtentReader::map_read(uint64_t off, uint64_t len) {
     auto found = map_.try_map(guest, end - guest);
     if (!found || !*found) return std::nullopt;  // errors and misses: read() reports or loads
     const Extent& e = **found;
-    if (e.kind != ExtentKind::data || e.length == 0 || e.length > end - guest) return std::nullopt;
+    if (e.kind != ExtentKind::data || !check(e, guest, end - guest)) return std::nullopt;  // read() reports it
     if (guest == off) {
       file = e.file;
       start = e.host_offset;
