@@ -45,8 +45,11 @@
 # same ones: a run may slow the disk for the next). The shared disk here drifts by up to 2x
 # within minutes, so each ratio is taken within a round and the table shows the median over
 # rounds (values: medians).
+# QSD=none leaves qemu-storage-daemon out (its columns "-"), e.g. for a BEFORE comparison.
 # Env: ROUNDS (default 3), RUNTIME (s per job, default 5), SETS (default "raw qcow2-full
 # qcow2-empty"; JOBS: only these of each set's jobs; qcow2-full-ro is qcow2-full's read-only jobs, the reference of the FMT-full sets), OUT (table file), RAW_OUT (every measurement, one per line).
+# WORK: the directory the images are made in (default /var/tmp; WORK=/dev/shm puts them in
+# memory: no disk drift, only the CPU's work is measured, what a BEFORE comparison of code needs).
 # BEFORE=OLD_BINARY compares two builds instead: in each round the raw host file, qsd, OLD_BINARY
 # ("before") and BINARY ("after") run each job back to back, both over /dev/fuse, and the table
 # shows after / before beside the round-to-round spread of the raw host file (the run's noise).
@@ -68,9 +71,10 @@ if [ "$floor" != none ]; then
   floor_systems=floor
   [ -w "$uring_param" ] && floor_systems="floor floor-ring"
 fi
-systems="raw-host qsd $floor_systems qcowfs qcowfs-ring"
-[ -n "$before" ] && systems="raw-host qsd before after"
-work=$(mktemp -d /var/tmp/qcowfs-bench.XXXXXX)
+qsd=qsd; [ "${QSD:-}" = none ] && qsd=
+systems="raw-host $qsd $floor_systems qcowfs qcowfs-ring"
+[ -n "$before" ] && systems="raw-host $qsd before after"
+work=$(mktemp -d "${WORK:-/var/tmp}/qcowfs-bench.XXXXXX")
 results=${RAW_OUT:-$work/results.txt}
 cleanup() {
   for m in "$work"/*.mnt; do [ -e "$m" ] && fusermount3 -u "$m" 2>/dev/null; done
@@ -225,7 +229,7 @@ for round in $(seq "$rounds"); do
     set_systems=$systems
     case $set in
       qcow2-*|raw|raw-lat) ;;
-      *-rw|*-empty) [ -z "$before" ] && set_systems="raw-host qsd qcow2-ref qcowfs qcowfs-ring" ;;
+      *-rw|*-empty) [ -z "$before" ] && set_systems="raw-host $qsd qcow2-ref qcowfs qcowfs-ring" ;;
       *) [ -n "$floor_systems" ] && set_systems=${systems/$floor_systems /} ;;  # the format sets: no floor
     esac
     for job in $jobs; do
@@ -281,7 +285,8 @@ def lat_table(systems):
         for k in systems:
             mean = med([v[k][1] for v in rounds.values() if v.get(k)])
             p99 = med([v[k][2] for v in rounds.values() if v.get(k)])
-            cells.append("failed" if mean is None else f"{mean:.0f} / {p99:.0f}")
+            measured = any(k in v for v in rounds.values())
+            cells.append(("failed" if measured else "-") if mean is None else f"{mean:.0f} / {p99:.0f}")
         for k in systems[2:]:
             r1 = med([v[k][1] / v["raw-host"][1] for v in rounds.values() if v.get(k) and v.get("raw-host")])
             r2 = med([v[k][0] / v["qsd"][0] for v in rounds.values() if v.get(k) and v.get("qsd")])
@@ -300,7 +305,7 @@ if sys.argv[3:] == ["compare"]:
     print("|---|---|---|---|---|---|---|---|---|")
     for (s, job), rounds in runs.items():
         m = {k: med([v.get(k) for v in rounds.values()]) for k in ("raw-host", "qsd", "before", "after")}
-        print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {fmt(m['before'], job)} "
+        print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {cell(rounds, 'qsd', job)} | {fmt(m['before'], job)} "
               f"| {fmt(m['after'], job)} | {ratio(rounds, 'after', 'before')} | {per_round(rounds)} "
               f"| {spread([v.get('raw-host') for v in rounds.values()])} |")
     sys.exit(0)
@@ -326,7 +331,7 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for (s, job), rounds in runs.items():
     m = {k: med([v.get(k) for v in rounds.values()])
          for k in ("raw-host", "qsd", "floor", "qcowfs", "floor-ring", "qcowfs-ring")}
-    print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {fmt(m['qsd'], job)} | {cell(rounds, 'floor', job)} "
+    print(f"| {s} | {job} | {fmt(m['raw-host'], job)} | {cell(rounds, 'qsd', job)} | {cell(rounds, 'floor', job)} "
           f"| {fmt(m['qcowfs'], job)} | {ratio(rounds, 'qcowfs', 'raw-host')} | {ratio(rounds, 'qcowfs', 'floor')} "
           f"| {ratio(rounds, 'qcowfs', 'qsd')} | {cell(rounds, 'floor-ring', job)} "
           f"| {fmt(m['qcowfs-ring'], job)} | {ratio(rounds, 'qcowfs-ring', 'raw-host')} "
@@ -364,7 +369,7 @@ if writers:
                      if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
         name = s.removesuffix("-rw").removesuffix("-empty")
         print(f"| {name} | {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
-              f"| {'-' if r is None else f'{r:.2f}x'} | {fmt(med([v.get('qsd') for v in rounds.values()]), job)} "
+              f"| {'-' if r is None else f'{r:.2f}x'} | {cell(rounds, 'qsd', job)} "
               f"| {ratio(rounds, 'qcowfs', 'qsd')} | {ratio(rounds, 'qcowfs', 'raw-host')} |")
 # The encrypted qcow2 beside the same image unencrypted (qcow2-full), ratios within a round.
 plain = {job: rounds for (s, job), rounds in runs.items() if s == "qcow2-full"}
@@ -378,6 +383,6 @@ if enc:
         r = med([v["qcowfs"] / q[k]["qcowfs"] for k, v in rounds.items()
                  if v.get("qcowfs") and q.get(k, {}).get("qcowfs")])
         print(f"| {job} | {fmt(med([v.get('qcowfs') for v in rounds.values()]), job)} "
-              f"| {'-' if r is None else f'{r:.2f}x'} | {fmt(med([v.get('qsd') for v in rounds.values()]), job)} "
+              f"| {'-' if r is None else f'{r:.2f}x'} | {cell(rounds, 'qsd', job)} "
               f"| {ratio(rounds, 'qcowfs', 'qsd')} |")
 PY
