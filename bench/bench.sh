@@ -74,7 +74,8 @@ fi
 qsd=qsd; [ "${QSD:-}" = none ] && qsd=
 systems="raw-host $qsd $floor_systems qcowfs qcowfs-ring"
 [ -n "$before" ] && systems="raw-host $qsd before after"
-work=$(mktemp -d "${WORK:-/var/tmp}/qcowfs-bench.XXXXXX")
+work=$(mktemp -d "${WORK:-/var/tmp}/qcowfs-bench.XXXXXX") ||
+  { echo "cannot make a directory in ${WORK:-/var/tmp} (WORK= names an existing, writable one)" >&2; exit 1; }
 results=${RAW_OUT:-$work/results.txt}
 cleanup() {
   for m in "$work"/*.mnt; do [ -e "$m" ] && fusermount3 -u "$m" 2>/dev/null; done
