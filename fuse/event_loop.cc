@@ -28,7 +28,19 @@ constexpr size_t kIdleRequestBuffers = 16;
 }  // namespace
 
 ReaderGroup::ReaderGroup(size_t loops)
-    : loops_(std::make_unique<std::atomic<EventLoop*>[]>(loops)), count_(loops) {}
+    : loops_(std::make_unique<std::atomic<EventLoop*>[]>(loops)),
+      count_(loops),
+      request_pool_(kRequestBufferSize, kPayloadAlign, kIdleRequestBuffers * std::max<size_t>(loops, 1)) {}
+
+io::AlignedBuffer ReaderGroup::take_request_buffer() {
+  std::lock_guard lk(pool_mu_);
+  return request_pool_.take();
+}
+
+void ReaderGroup::give_request_buffer(io::AlignedBuffer buf) {
+  std::lock_guard lk(pool_mu_);
+  request_pool_.give(std::move(buf));
+}
 
 void ReaderGroup::set_loop(size_t index, EventLoop* loop) {
   if (index < count_) loops_[index].store(loop);
@@ -160,7 +172,8 @@ void EventLoop::thread_main(std::promise<Status>* started) {
 }
 
 void EventLoop::serve(io::Engine& engine) {
-  const size_t readers = engine.submits_inline() ? kReadChains : 1;
+  const bool helper = cfg_.readers && cfg_.reader_index > 0;
+  const size_t readers = !engine.submits_inline() ? 1 : helper ? kLargeIoChains : kReadChains;
   reader_waits_.assign(readers, nullptr);
   size_t readers_left = readers;
   for (size_t i = 0; i < readers; ++i) {
@@ -371,11 +384,13 @@ Task<void> EventLoop::chain_reader(size_t index) {
     // A helper's chain does not wait while the group is quiet, even after a
     // request: exclusive waiters are woken in the order they were armed, so
     // a helper's long-armed chains would take every other request from loop 0.
-    if (may_sleep()) {
+    // Nor do the chains past kLargeIoChains while large WRITEs keep buffers.
+    if (may_sleep() || chain_rests(index, kept_request_buffers_, armed_chains_)) {
+      if (buf.data()) give_request_buffer(std::move(buf));  // another chain may use it meanwhile
       co_await SleepAwaiter{*this};
       continue;
     }
-    if (!buf.data()) buf = request_pool_.take();
+    if (!buf.data()) buf = take_request_buffer();
     io::IoRequest rq;
     rq.op = io::IoRequest::Op::read_ready;
     rq.fd = cfg_.fuse_fd;
@@ -384,7 +399,9 @@ Task<void> EventLoop::chain_reader(size_t index) {
     rq.poll_exclusive = chain_exclusive(index);
     io::IoAwaiter waiting = io::async(std::move(rq));
     reader_waits_[index] = &waiting.req;
+    ++armed_chains_;
     const int64_t r = co_await waiting;
+    --armed_chains_;
     reader_waits_[index] = nullptr;
     if (r == -ECANCELED || r == -EAGAIN || r == -EINTR || r == -ENOENT) continue;  // ENOENT: interrupted meanwhile
     if (r == -EINVAL && exclusive_polls_ && rq.poll_exclusive) {
@@ -435,7 +452,7 @@ void EventLoop::process_current(size_t n) {
 std::optional<int> EventLoop::drain() {
   int read = 0;
   for (int i = 0; i < kReadBatch && !stop_requested(); ++i) {
-    if (!current_.data()) current_ = request_pool_.take();
+    if (!current_.data()) current_ = take_request_buffer();
     ssize_t n = ::read(cfg_.fuse_fd, request_read_start(current_), request_read_capacity(current_));
     if (n < 0) {
       int err = errno;
@@ -475,7 +492,10 @@ void EventLoop::spawn_request(Task<void> t, uint64_t bytes) {
 
 PooledBuffer EventLoop::hold_write_payload(std::span<const std::byte>& payload) {
   if (ring_ && !ring_->dispatching_payload().empty()) return PooledBuffer();
-  if (payload.size() > kCopyWriteMax) return PooledBuffer(this, std::move(current_));
+  if (payload.size() > kCopyWriteMax) {
+    if (current_.data()) ++kept_request_buffers_;  // until return_kept()
+    return PooledBuffer(this, std::move(current_), true);
+  }
   io::AlignedBuffer copy = read_pool_.take(payload.size());
   std::memcpy(copy.data(), payload.data(), payload.size());
   payload = std::span<const std::byte>(copy.data(), payload.size());
@@ -491,12 +511,43 @@ PooledBuffer EventLoop::read_buffer(size_t size) {
 }
 
 PooledBuffer::~PooledBuffer() {
-  if (loop_ && buf_.data()) loop_->recycle(std::move(buf_));
+  if (!loop_ || !buf_.data()) return;
+  if (kept_request_) {
+    loop_->return_kept(std::move(buf_));
+  } else {
+    loop_->recycle(std::move(buf_));
+  }
+}
+
+io::AlignedBuffer EventLoop::take_request_buffer() {
+  return cfg_.readers ? cfg_.readers->take_request_buffer() : request_pool_.take();
+}
+
+void EventLoop::give_request_buffer(io::AlignedBuffer buf) {
+  if (cfg_.readers) {
+    cfg_.readers->give_request_buffer(std::move(buf));
+  } else {
+    request_pool_.give(std::move(buf));
+  }
+}
+
+void EventLoop::return_kept(io::AlignedBuffer buf) {
+  give_request_buffer(std::move(buf));
+  --kept_request_buffers_;
+  // Resumed from the engine, not from inside the request finishing here.
+  io::Engine* engine = io::Engine::current();
+  if (engine && !sleeping_readers_.empty() && !chains_wake_posted_) {
+    chains_wake_posted_ = true;
+    engine->post([this] {
+      chains_wake_posted_ = false;
+      resume_all(sleeping_readers_);
+    });
+  }
 }
 
 void EventLoop::recycle(io::AlignedBuffer buf) {
   if (buf.size() == kRequestBufferSize) {
-    request_pool_.give(std::move(buf));
+    give_request_buffer(std::move(buf));
   } else {
     read_pool_.give(std::move(buf));
   }

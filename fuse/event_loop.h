@@ -47,7 +47,8 @@
 // Thread-safety: start(), request_stop() and join() are called by the thread
 // that owns the EventLoop object; request_stop() is also safe from any
 // thread. Everything in the "loop thread" section must be called on the
-// loop's own thread (from a handler or a request Task).
+// loop's own thread (from a handler or a request Task). ReaderGroup is shared
+// by the loops: its level is atomic, its request buffer pool behind a mutex.
 #pragma once
 
 #include <atomic>
@@ -96,6 +97,12 @@ class ReaderGroup {
   // Whether a helper with `own` requests in flight may sleep.
   bool quiet(size_t own) const { return first_level_.load() + own <= 1; }
 
+  // The loops' request buffers, shared (any thread): a buffer a WRITE kept
+  // goes back here when the WRITE is done, for whichever loop reads next, so
+  // the loops together hold what their requests need, not each its own peak.
+  io::AlignedBuffer take_request_buffer();
+  void give_request_buffer(io::AlignedBuffer buf);
+
  private:
   // Written by loop 0 only, read by helpers when they may sleep: one line of
   // its own, so loop 0's writes do not bounce the loops' other shared data.
@@ -103,6 +110,8 @@ class ReaderGroup {
   size_t published_ = 0;  // loop 0's last stored level; loop 0 only
   alignas(64) std::unique_ptr<std::atomic<EventLoop*>[]> loops_;
   size_t count_;
+  std::mutex pool_mu_;
+  BufferPool request_pool_;  // guarded by pool_mu_
 };
 
 // Helpers read /dev/fuse while loop 0 has this much READ and WRITE data in
@@ -115,6 +124,19 @@ constexpr uint64_t kHelperBytes = uint64_t{1} << 20;
 // poll-then-read() figure, 4 chains 1.02-1.42x (bench/RESULTS.md, "Reading
 // /dev/fuse in the loop's ring").
 constexpr size_t kReadChains = 8;
+// Every chain waiting holds a request buffer (max_write and headers, so a
+// 2 MiB huge page), and the kernel wakes the longest-waiting chain first, so
+// each waiting chain's buffer is faulted in and zeroed by the requests that
+// rotate through them. With large WRITEs in flight, which keep their request
+// buffers, that is a buffer per chain besides one per WRITE. So a loop's
+// chains past the first kLargeIoChains wait only while its waiting chains and
+// the request buffers its WRITEs keep number fewer than kReadChains (they
+// sleep until a WRITE gives one back), and a helper loop, which reads only
+// while large requests are in flight, has only kLargeIoChains chains; the
+// loops share their request buffers (ReaderGroup). A one-pass 1 GiB fill
+// faulted in 29-32 huge pages against 14-17 with the previous read() loop, at
+// ~3.5 ms each on this VM (~7% of a fill); now 18.
+constexpr size_t kLargeIoChains = 2;
 // Engines without read_ready: requests read per wake-up before the loop
 // submits their host I/O and reaps completions. Small, so the first request
 // of a burst reaches the disk and finished requests are replied without
@@ -191,6 +213,14 @@ class EventLoop {
   PooledBuffer read_buffer(size_t size);
   // Gives a buffer back for reuse.
   void recycle(io::AlignedBuffer buf);
+  // Gives back a request buffer a WRITE kept (hold_write_payload()); wakes the
+  // chains resting for one.
+  void return_kept(io::AlignedBuffer buf);
+  // Whether chain `index` of a loop sleeps rather than wait for a request while
+  // `kept` request buffers are held by WRITEs and `armed` chains wait (see kLargeIoChains).
+  static bool chain_rests(size_t index, size_t kept, size_t armed) {
+    return index >= kLargeIoChains && kept + armed >= kReadChains;
+  }
   // The libfuse reply path (fuse_custom_io::writev): replies to ring requests
   // go to their ring entry, all others are written to /dev/fuse `fd`.
   static ssize_t write_reply(int fd, iovec* iov, int count, void* userdata);
@@ -215,6 +245,9 @@ class EventLoop {
   void note_init(const fuse_buf& buf);
   ssize_t write_init_reply(int fd, iovec* iov, int count);
   void cancel_reader_wait();
+  // A request buffer from the group's shared pool (this loop's without a group), and back.
+  io::AlignedBuffer take_request_buffer();
+  void give_request_buffer(io::AlignedBuffer buf);
   Task<void> reader();
   // One of kReadChains readers of an engine that reads /dev/fuse in the kernel
   // when a request arrives (io::IoRequest::Op::read_ready).
@@ -227,6 +260,7 @@ class EventLoop {
   // A helper's reader: suspends while the group is quiet (true: it slept).
   struct SleepAwaiter;
   bool may_sleep();
+
   friend class ReaderGroup;
   // From any thread: resumes this helper's reader if it sleeps.
   void wake_reader();
@@ -245,13 +279,16 @@ class EventLoop {
   // Loop-thread state.
   size_t inflight_ = 0;
   uint64_t inflight_bytes_ = 0;
+  size_t kept_request_buffers_ = 0;  // held by WRITEs in flight (hold_write_payload())
+  size_t armed_chains_ = 0;          // chains waiting for a request
+  bool chains_wake_posted_ = false;   // a post() resumes the sleeping chains
   std::vector<io::IoRequest*> reader_waits_;  // the readers' pending /dev/fuse polls (or reads)
-  std::vector<std::coroutine_handle<>> sleeping_readers_;  // a helper's readers while they sleep
+  std::vector<std::coroutine_handle<>> sleeping_readers_;  // a helper's readers, resting chains
   bool exclusive_polls_ = true;  // false once the kernel refused an exclusive poll
   bool session_ended_ = false;   // on_session_end was called
   std::atomic<bool> helper_reading_{true};   // a helper's reader polls (or is about to)
   io::AlignedBuffer current_;  // the buffer the next request is read into
-  BufferPool request_pool_;
+  BufferPool request_pool_;  // without a ReaderGroup (tests): this loop's own
   SizedBufferPool read_pool_;
   ReplyQueue replies_;
   PooledBuffer* lent_reply_ = nullptr;  // during reply_read(): the READ's data

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "fuse/event_loop.h"
@@ -34,6 +35,21 @@ TEST(FuseEventLoop, LargeWritePayloadsStayInPlace) {
   EXPECT_EQ(payload.size(), request.size());
 }
 
+// While large WRITEs keep request buffers, a loop's chains past the first
+// kLargeIoChains stop waiting once they and the kept buffers reach
+// kReadChains, so a fill does not fault in a buffer per chain besides one per
+// WRITE; the first chains always wait, so the loop never stops reading.
+TEST(FuseEventLoop, ChainsPastTheFirstRestWhileWritesKeepBuffers) {
+  static_assert(kLargeIoChains >= 1 && kLargeIoChains < kReadChains);
+  for (size_t i = 0; i < kReadChains; ++i) EXPECT_FALSE(EventLoop::chain_rests(i, 0, kReadChains - 1)) << i;
+  for (size_t i = 0; i < kLargeIoChains; ++i) EXPECT_FALSE(EventLoop::chain_rests(i, 64, kReadChains)) << i;
+  for (size_t i = kLargeIoChains; i < kReadChains; ++i) {
+    EXPECT_TRUE(EventLoop::chain_rests(i, kReadChains - kLargeIoChains, kLargeIoChains)) << i;
+    EXPECT_TRUE(EventLoop::chain_rests(i, 64, 0)) << i;
+    EXPECT_FALSE(EventLoop::chain_rests(i, kReadChains - kLargeIoChains - 1, kLargeIoChains)) << i;
+  }
+}
+
 // Helpers may sleep only while loop 0's requests and their own are one or
 // none; loop 0 stores just the level (0, 1, 2+) and only when it changes, so
 // every change of level must still be seen, and counts above two must read as
@@ -61,6 +77,25 @@ TEST(FuseReaderGroup, HelpersSeeTheLevelOfLoopZerosRequests) {
     EXPECT_EQ(group.quiet(0), step.quiet_idle) << "loop 0 at " << step.first_inflight << ", " << step.bytes;
     EXPECT_EQ(group.quiet(1), step.quiet_one_own) << "loop 0 at " << step.first_inflight << ", " << step.bytes;
   }
+}
+
+// A request buffer given back by one loop is the next one any loop takes
+// (no new huge page), from any thread; it is a full request buffer.
+TEST(FuseReaderGroup, LoopsShareRequestBuffers) {
+  ReaderGroup group(2);
+  io::AlignedBuffer a = group.take_request_buffer();
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(a.size(), kRequestBufferSize);
+  EXPECT_TRUE(is_aligned_ptr(a.data(), kPayloadAlign));
+  std::byte* const first = a.data();
+  std::thread([&] { group.give_request_buffer(std::move(a)); }).join();
+  io::AlignedBuffer b = group.take_request_buffer();
+  EXPECT_EQ(b.data(), first);
+  io::AlignedBuffer c = group.take_request_buffer();  // none idle: a new one
+  EXPECT_NE(c.data(), first);
+  group.give_request_buffer(io::AlignedBuffer(4096));  // not a request buffer: dropped
+  io::AlignedBuffer d = group.take_request_buffer();
+  EXPECT_EQ(d.size(), kRequestBufferSize);
 }
 
 }  // namespace
