@@ -9,8 +9,7 @@
 // megabyte and more come from io::AlignedBuffer::for_large_io(): huge-page
 // backed, so a 1 MiB read or write reaches the disk as one DMA segment; each
 // then occupies 2 MiB. PooledBuffer is the owner a request holds: it gives
-// its buffer back to its loop's pools when dropped (a request buffer a WRITE
-// kept also through the loop's count of those, EventLoop::return_kept()).
+// its buffer back to its loop's pools when dropped (EventLoop::recycle()).
 //
 // Thread-safety: none; a pool belongs to one event-loop thread (or is used
 // under a lock: ReaderGroup's request buffers), and buffers are given back on
@@ -71,9 +70,7 @@ class SizedBufferPool {
 // Returns a loop buffer to its loop's pools when dropped (on the loop thread).
 class PooledBuffer {
  public:
-  // kept_request: buf is a request buffer a WRITE keeps (EventLoop::hold_write_payload()).
-  PooledBuffer(EventLoop* loop, io::AlignedBuffer buf, bool kept_request = false)
-      : loop_(loop), buf_(std::move(buf)), kept_request_(kept_request) {}
+  PooledBuffer(EventLoop* loop, io::AlignedBuffer buf) : loop_(loop), buf_(std::move(buf)) {}
   // Owns nothing: `borrowed` belongs to someone that keeps it alive (a ring entry).
   explicit PooledBuffer(std::byte* borrowed = nullptr) : loop_(nullptr), borrowed_(borrowed) {}
   PooledBuffer(PooledBuffer&&) = default;
@@ -87,7 +84,6 @@ class PooledBuffer {
   EventLoop* loop_;
   io::AlignedBuffer buf_;
   std::byte* borrowed_ = nullptr;
-  bool kept_request_ = false;
 };
 
 }  // namespace qcowfs::fuse

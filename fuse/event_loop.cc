@@ -33,8 +33,11 @@ ReaderGroup::ReaderGroup(size_t loops)
       request_pool_(kRequestBufferSize, kPayloadAlign, kIdleRequestBuffers * std::max<size_t>(loops, 1)) {}
 
 io::AlignedBuffer ReaderGroup::take_request_buffer() {
-  std::lock_guard lk(pool_mu_);
-  return request_pool_.take();
+  {
+    std::lock_guard lk(pool_mu_);
+    if (request_pool_.idle_count() > 0) return request_pool_.take();
+  }
+  return io::AlignedBuffer::for_large_io(kRequestBufferSize, kPayloadAlign);  // not under the lock
 }
 
 void ReaderGroup::give_request_buffer(io::AlignedBuffer buf) {
@@ -493,8 +496,8 @@ void EventLoop::spawn_request(Task<void> t, uint64_t bytes) {
 PooledBuffer EventLoop::hold_write_payload(std::span<const std::byte>& payload) {
   if (ring_ && !ring_->dispatching_payload().empty()) return PooledBuffer();
   if (payload.size() > kCopyWriteMax) {
-    if (current_.data()) ++kept_request_buffers_;  // until return_kept()
-    return PooledBuffer(this, std::move(current_), true);
+    if (current_.data()) ++kept_request_buffers_;  // until recycle()
+    return PooledBuffer(this, std::move(current_));
   }
   io::AlignedBuffer copy = read_pool_.take(payload.size());
   std::memcpy(copy.data(), payload.data(), payload.size());
@@ -511,12 +514,7 @@ PooledBuffer EventLoop::read_buffer(size_t size) {
 }
 
 PooledBuffer::~PooledBuffer() {
-  if (!loop_ || !buf_.data()) return;
-  if (kept_request_) {
-    loop_->return_kept(std::move(buf_));
-  } else {
-    loop_->recycle(std::move(buf_));
-  }
+  if (loop_ && buf_.data()) loop_->recycle(std::move(buf_));
 }
 
 io::AlignedBuffer EventLoop::take_request_buffer() {
@@ -531,6 +529,7 @@ void EventLoop::give_request_buffer(io::AlignedBuffer buf) {
   }
 }
 
+// A request buffer comes back only from a WRITE that kept it (hold_write_payload()).
 void EventLoop::return_kept(io::AlignedBuffer buf) {
   give_request_buffer(std::move(buf));
   --kept_request_buffers_;
@@ -547,7 +546,7 @@ void EventLoop::return_kept(io::AlignedBuffer buf) {
 
 void EventLoop::recycle(io::AlignedBuffer buf) {
   if (buf.size() == kRequestBufferSize) {
-    give_request_buffer(std::move(buf));
+    return_kept(std::move(buf));
   } else {
     read_pool_.give(std::move(buf));
   }

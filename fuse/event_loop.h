@@ -211,11 +211,8 @@ class EventLoop {
   // A buffer for the data of a READ reply of `size` bytes, aligned for
   // O_DIRECT: for a ring request its entry's payload buffer (no copy on reply).
   PooledBuffer read_buffer(size_t size);
-  // Gives a buffer back for reuse.
+  // Gives a buffer back for reuse (a request buffer a WRITE kept: return_kept()).
   void recycle(io::AlignedBuffer buf);
-  // Gives back a request buffer a WRITE kept (hold_write_payload()); wakes the
-  // chains resting for one.
-  void return_kept(io::AlignedBuffer buf);
   // Whether chain `index` of a loop sleeps rather than wait for a request while
   // `kept` request buffers are held by WRITEs and `armed` chains wait (see kLargeIoChains).
   static bool chain_rests(size_t index, size_t kept, size_t armed) {
@@ -248,6 +245,9 @@ class EventLoop {
   // A request buffer from the group's shared pool (this loop's without a group), and back.
   io::AlignedBuffer take_request_buffer();
   void give_request_buffer(io::AlignedBuffer buf);
+  // Gives back a request buffer a WRITE kept (hold_write_payload()); wakes the
+  // chains resting for one.
+  void return_kept(io::AlignedBuffer buf);
   Task<void> reader();
   // One of kReadChains readers of an engine that reads /dev/fuse in the kernel
   // when a request arrives (io::IoRequest::Op::read_ready).
@@ -260,7 +260,6 @@ class EventLoop {
   // A helper's reader: suspends while the group is quiet (true: it slept).
   struct SleepAwaiter;
   bool may_sleep();
-
   friend class ReaderGroup;
   // From any thread: resumes this helper's reader if it sleeps.
   void wake_reader();
@@ -279,7 +278,7 @@ class EventLoop {
   // Loop-thread state.
   size_t inflight_ = 0;
   uint64_t inflight_bytes_ = 0;
-  size_t kept_request_buffers_ = 0;  // held by WRITEs in flight (hold_write_payload())
+  size_t kept_request_buffers_ = 0;  // held by WRITEs in flight (hold_write_payload() to recycle())
   size_t armed_chains_ = 0;          // chains waiting for a request
   bool chains_wake_posted_ = false;   // a post() resumes the sleeping chains
   std::vector<io::IoRequest*> reader_waits_;  // the readers' pending /dev/fuse polls (or reads)
